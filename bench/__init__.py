@@ -1,0 +1,1 @@
+"""Benchmarks: `python -m bench` prints one JSON object of measured figures (never asserted in tests)."""

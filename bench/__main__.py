@@ -1,0 +1,30 @@
+"""Run every benchmark and print one JSON object to stdout (progress goes to stderr)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from bench import cli_startup, core
+
+SUITES = {"core": core.run, "cli": cli_startup.run}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    parser.add_argument("suites", nargs="*", help=f"suites to run: {', '.join(SUITES)} (default all)")
+    args = parser.parse_args()
+    figures: dict[str, object] = {"python": sys.version.split()[0]}
+    unknown = [name for name in args.suites if name not in SUITES]
+    if unknown:
+        parser.error(f"unknown suite(s) {unknown}; choose from {list(SUITES)}")
+    for name in args.suites or list(SUITES):
+        print(f"[bench] {name} ...", file=sys.stderr, flush=True)
+        figures[name] = SUITES[name]()
+    json.dump(figures, sys.stdout, indent=2)
+    sys.stdout.write("\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,10 @@
+"""offline: offline-first data and sync for Python.
+
+The meta-package re-exports everything in `offline.core` (SPEC 9.3).
+"""
+
+from offline.core import *  # noqa: F403
+from offline.core import __all__ as _core_all
+
+__version__ = "0.1.0"
+__all__ = [*_core_all, "__version__"]

@@ -1,0 +1,85 @@
+"""Deep immutability for values the framework hands out (schemas, operation data).
+
+`FrozenDict` is a read-only, hashable mapping; `freeze` turns nested dicts/lists/sets into
+FrozenDict/tuple/frozenset and `thaw` turns them back into plain, JSON-friendly containers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any, TypeVar
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class FrozenDict(Mapping[K, V]):
+    """An immutable mapping. Equal to a plain dict with the same items."""
+
+    __slots__ = ("_data", "_hash")
+    _data: dict[K, V]
+    _hash: int | None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        object.__setattr__(self, "_data", dict(*args, **kwargs))
+        object.__setattr__(self, "_hash", None)
+
+    def __getitem__(self, key: K) -> V:
+        return self._data[key]
+
+    def __iter__(self) -> Iterator[K]:
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise TypeError("FrozenDict is immutable")
+
+    def __delattr__(self, name: str) -> None:
+        raise TypeError("FrozenDict is immutable")
+
+    def __hash__(self) -> int:
+        if self._hash is None:
+            object.__setattr__(self, "_hash", hash(frozenset(self._data.items())))
+        assert self._hash is not None
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, FrozenDict):
+            return bool(self._data == other._data)
+        if isinstance(other, Mapping):
+            return bool(self._data == dict(other))
+        return NotImplemented
+
+    def __repr__(self) -> str:
+        return f"FrozenDict({self._data!r})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (FrozenDict, (self._data,))
+
+
+def freeze(value: Any) -> Any:
+    """Return a deeply immutable copy of ``value`` (dict -> FrozenDict, list -> tuple, set -> frozenset)."""
+    if isinstance(value, FrozenDict):
+        return value
+    if isinstance(value, Mapping):
+        return FrozenDict({k: freeze(v) for k, v in value.items()})
+    if isinstance(value, (list, tuple)):
+        return tuple(freeze(v) for v in value)
+    if isinstance(value, (set, frozenset)):
+        return frozenset(freeze(v) for v in value)
+    if isinstance(value, bytearray):
+        return bytes(value)
+    return value
+
+
+def thaw(value: Any) -> Any:
+    """Return a plain mutable copy of ``value`` (FrozenDict/Mapping -> dict, tuple -> list)."""
+    if isinstance(value, Mapping):
+        return {k: thaw(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [thaw(v) for v in value]
+    if isinstance(value, (set, frozenset)):
+        return [thaw(v) for v in sorted(value, key=repr)]
+    return value

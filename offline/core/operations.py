@@ -1,0 +1,462 @@
+"""Immutable, content-addressed operations (SPEC 2.8, DESIGN.md section 3).
+
+An operation's id is the SHA-256 of the RFC 8785 canonical JSON of the fields that define *what happened*
+(type, collection, recordId, data, timestamp, nodeId). Every replica recomputes it on receipt, so an id
+doubles as an integrity check and as the key that makes re-delivery idempotent. The bookkeeping fields
+(previousData, sequenceNumber, causalDeps, schemaVersion) are deliberately outside the hash.
+
+Bytes values inside ``data`` travel (and are hashed) as ``{"__offline_bytes__": <standard base64>}``;
+that key is therefore reserved and refused in user data.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final, Literal
+
+import rfc8785
+
+from .errors import INVALID_OPERATION, OfflineError
+from .frozen import FrozenDict, freeze
+from .hlc import HLCTimestamp, serialize_timestamp
+
+__all__ = [
+    "BYTES_MARKER",
+    "MAX_SAFE_INTEGER",
+    "OPERATION_TYPES",
+    "Operation",
+    "OperationType",
+    "compute_operation_id",
+    "create_operation",
+    "decode_value",
+    "encode_value",
+    "verify_operation",
+]
+
+OperationType = Literal["insert", "update", "delete"]
+OPERATION_TYPES: Final[tuple[str, ...]] = ("insert", "update", "delete")
+
+#: Reserved key of the wire/hash encoding of bytes.
+BYTES_MARKER: Final = "__offline_bytes__"
+#: Integers beyond this lose precision as JSON numbers in JavaScript peers, and RFC 8785 refuses them.
+MAX_SAFE_INTEGER: Final = 2**53 - 1
+# Nesting limit for data values: every layer (validation, canonical JSON, freeze) recurses, and Pyodide's
+# stack is far shallower than CPython's, so hostile input must be refused before it can exhaust it.
+_MAX_DEPTH: Final = 64
+
+# Python attribute name -> wire name; both spellings are accepted on input.
+_WIRE_NAMES: Final = {
+    "node_id": "nodeId",
+    "type": "type",
+    "collection": "collection",
+    "record_id": "recordId",
+    "data": "data",
+    "previous_data": "previousData",
+    "timestamp": "timestamp",
+    "sequence_number": "sequenceNumber",
+    "causal_deps": "causalDeps",
+    "schema_version": "schemaVersion",
+}
+_MISSING: Final = object()
+
+
+def _error(field: str, message: str, **context: Any) -> OfflineError:
+    return OfflineError(f"operation {field}: {message}", INVALID_OPERATION, {"field": field, **context})
+
+
+def _type_name(value: object) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+# --------------------------------------------------------------------------------------------- bytes codec
+
+
+def encode_value(value: Any) -> Any:
+    """Plain JSON-ready copy of ``value``: mappings -> dict, sequences -> list, bytes -> the bytes marker.
+
+    Already-encoded markers pass through unchanged, so encoding is idempotent.
+    """
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return {BYTES_MARKER: base64.b64encode(bytes(value)).decode("ascii")}
+    if isinstance(value, Mapping):
+        return {k: encode_value(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [encode_value(v) for v in value]
+    return value
+
+
+def _decode(value: Any, field: str, path: str) -> Any:
+    if isinstance(value, Mapping):
+        if BYTES_MARKER in value and len(value) == 1:
+            encoded = value[BYTES_MARKER]
+            if isinstance(encoded, str):
+                try:
+                    raw = base64.b64decode(encoded, validate=True)
+                except (binascii.Error, ValueError):
+                    raw = None
+                # Only the canonical spelling is accepted: two spellings of the same bytes would let a
+                # relay alter an operation's wire form without changing its id.
+                if raw is not None and base64.b64encode(raw).decode("ascii") == encoded:
+                    return raw
+            raise _error(field, f"invalid bytes encoding at {path}", path=path, reason="INVALID_BYTES")
+        return {k: _decode(v, field, f"{path}.{k}") for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_decode(v, field, f"{path}[{i}]") for i, v in enumerate(value)]
+    return value
+
+
+def decode_value(value: Any) -> Any:
+    """Inverse of ``encode_value``: bytes markers become ``bytes``; everything else is copied as is."""
+    return _decode(value, "data", "data")
+
+
+# ------------------------------------------------------------------------------------------- validation
+
+
+def _check_str(field: str, value: object) -> str:
+    if not isinstance(value, str) or not value:
+        raise _error(
+            field,
+            "must be a non-empty string",
+            expected="non-empty string",
+            received=_type_name(value) if not isinstance(value, str) else "empty string",
+        )
+    _check_utf8(field, value, field)
+    return value
+
+
+def _check_utf8(field: str, value: str, path: str) -> None:
+    # Lone surrogates cannot be encoded as UTF-8, so the operation could never be hashed or sent.
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise _error(
+            field, f"string at {path} is not valid Unicode", path=path, reason="INVALID_STRING"
+        ) from None
+
+
+def _check_value(field: str, value: Any, path: str, depth: int) -> None:
+    if depth > _MAX_DEPTH:
+        raise _error(field, f"nested deeper than {_MAX_DEPTH} levels at {path}", path=path, reason="TOO_DEEP")
+    if value is None or isinstance(value, bool):
+        return
+    if isinstance(value, int):
+        if not -MAX_SAFE_INTEGER <= value <= MAX_SAFE_INTEGER:
+            raise _error(
+                field,
+                f"integer at {path} is outside the safe range ±(2**53-1)",
+                path=path,
+                expected="safe integer",
+                received=value,
+            )
+        return
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise _error(
+                field, f"number at {path} is not finite", path=path, expected="finite number", received=value
+            )
+        return
+    if isinstance(value, str):
+        _check_utf8(field, value, path)
+        return
+    if isinstance(value, (bytes, bytearray)):
+        return
+    if isinstance(value, Mapping):
+        _check_mapping(field, value, path, depth)
+        return
+    if isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            _check_value(field, item, f"{path}[{i}]", depth + 1)
+        return
+    raise _error(
+        field,
+        f"unsupported value of type {type(value).__name__} at {path}",
+        path=path,
+        expected="null, boolean, number, string, bytes, list or object",
+        received=type(value).__name__,
+    )
+
+
+def _check_mapping(field: str, value: Mapping[Any, Any], path: str, depth: int) -> None:
+    for key, item in value.items():
+        if not isinstance(key, str):
+            raise _error(
+                field,
+                f"object key {key!r} at {path} is not a string",
+                path=path,
+                expected="string key",
+                received=type(key).__name__,
+            )
+        if key == BYTES_MARKER:
+            raise _error(
+                field, f"key {BYTES_MARKER!r} at {path} is reserved", path=path, reason="RESERVED_KEY"
+            )
+        _check_utf8(field, key, path)
+        _check_value(field, item, f"{path}.{key}", depth + 1)
+
+
+def _check_record(field: str, value: object) -> FrozenDict[str, Any]:
+    if not isinstance(value, Mapping):
+        raise _error(field, "must be an object", expected="object", received=_type_name(value))
+    _check_mapping(field, value, field, 1)
+    frozen: FrozenDict[str, Any] = freeze(value)
+    return frozen
+
+
+def _check_int(field: str, value: object, minimum: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise _error(field, "must be an integer", expected="integer", received=_type_name(value))
+    if not minimum <= value <= MAX_SAFE_INTEGER:
+        raise _error(
+            field, f"must be an integer >= {minimum}", expected=f"integer >= {minimum}", received=value
+        )
+    return value
+
+
+def _check_timestamp(value: object) -> HLCTimestamp:
+    if isinstance(value, HLCTimestamp):
+        return value
+    if value is None:
+        raise _error("timestamp", "is required", expected="HLCTimestamp", received="null")
+    try:
+        return HLCTimestamp.from_wire(value)
+    except OfflineError as exc:
+        raise OfflineError(f"operation timestamp: {exc.message}", INVALID_OPERATION, exc.context) from None
+
+
+def _check_deps(value: object) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, (list, tuple)):
+        raise _error("causalDeps", "must be a list of strings", expected="list", received=_type_name(value))
+    for i, dep in enumerate(value):
+        if not isinstance(dep, str):
+            raise _error(
+                "causalDeps",
+                f"item {i} must be a string",
+                path=f"causalDeps[{i}]",
+                expected="string",
+                received=_type_name(dep),
+            )
+    return tuple(value)
+
+
+def _get(source: Mapping[str, Any], name: str) -> Any:
+    """Read ``name`` under its snake_case or its camelCase spelling."""
+    wire = _WIRE_NAMES[name]
+    snake = source.get(name, _MISSING)
+    camel = source.get(wire, _MISSING) if wire != name else _MISSING
+    if snake is not _MISSING and camel is not _MISSING and snake != camel:
+        raise _error(wire, f"given as both {name!r} and {wire!r} with different values", reason="AMBIGUOUS")
+    return snake if snake is not _MISSING else camel
+
+
+def _require(source: Mapping[str, Any], name: str) -> Any:
+    value = _get(source, name)
+    if value is _MISSING:
+        wire = _WIRE_NAMES[name]
+        raise _error(wire, "is required", reason="MISSING", expected=wire)
+    return value
+
+
+def _check_source(source: object) -> Mapping[str, Any]:
+    if not isinstance(source, Mapping):
+        raise _error("input", "must be a mapping of operation fields", received=_type_name(source))
+    return source
+
+
+# ---------------------------------------------------------------------------------------------- hashing
+
+
+def _content_id(
+    type_: str, collection: str, record_id: str, data: Any, timestamp: HLCTimestamp, node_id: str
+) -> str:
+    payload = {
+        "type": type_,
+        "collection": collection,
+        "recordId": record_id,
+        "data": encode_value(data),
+        "timestamp": serialize_timestamp(timestamp),
+        "nodeId": node_id,
+    }
+    try:
+        canonical = rfc8785.dumps(payload)
+    except ValueError as exc:
+        # Only reachable for an Operation built directly, bypassing validation (e.g. holding NaN).
+        raise _error("data", f"cannot be canonicalized: {exc}", reason="NOT_CANONICALIZABLE") from None
+    return hashlib.sha256(canonical).hexdigest()
+
+
+def compute_operation_id(op_or_fields: Operation | Mapping[str, Any]) -> str:
+    """SHA-256 hex of the canonical JSON of the hashed fields.
+
+    Accepts an ``Operation`` or a mapping in either spelling (an input dict or a wire dict; bytes may be raw
+    or already encoded, both hash alike).
+    """
+    if isinstance(op_or_fields, Operation):
+        op = op_or_fields
+        return _content_id(op.type, op.collection, op.record_id, op.data, op.timestamp, op.node_id)
+    source = _check_source(op_or_fields)
+    data = _get(source, "data")
+    data = None if data is _MISSING else data
+    if data is not None:
+        data = _check_record("data", _decode(data, "data", "data"))
+    return _content_id(
+        _check_type(_require(source, "type")),
+        _check_str("collection", _require(source, "collection")),
+        _check_str("recordId", _require(source, "record_id")),
+        data,
+        _check_timestamp(_require(source, "timestamp")),
+        _check_str("nodeId", _require(source, "node_id")),
+    )
+
+
+def verify_operation(op: Operation | Mapping[str, Any]) -> bool:
+    """True when ``op``'s id is the content hash of its fields (never raises for malformed input)."""
+    try:
+        given = op.id if isinstance(op, Operation) else _check_source(op).get("id")
+        return isinstance(given, str) and given == compute_operation_id(op)
+    except OfflineError:
+        return False
+
+
+def _check_type(value: object) -> str:
+    if value not in OPERATION_TYPES or not isinstance(value, str):
+        raise _error(
+            "type",
+            f"must be one of {', '.join(OPERATION_TYPES)}",
+            expected=list(OPERATION_TYPES),
+            received=value if isinstance(value, str) else _type_name(value),
+        )
+    return value
+
+
+# -------------------------------------------------------------------------------------------- operation
+
+
+@dataclass(frozen=True)
+class Operation:
+    """One immutable change to one record. Build with ``create_operation`` or ``Operation.from_wire``."""
+
+    id: str
+    node_id: str
+    type: str
+    collection: str
+    record_id: str
+    data: FrozenDict[str, Any] | None
+    previous_data: FrozenDict[str, Any] | None
+    timestamp: HLCTimestamp
+    sequence_number: int
+    causal_deps: tuple[str, ...] = ()
+    schema_version: int = 1
+
+    def __post_init__(self) -> None:
+        # Direct construction must not leave a mutable dict or list reachable from a "frozen" operation.
+        if self.data is not None and not isinstance(self.data, FrozenDict):
+            object.__setattr__(self, "data", freeze(self.data))
+        if self.previous_data is not None and not isinstance(self.previous_data, FrozenDict):
+            object.__setattr__(self, "previous_data", freeze(self.previous_data))
+        if not isinstance(self.causal_deps, tuple):
+            object.__setattr__(self, "causal_deps", tuple(self.causal_deps))
+
+    def __hash__(self) -> int:
+        # Equal operations share an id, and hashing the id avoids walking the whole data tree.
+        return hash(self.id)
+
+    def to_wire(self) -> dict[str, Any]:
+        """The camelCase JSON form (plain dicts and lists, bytes encoded), ready for ``json.dumps``."""
+        return {
+            "id": self.id,
+            "nodeId": self.node_id,
+            "type": self.type,
+            "collection": self.collection,
+            "recordId": self.record_id,
+            "data": encode_value(self.data),
+            "previousData": encode_value(self.previous_data),
+            "timestamp": self.timestamp.to_wire(),
+            "sequenceNumber": self.sequence_number,
+            "causalDeps": list(self.causal_deps),
+            "schemaVersion": self.schema_version,
+        }
+
+    @classmethod
+    def from_wire(cls, d: Mapping[str, Any], *, verify: bool = True) -> Operation:
+        """Read and validate the wire form; with ``verify`` the id must equal the content hash."""
+        source = dict(_check_source(d))
+        given_id = source.get("id")
+        if not isinstance(given_id, str) or not given_id:
+            raise _error("id", "must be a non-empty string", expected="string", received=_type_name(given_id))
+        for name in ("data", "previous_data"):
+            wire = _WIRE_NAMES[name]
+            for key in {name, wire}:
+                if key in source and source[key] is not None:
+                    source[key] = _decode(source[key], wire, wire)
+        op = _build(source, given_id if not verify else None)
+        if verify and op.id != given_id:
+            raise OfflineError(
+                f"operation id: {given_id} does not match the content hash {op.id}",
+                INVALID_OPERATION,
+                {"field": "id", "reason": "HASH_MISMATCH", "expected": op.id, "received": given_id},
+            )
+        return op
+
+
+def _build(source: Mapping[str, Any], given_id: str | None) -> Operation:
+    node_id = _check_str("nodeId", _require(source, "node_id"))
+    type_ = _check_type(_require(source, "type"))
+    collection = _check_str("collection", _require(source, "collection"))
+    record_id = _check_str("recordId", _require(source, "record_id"))
+
+    raw_data = _get(source, "data")
+    raw_data = None if raw_data is _MISSING else raw_data
+    raw_previous = _get(source, "previous_data")
+    raw_previous = None if raw_previous is _MISSING else raw_previous
+
+    data: FrozenDict[str, Any] | None
+    if type_ == "delete":
+        if raw_data is not None:
+            raise _error("data", "must be null for a delete", expected="null", received=_type_name(raw_data))
+        data = None
+    else:
+        if raw_data is None:
+            raise _error("data", f"is required for an {type_}", expected="object", received="null")
+        data = _check_record("data", raw_data)
+
+    previous: FrozenDict[str, Any] | None
+    if raw_previous is None:
+        if type_ == "update":
+            raise _error("previousData", "is required for an update", expected="object", received="null")
+        previous = None
+    else:
+        previous = _check_record("previousData", raw_previous)
+
+    timestamp = _check_timestamp(_require(source, "timestamp"))
+    sequence_number = _check_int("sequenceNumber", _require(source, "sequence_number"), 0)
+    schema_version = _check_int("schemaVersion", _require(source, "schema_version"), 1)
+    deps = _get(source, "causal_deps")
+    causal_deps = _check_deps(None if deps is _MISSING else deps)
+
+    op_id = given_id or _content_id(type_, collection, record_id, data, timestamp, node_id)
+    return Operation(
+        id=op_id,
+        node_id=node_id,
+        type=type_,
+        collection=collection,
+        record_id=record_id,
+        data=data,
+        previous_data=previous,
+        timestamp=timestamp,
+        sequence_number=sequence_number,
+        causal_deps=causal_deps,
+        schema_version=schema_version,
+    )
+
+
+def create_operation(input: Mapping[str, Any]) -> Operation:
+    """Validate an operation input (snake_case or camelCase keys) and return it with its content id."""
+    return _build(_check_source(input), None)

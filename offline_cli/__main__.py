@@ -1,0 +1,3 @@
+from offline_cli.main import main
+
+main()

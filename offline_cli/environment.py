@@ -1,0 +1,78 @@
+"""All terminal and process-environment access of the CLI goes through one `Environment` object.
+
+Commands never read `os.environ`, `sys.stdin` or `isatty()` themselves; tests build an Environment with
+their own streams and variables and pass it as the click context object.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+import click
+from rich.console import Console
+
+# Variables that CI services set; any of them means nobody is there to answer a prompt.
+_CI_VARIABLES = ("CI", "GITHUB_ACTIONS", "GITLAB_CI", "BUILDKITE", "CIRCLECI", "JENKINS_URL", "TF_BUILD")
+
+
+@dataclass
+class Environment:
+    stdin: IO[str] = field(default_factory=lambda: sys.stdin)
+    stdout: IO[str] = field(default_factory=lambda: sys.stdout)
+    stderr: IO[str] = field(default_factory=lambda: sys.stderr)
+    env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
+    stdin_isatty: bool | None = None
+    stdout_isatty: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.stdin_isatty is None:
+            self.stdin_isatty = _isatty(self.stdin)
+        if self.stdout_isatty is None:
+            self.stdout_isatty = _isatty(self.stdout)
+
+    @property
+    def is_ci(self) -> bool:
+        return any(self.env.get(name, "").strip().lower() not in ("", "0", "false") for name in _CI_VARIABLES)
+
+    @property
+    def interactive(self) -> bool:
+        """True when a prompt may be shown: a terminal on stdin and not running under CI."""
+        return bool(self.stdin_isatty) and not self.is_ci
+
+    @property
+    def out(self) -> Console:
+        """Console for data (stdout)."""
+        return Console(file=self.stdout, force_terminal=bool(self.stdout_isatty), soft_wrap=True)
+
+    @property
+    def err(self) -> Console:
+        """Console for progress and messages (stderr)."""
+        return Console(file=self.stderr, stderr=True, soft_wrap=True)
+
+    def getenv(self, name: str, default: str | None = None) -> str | None:
+        return self.env.get(name, default)
+
+
+def _isatty(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):
+        return False
+
+
+def current_environment() -> Environment:
+    """The Environment of the running click command (a default one outside click or when none was given)."""
+    ctx = click.get_current_context(silent=True)
+    if ctx is not None:
+        root = ctx.find_root()
+        if isinstance(root.obj, Environment):
+            return root.obj
+        if root.obj is None:
+            env = Environment()
+            root.obj = env
+            return env
+    return Environment()
