@@ -19,8 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
-import rfc8785
-
+from .canonical import canonical_json
 from .errors import INVALID_OPERATION, OfflineError
 from .frozen import FrozenDict, freeze
 from .hlc import HLCTimestamp, serialize_timestamp
@@ -63,6 +62,9 @@ _WIRE_NAMES: Final = {
     "schema_version": "schemaVersion",
 }
 _MISSING: Final = object()
+# Exact types that are JSON scalars as they are (subclasses take the generic, isinstance-based paths).
+_SCALAR_TYPES: Final = frozenset({str, int, float, bool, type(None)})
+_isfinite: Final = math.isfinite
 
 
 def _error(field: str, message: str, **context: Any) -> OfflineError:
@@ -81,6 +83,16 @@ def encode_value(value: Any) -> Any:
 
     Already-encoded markers pass through unchanged, so encoding is idempotent.
     """
+    # Exact-type fast paths first (this runs for every stored and hashed operation); they give the same
+    # result as the generic isinstance-based code below, which handles everything else.
+    kind = type(value)
+    if kind in _SCALAR_TYPES:
+        return value
+    if kind is FrozenDict or kind is dict:
+        items = value._data.items() if kind is FrozenDict else value.items()
+        return {k: v if type(v) in _SCALAR_TYPES else encode_value(v) for k, v in items}
+    if kind is tuple or kind is list:
+        return [v if type(v) in _SCALAR_TYPES else encode_value(v) for v in value]
     if isinstance(value, (bytes, bytearray, memoryview)):
         return {BYTES_MARKER: base64.b64encode(bytes(value)).decode("ascii")}
     if isinstance(value, Mapping):
@@ -119,6 +131,8 @@ def decode_value(value: Any) -> Any:
 
 
 def _check_str(field: str, value: object) -> str:
+    if type(value) is str and value and value.isascii():
+        return value
     if not isinstance(value, str) or not value:
         raise _error(
             field,
@@ -200,12 +214,116 @@ def _check_mapping(field: str, value: Mapping[Any, Any], path: str, depth: int) 
         _check_value(field, item, f"{path}.{key}", depth + 1)
 
 
-def _check_record(field: str, value: object) -> FrozenDict[str, Any]:
+def _check_record(field: str, value: object) -> tuple[FrozenDict[str, Any], dict[str, Any]]:
+    """Validate a data record; return its frozen copy and its hash form (``encode_value`` of that copy)."""
     if not isinstance(value, Mapping):
         raise _error(field, "must be an object", expected="object", received=_type_name(value))
+    if type(value) is dict or type(value) is FrozenDict:
+        try:
+            return _fast_mapping(value, 1)
+        except _Unusual:
+            pass
     _check_mapping(field, value, field, 1)
     frozen: FrozenDict[str, Any] = freeze(value)
-    return frozen
+    return frozen, encode_value(frozen)
+
+
+# The fast path of _check_record: one walk that validates, freezes and encodes plain, common values
+# (exact built-in types, nothing to report). Anything else raises _Unusual, and the complete walk above
+# (_check_mapping, freeze, encode_value) then runs instead; it alone builds error paths and messages. So
+# the fast path may only ever accept values that the complete walk accepts, with the same results.
+
+
+class _Unusual(Exception):
+    """Raised by the fast path for whatever it leaves to the complete validation walk."""
+
+
+def _is_utf8(text: str) -> bool:
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _fast_scalar(value: Any) -> bool:
+    """True for a valid exact-type JSON scalar, False for a non-scalar; raise for an invalid scalar."""
+    kind = type(value)
+    if kind is str:
+        if value.isascii() or _is_utf8(value):
+            return True
+    elif kind is int:
+        if -MAX_SAFE_INTEGER <= value <= MAX_SAFE_INTEGER:
+            return True
+    elif kind is float:
+        if _isfinite(value):
+            return True
+    elif kind is bool or value is None:
+        return True
+    else:
+        return False
+    raise _Unusual
+
+
+def _fast_container(value: Any, depth: int) -> tuple[Any, Any]:
+    """(frozen, hash form) of a non-scalar value found at ``depth``."""
+    kind = type(value)
+    if kind is dict or kind is FrozenDict:
+        return _fast_mapping(value, depth)
+    if kind is list or kind is tuple:
+        return _fast_sequence(value, depth)
+    if kind is bytes or kind is bytearray:
+        return (value if kind is bytes else bytes(value)), encode_value(value)
+    raise _Unusual
+
+
+def _fast_mapping(value: Mapping[str, Any], depth: int) -> tuple[FrozenDict[str, Any], dict[str, Any]]:
+    # The items sit one level deeper; stopping one level early is conservative but simple.
+    if depth >= _MAX_DEPTH:
+        raise _Unusual
+    is_frozen = type(value) is FrozenDict
+    items: dict[str, Any] = value._data if is_frozen else value  # type: ignore[attr-defined]
+    frozen_changes: dict[str, Any] | None = None
+    plain_changes: dict[str, Any] | None = None
+    for key, item in items.items():
+        if type(key) is not str or key == BYTES_MARKER or not (key.isascii() or _is_utf8(key)):
+            raise _Unusual
+        if _fast_scalar(item):
+            continue
+        frozen_item, plain_item = _fast_container(item, depth + 1)
+        if frozen_item is not item:
+            if frozen_changes is None:
+                frozen_changes = {}
+            frozen_changes[key] = frozen_item
+        if plain_changes is None:
+            plain_changes = {}
+        plain_changes[key] = plain_item
+    frozen: FrozenDict[str, Any]
+    if is_frozen:
+        frozen = value  # type: ignore[assignment]  # freeze() returns a FrozenDict as it is
+    else:
+        frozen = FrozenDict(items if frozen_changes is None else {**items, **frozen_changes})
+    # Always a fresh dict: the hash form must not share mutable containers with the caller's input.
+    plain = dict(items) if plain_changes is None else {**items, **plain_changes}
+    return frozen, plain
+
+
+def _fast_sequence(value: list[Any] | tuple[Any, ...], depth: int) -> tuple[tuple[Any, ...], list[Any]]:
+    if depth >= _MAX_DEPTH:
+        raise _Unusual
+    frozen_items: list[Any] | None = None
+    plain = list(value)
+    for index, item in enumerate(value):
+        if _fast_scalar(item):
+            continue
+        frozen_item, plain[index] = _fast_container(item, depth + 1)
+        if frozen_item is not item:
+            if frozen_items is None:
+                frozen_items = list(value)
+            frozen_items[index] = frozen_item
+    return tuple(value if frozen_items is None else frozen_items), plain
 
 
 def _check_int(field: str, value: object, minimum: int) -> int:
@@ -276,16 +394,17 @@ def _check_source(source: object) -> Mapping[str, Any]:
 def _content_id(
     type_: str, collection: str, record_id: str, data: Any, timestamp: HLCTimestamp, node_id: str
 ) -> str:
+    """Id of the given fields; ``data`` is already in hash form (``encode_value``'d)."""
     payload = {
         "type": type_,
         "collection": collection,
         "recordId": record_id,
-        "data": encode_value(data),
+        "data": data,
         "timestamp": serialize_timestamp(timestamp),
         "nodeId": node_id,
     }
     try:
-        canonical = rfc8785.dumps(payload)
+        canonical = canonical_json(payload)
     except ValueError as exc:
         # Only reachable for an Operation built directly, bypassing validation (e.g. holding NaN).
         raise _error("data", f"cannot be canonicalized: {exc}", reason="NOT_CANONICALIZABLE") from None
@@ -300,12 +419,13 @@ def compute_operation_id(op_or_fields: Operation | Mapping[str, Any]) -> str:
     """
     if isinstance(op_or_fields, Operation):
         op = op_or_fields
-        return _content_id(op.type, op.collection, op.record_id, op.data, op.timestamp, op.node_id)
+        data = encode_value(op.data)
+        return _content_id(op.type, op.collection, op.record_id, data, op.timestamp, op.node_id)
     source = _check_source(op_or_fields)
     data = _get(source, "data")
     data = None if data is _MISSING else data
     if data is not None:
-        data = _check_record("data", _decode(data, "data", "data"))
+        _, data = _check_record("data", _decode(data, "data", "data"))
     return _content_id(
         _check_type(_require(source, "type")),
         _check_str("collection", _require(source, "collection")),
@@ -418,14 +538,15 @@ def _build(source: Mapping[str, Any], given_id: str | None) -> Operation:
     raw_previous = None if raw_previous is _MISSING else raw_previous
 
     data: FrozenDict[str, Any] | None
+    hashed_data: dict[str, Any] | None
     if type_ == "delete":
         if raw_data is not None:
             raise _error("data", "must be null for a delete", expected="null", received=_type_name(raw_data))
-        data = None
+        data = hashed_data = None
     else:
         if raw_data is None:
             raise _error("data", f"is required for an {type_}", expected="object", received="null")
-        data = _check_record("data", raw_data)
+        data, hashed_data = _check_record("data", raw_data)
 
     previous: FrozenDict[str, Any] | None
     if raw_previous is None:
@@ -433,7 +554,7 @@ def _build(source: Mapping[str, Any], given_id: str | None) -> Operation:
             raise _error("previousData", "is required for an update", expected="object", received="null")
         previous = None
     else:
-        previous = _check_record("previousData", raw_previous)
+        previous, _ = _check_record("previousData", raw_previous)
 
     timestamp = _check_timestamp(_require(source, "timestamp"))
     sequence_number = _check_int("sequenceNumber", _require(source, "sequence_number"), 0)
@@ -441,7 +562,7 @@ def _build(source: Mapping[str, Any], given_id: str | None) -> Operation:
     deps = _get(source, "causal_deps")
     causal_deps = _check_deps(None if deps is _MISSING else deps)
 
-    op_id = given_id or _content_id(type_, collection, record_id, data, timestamp, node_id)
+    op_id = given_id or _content_id(type_, collection, record_id, hashed_data, timestamp, node_id)
     return Operation(
         id=op_id,
         node_id=node_id,

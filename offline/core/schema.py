@@ -64,7 +64,7 @@ class Constraint:
     limit: int | None = None
     collection: str | None = None
     priority_field: str | None = None
-    resolve: ResolverFn | None = None
+    resolve: Callable[..., Any] | None = None
 
     def __getitem__(self, key: str) -> Any:
         return getattr(self, {"onConflict": "on_conflict", "priorityField": "priority_field"}.get(key, key))

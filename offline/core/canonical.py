@@ -1,0 +1,176 @@
+"""RFC 8785 (JSON Canonicalization Scheme) serialization, fast.
+
+``canonical_json`` returns exactly the bytes of ``rfc8785.dumps`` (it falls back to it, errors included),
+but serializes with the C-accelerated stdlib encoder whenever that is provably identical, which is about
+ten times faster for the small documents operation ids are computed from.
+
+Why the stdlib encoder, configured with ``sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+allow_nan=False``, matches RFC 8785 on the documents that ``_prepare`` lets through:
+
+* Literals: ``null``, ``true``, ``false`` are spelled alike; only the exact types ``None``, ``bool``,
+  ``int``, ``float``, ``str``, ``dict``, ``list`` and ``tuple`` are let through (subclasses such as IntEnum
+  or str-mixin enums and every other type take the fallback, which serializes or refuses them as
+  ``rfc8785`` does).
+* Integers: both print ``int.__repr__``. Integers outside +-(2**53-1) are refused by ``rfc8785``
+  (``IntegerDomainError``), so they take the fallback, which raises that same error.
+* Floats: RFC 8785 prints the ECMAScript Number-to-String form. Integral floats below 2**53 in magnitude
+  are exact integers, and ``rfc8785`` prints them without a fraction (``2.0 -> 2``, ``-0.0 -> 0``), so
+  they are converted to ``int`` first. For every other finite float with 1e-4 <= |x| < 1e16, ``repr``
+  uses positional notation with the shortest round-trip digits and ``rfc8785`` prints ``repr`` unchanged
+  (the bounds are exact: 1e-4 and 1e16 are the smallest values whose shortest decimal has exponent -4,
+  respectively 16, and 1e16 is itself a double, so nothing just below it can print as "1e+16"). All other
+  floats (exponent notation, integral floats >= 2**53, NaN and infinities) take the fallback.
+* Strings: both escape exactly ``"``, ``\\``, and U+0000..U+001F, using ``\\b \\f \\n \\r \\t`` and
+  lowercase ``\\u00xx`` otherwise, and write everything else (U+007F, U+2028, U+2029, non-ASCII) as is.
+  This was checked for every code point; ``tests/core/test_canonical.py`` keeps checking it. A lone
+  surrogate makes the UTF-8 encoding of the output fail, and the fallback raises ``rfc8785``'s error.
+* Object keys: RFC 8785 sorts by UTF-16 code units, ``sort_keys`` by code points. The two orders agree
+  on keys without supplementary characters (>= U+10000): BMP code points are their own code unit, so
+  the first difference between two keys compares the same way in both. Only a supplementary character
+  (encoded as a surrogate pair, D800..DBFF first) against a BMP character >= U+E000 can compare
+  differently, so any key holding a supplementary character takes the fallback. Non-string keys (which
+  ``json`` would stringify and ``rfc8785`` refuses) take it too.
+* Nesting: a cyclic or too deeply nested value makes ``_prepare`` (or the encoder) hit the recursion
+  limit, and the fallback then behaves as ``rfc8785`` does.
+
+Pure stdlib plus ``rfc8785``, so it runs under Pyodide as well.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Final
+
+import rfc8785
+
+__all__ = ["canonical_json"]
+
+_MAX_SAFE_INTEGER: Final = 2**53 - 1
+# Integral floats strictly inside +-2**53 convert to int exactly.
+_FLOAT_INT_LIMIT: Final = float(2**53)
+# Non-integral floats print identically in Python and ECMAScript within [1e-4, 1e16).
+_PLAIN_FLOAT_MIN: Final = 1e-4
+_PLAIN_FLOAT_MAX: Final = 1e16
+# Keys containing a character >= this one may sort differently by code unit than by code point.
+_SUPPLEMENTARY: Final = "\U00010000"
+
+_STR: Final = str
+_BOOL: Final = bool
+_INT: Final = int
+_FLOAT: Final = float
+_DICT: Final = dict
+_LIST: Final = list
+_TUPLE: Final = tuple
+
+
+class _NeedsFallback(Exception):
+    """Raised by ``_prepare`` when the stdlib encoder would not produce the RFC 8785 form."""
+
+
+def _prepare_float(value: float) -> Any:
+    if value.is_integer():
+        if -_FLOAT_INT_LIMIT < value < _FLOAT_INT_LIMIT:
+            return int(value)
+    elif _PLAIN_FLOAT_MIN <= abs(value) < _PLAIN_FLOAT_MAX:  # NaN fails, inf fails
+        return value
+    raise _NeedsFallback
+
+
+def _prepare(value: Any) -> Any:
+    """``value`` ready for the stdlib encoder (integral floats as ints), or raise ``_NeedsFallback``.
+
+    Containers are copied only when something inside them changes.
+    """
+    kind = type(value)
+    if kind is _STR or kind is _BOOL or value is None:
+        return value
+    if kind is _INT:
+        if -_MAX_SAFE_INTEGER <= value <= _MAX_SAFE_INTEGER:
+            return value
+        raise _NeedsFallback
+    if kind is _DICT:
+        copy: dict[str, Any] | None = None
+        for key, item in value.items():
+            if type(key) is not _STR or (not key.isascii() and max(key) >= _SUPPLEMENTARY):
+                raise _NeedsFallback
+            kind = type(item)
+            if kind is _STR or kind is _BOOL or item is None:
+                continue
+            if kind is _INT:
+                if -_MAX_SAFE_INTEGER <= item <= _MAX_SAFE_INTEGER:
+                    continue
+                raise _NeedsFallback
+            new = _prepare(item)
+            if new is not item:
+                if copy is None:
+                    copy = dict(value)
+                copy[key] = new
+        return value if copy is None else copy
+    if kind is _LIST or kind is _TUPLE:
+        items: list[Any] | None = None
+        for index, item in enumerate(value):
+            kind = type(item)
+            if kind is _STR or kind is _BOOL or item is None:
+                continue
+            if kind is _INT:
+                if -_MAX_SAFE_INTEGER <= item <= _MAX_SAFE_INTEGER:
+                    continue
+                raise _NeedsFallback
+            new = _prepare(item)
+            if new is not item:
+                if items is None:
+                    items = list(value)
+                items[index] = new
+        return value if items is None else items
+    if kind is _FLOAT:
+        return _prepare_float(value)
+    raise _NeedsFallback
+
+
+def _make_encoder() -> Any:
+    options: dict[str, Any] = {
+        "sort_keys": True,
+        "separators": (",", ":"),
+        "ensure_ascii": False,
+        "allow_nan": False,
+        # ``_prepare`` has walked the whole value, so it holds no cycle.
+        "check_circular": False,
+    }
+    public = json.JSONEncoder(**options).encode
+    make = getattr(json.encoder, "c_make_encoder", None)
+    basestring = getattr(json.encoder, "c_encode_basestring", None)
+    if make is None or basestring is None:  # pragma: no cover - interpreters without the _json module
+        return public
+    try:
+        # What JSONEncoder.iterencode builds on every call, built once (saves ~1 us per document).
+        iterencode = make(None, None, basestring, None, ":", ",", True, False, False)
+
+        def encode(value: Any) -> str:
+            return "".join(iterencode(value, 0))
+
+        sample = {"b": [1, 2.5, None, True, False, "\u00e9\n\x01\u2028"], "a": {"\ue000": "", "z": -3}}
+        if encode(sample) != public(sample):  # pragma: no cover - a changed private interface
+            return public
+    except Exception:  # pragma: no cover - a changed private interface
+        return public
+    return encode
+
+
+_encode: Final = _make_encoder()
+
+
+def canonical_json(value: Any) -> bytes:
+    """UTF-8 bytes of the RFC 8785 canonical JSON of ``value``, identical to ``rfc8785.dumps(value)``.
+
+    Raises what ``rfc8785.dumps`` raises (``rfc8785.CanonicalizationError``, a ``ValueError``, for values
+    it cannot canonicalize; ``RecursionError`` for cyclic values).
+    """
+    try:
+        text: str = _encode(_prepare(value))
+        return text.encode("utf-8")
+    except (_NeedsFallback, RecursionError, ValueError, TypeError):
+        # ValueError covers UnicodeEncodeError (lone surrogates); TypeError cannot happen after a
+        # successful _prepare, it is only caught to keep the result exactly rfc8785's.
+        pass
+    result: bytes = rfc8785.dumps(value)
+    return result

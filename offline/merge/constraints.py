@@ -1,0 +1,313 @@
+"""Tier 2: constraints across records (unique, capacity, referential) and their `onConflict` policies.
+
+The replica that accepts a write decides: the local store for its own writes, the server for what clients
+send (DESIGN.md section 3). A decision is either a refusal (OfflineError CONSTRAINT_VIOLATION: the incoming
+write loses) or extra operations written by the deciding replica in the same transaction (the existing
+records lose). Losing records are "evicted": their constrained fields are cleared when all of them are
+optional, otherwise the record is deleted.
+
+Policies:
+- first-write-wins / server-decides: what is already stored wins; the incoming write is refused.
+- last-write-wins: the incoming write wins; conflicting stored records are evicted.
+- priority-field: the record with the higher `priorityField` value wins (a tie keeps what is stored).
+- custom: `resolve(incoming, existing)` (existing: the conflicting record, the group for capacity, or None
+  for a missing reference) returns None to refuse the incoming write, or a dict of changes applied to the
+  incoming record by a follow-up operation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from offline.core.errors import CONSTRAINT_VIOLATION, OfflineError
+from offline.core.schema import CollectionDefinition, Constraint, SchemaDefinition
+
+
+class RecordLookup(Protocol):
+    schema: SchemaDefinition
+
+    def find_records(self, collection: str, filters: Mapping[str, Any]) -> list[dict[str, Any]]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Action:
+    """An extra write the deciding replica makes: 'update' (changes, previous) or 'delete'."""
+
+    type: str
+    collection: str
+    record_id: str
+    changes: dict[str, Any] | None = None
+    previous: dict[str, Any] | None = None
+
+
+@dataclass(slots=True)
+class Violation:
+    """A constraint that was violated and resolved in favour of the incoming write."""
+
+    constraint: str
+    type: str
+    collection: str
+    record_id: str
+    fields: tuple[str, ...]
+    losers: list[str] = field(default_factory=list)
+    output: Any = None
+
+
+@dataclass(slots=True)
+class Decision:
+    actions: list[Action] = field(default_factory=list)
+    violations: list[Violation] = field(default_factory=list)
+
+
+def _refuse(
+    constraint: Constraint, collection: str, record: Mapping[str, Any], others: list[str], why: str
+) -> OfflineError:
+    return OfflineError(
+        f"{collection}: constraint {constraint.name!r} ({constraint.type} on {', '.join(constraint.fields)}) "
+        f"refuses this write: {why}",
+        CONSTRAINT_VIOLATION,
+        {
+            "constraint": constraint.name,
+            "type": constraint.type,
+            "collection": collection,
+            "fields": list(constraint.fields),
+            "recordId": record.get("id"),
+            "conflictsWith": others,
+            "onConflict": constraint.on_conflict,
+        },
+    )
+
+
+def _evict(definition: CollectionDefinition, constraint: Constraint, record: Mapping[str, Any]) -> Action:
+    fields = constraint.fields
+    if all(not definition.fields[f].required for f in fields):
+        return Action(
+            "update",
+            definition.name,
+            record["id"],
+            {f: None for f in fields},
+            {f: record.get(f) for f in fields},
+        )
+    return Action("delete", definition.name, record["id"])
+
+
+def _priority(record: Mapping[str, Any], name: str | None) -> Any:
+    value = record.get(name) if name else None
+    return (value is not None, value if value is not None else 0)
+
+
+def _matches(record: Mapping[str, Any], where: Mapping[str, Any] | None) -> bool:
+    return all(record.get(k) == v for k, v in (where or {}).items())
+
+
+def _touches(constraint: Constraint, candidate: Mapping[str, Any], current: Mapping[str, Any] | None) -> bool:
+    if current is None:
+        return True
+    names = set(constraint.fields) | set(constraint.where or {})
+    return any(candidate.get(n) != current.get(n) for n in names)
+
+
+def check_write(
+    lookup: RecordLookup,
+    collection: str,
+    candidate: Mapping[str, Any],
+    current: Mapping[str, Any] | None,
+) -> Decision:
+    """Judge an insert (``current`` None) or update of ``candidate`` against the collection's constraints."""
+    definition = lookup.schema.collections[collection]
+    decision = Decision()
+    for constraint in definition.constraints.values():
+        if not _touches(constraint, candidate, current) or not _matches(candidate, constraint.where):
+            continue
+        if constraint.type == "unique":
+            _check_unique(lookup, definition, constraint, candidate, decision)
+        elif constraint.type == "capacity":
+            _check_capacity(lookup, definition, constraint, candidate, decision)
+        else:
+            _check_referential(lookup, definition, constraint, candidate, decision)
+    return decision
+
+
+def _custom(
+    constraint: Constraint, collection: str, candidate: Mapping[str, Any], existing: Any, others: list[str]
+) -> dict[str, Any]:
+    assert constraint.resolve is not None
+    result = constraint.resolve(dict(candidate), existing)
+    if result is None:
+        raise _refuse(constraint, collection, candidate, others, "its resolver refused it")
+    if not isinstance(result, Mapping):
+        raise _refuse(
+            constraint, collection, candidate, others, "its resolver returned neither None nor a dict"
+        )
+    return dict(result)
+
+
+def _follow_up(collection: str, candidate: Mapping[str, Any], changes: dict[str, Any]) -> Action:
+    return Action("update", collection, candidate["id"], changes, {k: candidate.get(k) for k in changes})
+
+
+def _check_unique(
+    lookup: RecordLookup,
+    definition: CollectionDefinition,
+    constraint: Constraint,
+    candidate: Mapping[str, Any],
+    decision: Decision,
+) -> None:
+    values = {f: candidate.get(f) for f in constraint.fields}
+    if any(v is None for v in values.values()):
+        return  # like SQL, nulls never collide
+    filters = {**dict(constraint.where or {}), **values}
+    others = [r for r in lookup.find_records(definition.name, filters) if r["id"] != candidate["id"]]
+    if not others:
+        return
+    ids = [r["id"] for r in others]
+    policy = constraint.on_conflict
+    violation = Violation(constraint.name, "unique", definition.name, candidate["id"], constraint.fields)
+    if policy in ("first-write-wins", "server-decides"):
+        raise _refuse(constraint, definition.name, candidate, ids, f"{values} is already taken")
+    if policy == "priority-field":
+        mine = _priority(candidate, constraint.priority_field)
+        if not all(mine > _priority(r, constraint.priority_field) for r in others):
+            raise _refuse(
+                constraint, definition.name, candidate, ids, f"{values} is held by a higher priority record"
+            )
+    if policy == "custom":
+        changes = _custom(constraint, definition.name, candidate, dict(others[0]), ids)
+        decision.actions.append(_follow_up(definition.name, candidate, changes))
+        violation.output = changes
+        decision.violations.append(violation)
+        return
+    for record in others:
+        decision.actions.append(_evict(definition, constraint, record))
+    violation.losers = ids
+    violation.output = values
+    decision.violations.append(violation)
+
+
+def _check_capacity(
+    lookup: RecordLookup,
+    definition: CollectionDefinition,
+    constraint: Constraint,
+    candidate: Mapping[str, Any],
+    decision: Decision,
+) -> None:
+    assert constraint.limit is not None
+    group = {f: candidate.get(f) for f in constraint.fields}
+    filters = {**dict(constraint.where or {}), **group}
+    members = [r for r in lookup.find_records(definition.name, filters) if r["id"] != candidate["id"]]
+    overflow = len(members) + 1 - constraint.limit
+    if overflow <= 0:
+        return
+    ids = [r["id"] for r in members]
+    policy = constraint.on_conflict
+    violation = Violation(constraint.name, "capacity", definition.name, candidate["id"], constraint.fields)
+    if policy in ("first-write-wins", "server-decides"):
+        raise _refuse(
+            constraint,
+            definition.name,
+            candidate,
+            ids,
+            f"the group {group} is full (limit {constraint.limit})",
+        )
+    if policy == "custom":
+        changes = _custom(constraint, definition.name, candidate, [dict(r) for r in members], ids)
+        decision.actions.append(_follow_up(definition.name, candidate, changes))
+        violation.output = changes
+        decision.violations.append(violation)
+        return
+    if policy == "priority-field":
+        ranked = sorted(
+            [*members, candidate],
+            key=lambda r: (_priority(r, constraint.priority_field), r["id"] != candidate["id"]),
+        )
+        losers: list[Mapping[str, Any]] = ranked[:overflow]
+        if any(r["id"] == candidate["id"] for r in losers):
+            raise _refuse(
+                constraint,
+                definition.name,
+                candidate,
+                ids,
+                f"the group {group} is full of higher priority records",
+            )
+    else:  # last-write-wins: the oldest members (UUID v7 ids sort by creation) make room
+        losers = list(sorted(members, key=lambda r: r["id"])[:overflow])
+    for record in losers:
+        decision.actions.append(_evict(definition, constraint, record))
+    violation.losers = [r["id"] for r in losers]
+    violation.output = group
+    decision.violations.append(violation)
+
+
+def _check_referential(
+    lookup: RecordLookup,
+    definition: CollectionDefinition,
+    constraint: Constraint,
+    candidate: Mapping[str, Any],
+    decision: Decision,
+) -> None:
+    assert constraint.collection is not None
+    for name in constraint.fields:
+        value = candidate.get(name)
+        if value is None:
+            continue
+        targets = value if isinstance(value, list) else [value]
+        missing = [v for v in targets if not lookup.find_records(constraint.collection, {"id": v})]
+        if not missing:
+            continue
+        violation = Violation(constraint.name, "referential", definition.name, candidate["id"], (name,))
+        policy = constraint.on_conflict
+        if policy == "custom":
+            changes = _custom(constraint, definition.name, candidate, None, [])
+            decision.actions.append(_follow_up(definition.name, candidate, changes))
+            violation.output = changes
+        elif policy == "last-write-wins" and not definition.fields[name].required:
+            kept = [v for v in targets if v not in missing] if isinstance(value, list) else None
+            decision.actions.append(_follow_up(definition.name, candidate, {name: kept}))
+            violation.output = kept
+        else:
+            raise _refuse(
+                constraint,
+                definition.name,
+                candidate,
+                [],
+                f"{name} points at {missing} which do not exist in {constraint.collection}",
+            )
+        decision.violations.append(violation)
+
+
+def check_delete(lookup: RecordLookup, collection: str, record: Mapping[str, Any]) -> Decision:
+    """Referential constraints pointing at ``collection``: may ``record`` be deleted, and what follows?"""
+    decision = Decision()
+    for source in lookup.schema.collections.values():
+        for constraint in source.constraints.values():
+            if constraint.type != "referential" or constraint.collection != collection:
+                continue
+            for name in constraint.fields:
+                is_array = source.fields[name].type == "array"
+                if is_array:
+                    referencing = [
+                        r for r in lookup.find_records(source.name, {}) if record["id"] in (r.get(name) or ())
+                    ]
+                else:
+                    referencing = lookup.find_records(source.name, {name: record["id"]})
+                if not referencing:
+                    continue
+                ids = [r["id"] for r in referencing]
+                if constraint.on_conflict != "last-write-wins":
+                    raise _refuse(
+                        constraint, source.name, record, ids, f"records of {source.name} still reference it"
+                    )
+                for ref in referencing:
+                    if source.fields[name].required:
+                        decision.actions.append(Action("delete", source.name, ref["id"]))
+                    else:
+                        new = [v for v in ref[name] if v != record["id"]] if is_array else None
+                        decision.actions.append(
+                            Action("update", source.name, ref["id"], {name: new}, {name: ref.get(name)})
+                        )
+                decision.violations.append(
+                    Violation(constraint.name, "referential", source.name, record["id"], (name,), ids)
+                )
+    return decision

@@ -1,0 +1,89 @@
+"""Rich text fields as pycrdt (Yjs) documents.
+
+An operation on a rich text field carries a Yjs update (bytes); a record's state is its document with every
+update applied. Yjs updates commute and are idempotent, so any delivery order gives the same text.
+pycrdt is imported lazily: a schema without rich text never needs it (and a browser without a WebAssembly
+build of pycrdt can still run every other field type).
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+from offline.core.errors import OfflineError
+
+TEXT_KEY = "text"
+
+
+def _pycrdt() -> Any:
+    try:
+        import pycrdt
+    except ImportError as exc:  # pragma: no cover - depends on the platform
+        raise OfflineError(
+            "rich text fields need the pycrdt package, which is not available here; install pycrdt "
+            "(pip install pycrdt) or remove t.richtext() fields from the schema",
+            "STORAGE_ERROR",
+            {"package": "pycrdt"},
+        ) from exc
+    return pycrdt
+
+
+def _doc(state: bytes | None) -> Any:
+    pycrdt = _pycrdt()
+    doc = pycrdt.Doc()
+    if state:
+        doc.apply_update(state)
+    return doc
+
+
+def _text(doc: Any) -> Any:
+    return doc.get(TEXT_KEY, type=_pycrdt().Text)
+
+
+def decode_state(state: str | None) -> bytes | None:
+    return base64.b64decode(state) if state else None
+
+
+def merge_update(state: str | None, update: Any) -> str:
+    """Merge a Yjs update (bytes, or a plain string meaning 'initial text') into a base64 state.
+
+    The state is a merged *update*, not a document snapshot: an update that arrives before one it depends
+    on stays in it as pending structs instead of being lost, so the text is the same in any delivery order.
+    """
+    if isinstance(update, str):
+        update = initial_update(update)
+    if not update:
+        return state or ""
+    current = decode_state(state)
+    merged = _pycrdt().merge_updates(current, bytes(update)) if current else bytes(update)
+    return base64.b64encode(merged).decode("ascii")
+
+
+def text_of(state: str | bytes | None) -> str:
+    """The text of a state (base64 text as kept in merge state, or raw bytes as kept in a BLOB column)."""
+    if not state:
+        return ""
+    raw = bytes(state) if isinstance(state, (bytes, bytearray, memoryview)) else decode_state(state)
+    return str(_text(_doc(raw)))
+
+
+def state_bytes(state: str | None) -> bytes:
+    return decode_state(state) or b""
+
+
+def initial_update(text: str) -> bytes:
+    """A Yjs update that creates a document holding ``text``."""
+    doc = _doc(None)
+    t = _text(doc)
+    t += text
+    return bytes(doc.get_update())
+
+
+def edit_update(state: str | None, edit: Any) -> tuple[bytes, str]:
+    """Run ``edit(text)`` on a copy of the document; return the Yjs update it produced and the new text."""
+    doc = _doc(decode_state(state))
+    before = doc.get_state()
+    t = _text(doc)
+    edit(t)
+    return bytes(doc.get_update(before)), str(t)

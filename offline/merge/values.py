@@ -1,0 +1,68 @@
+"""Value normalisation shared by every replica, so equal values are equal byte for byte everywhere."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from offline.core.fields import FieldDescriptor
+from offline.core.frozen import thaw
+from offline.core.hlc import serialize_timestamp
+from offline.core.operations import Operation
+
+#: An operation's total-order key: HLC (wall, logical, node) then id. Lists, not strings, because
+#: node ids differ in length and a concatenated string would not sort like HybridLogicalClock.compare.
+OpKey = list[Any]
+
+_SAFE = 2**53
+
+
+def op_key(op: Operation) -> OpKey:
+    ts = op.timestamp
+    return [ts.wall_time, ts.logical, ts.node_id, op.id]
+
+
+def op_key_str(op: Operation) -> str:
+    return f"{serialize_timestamp(op.timestamp)}|{op.id}"
+
+
+def norm_number(value: Any) -> Any:
+    # JSON (and every JavaScript peer) has one number type: 2.0 and 2 are the same value, so replicas
+    # must not disagree on which spelling they keep. Integral floats become ints; -0.0 becomes 0.
+    if isinstance(value, float) and value.is_integer() and abs(value) <= _SAFE:
+        return int(value)
+    return value
+
+
+def normalize(descriptor: FieldDescriptor, value: Any) -> Any:
+    """The canonical in-memory form of a field value (lists, ints for integral numbers)."""
+    if value is None:
+        return None
+    kind = descriptor.type
+    if kind == "number":
+        return norm_number(value)
+    if kind == "boolean":
+        return bool(value)
+    if kind == "timestamp":
+        return int(value)
+    if kind == "array":
+        inner = descriptor.inner
+        assert inner is not None
+        return [normalize(inner, item) for item in value]
+    if isinstance(value, (Mapping, list, tuple)):
+        return thaw(value)
+    return value
+
+
+def element_key(value: Any) -> str:
+    """Identity of a set element: its canonical JSON text."""
+    return json.dumps(norm_number(value), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def fraction_to_number(numerator: int, denominator: int) -> int | float:
+    if denominator == 1:
+        return numerator
+    value = numerator / denominator
+    return norm_number(value) if math.isfinite(value) else value

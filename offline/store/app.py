@@ -1,0 +1,464 @@
+"""`create_app`: the local-first application object (DESIGN.md section 2).
+
+Every local write is one SQLite transaction that appends an operation to the log, folds it into the
+record's merge state and rewrites the record's row; it is durable when the call returns. Remote operations
+go through `apply()`, which folds them with the same engine. Subscriptions and events run after the commit,
+before the call returns.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Generator, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from offline.core.errors import (
+    CLOCK_DRIFT,
+    INVALID_OPERATION,
+    OfflineError,
+)
+from offline.core.hlc import HybridLogicalClock, parse_timestamp
+from offline.core.operations import Operation, create_operation, verify_operation
+from offline.core.schema import SchemaDefinition
+from offline.core.uuid7 import generate_uuid_v7
+from offline.core.version_vector import topological_sort
+from offline.merge.constraints import Violation
+from offline.merge.engine import Conflict, MergeEngine, RecordState
+from offline.merge.trace import MergeTrace
+
+from .collection import Collection
+from .database import ACKED, PENDING, REJECTED, LocalDatabase, storage_error
+from .events import EventBus
+from .local_migrations import migrate_database
+from .rows import RowCodec
+from .subscriptions import SubscriptionRegistry
+
+log = logging.getLogger("offline.store")
+
+
+@dataclass(slots=True)
+class Write:
+    """One local write planned inside a transaction."""
+
+    collection: str
+    record_id: str
+    type: str
+    data: dict[str, Any] | None
+    previous_data: dict[str, Any] | None = None
+
+
+class Ready:
+    """`app.ready`: awaitable, and already done for the local store (writes work at once)."""
+
+    def __init__(self, app: App) -> None:
+        self._app = app
+
+    def __await__(self) -> Generator[Any, None, App]:
+        return self._result()
+
+    def _result(self) -> Generator[Any, None, App]:
+        if False:  # pragma: no cover - makes this a generator without suspending
+            yield None
+        return self._app
+
+    @property
+    def done(self) -> bool:
+        return True
+
+
+class LocalOnlySync:
+    """`app.sync` of an app created without a sync configuration."""
+
+    status = "disabled"
+
+    async def connect(self) -> None:
+        raise OfflineError(
+            "this app was created without sync; pass sync={'url': 'ws://host:3001/offline-sync'} to create_app",
+            "SYNC_ERROR",
+            {"field": "sync"},
+        )
+
+    async def disconnect(self) -> None:
+        return None
+
+
+class App:
+    def __init__(
+        self,
+        schema: SchemaDefinition,
+        *,
+        path: str = "app.db",
+        sync: Mapping[str, Any] | None = None,
+        durability: str = "normal",
+        now: Callable[[], int] | None = None,
+    ) -> None:
+        if not isinstance(schema, SchemaDefinition):
+            raise OfflineError(
+                "create_app needs the result of define_schema(...)", "INVALID_SCHEMA", {"field": "schema"}
+            )
+        self.schema = schema
+        self.path = path
+        self.events = EventBus()
+        self.db = LocalDatabase(path, durability=durability)
+        self._authoritative: set[str] = set()
+        self.engine = MergeEngine(schema, authoritative_nodes=lambda: self._authoritative)
+        self.codecs = {name: RowCodec(coll) for name, coll in schema.collections.items()}
+        self.subscriptions = SubscriptionRegistry(self)
+        self._wall = now or (lambda: time.time_ns() // 1_000_000)
+        self._closed = False
+
+        with self.db.transaction():
+            node_id = self.db.get_meta("node_id")
+            if node_id is None:
+                node_id = generate_uuid_v7()
+                self.db.set_meta("node_id", node_id)
+            self.node_id: str = node_id
+            self._authoritative = set(json.loads(self.db.get_meta("authoritative_nodes") or "[]"))
+            last = self.db.max_hlc()
+            self.clock = HybridLogicalClock(
+                node_id, now=self._wall, last=parse_timestamp(last) if last else None
+            )
+            self._seq = self.db.version_vector().get(node_id, 0)
+        self._collections = {name: Collection(self, name) for name in schema.collections}
+        migrate_database(self)
+        self.ready = Ready(self)
+        self.sync: Any = LocalOnlySync()
+        if sync:
+            self.sync = self._make_sync(sync)
+
+    def _make_sync(self, config: Mapping[str, Any]) -> Any:
+        from offline.sync import create_sync_engine  # the sync layer is optional for local-only apps
+
+        return create_sync_engine(self, config)
+
+    # -- collections ----------------------------------------------------------------------------------------
+
+    def collection(self, name: str) -> Collection:
+        try:
+            return self._collections[name]
+        except KeyError:
+            raise OfflineError(
+                f"unknown collection {name!r}; the schema has {', '.join(self._collections)}",
+                INVALID_OPERATION,
+                {"collection": name},
+            ) from None
+
+    def __getattr__(self, name: str) -> Collection:
+        collections = self.__dict__.get("_collections")
+        if collections is not None and name in collections:
+            return collections[name]  # type: ignore[no-any-return]
+        raise AttributeError(name)
+
+    # -- identity and replication -----------------------------------------------------------------------------
+
+    @property
+    def version_vector(self) -> dict[str, int]:
+        with self.db.lock:
+            return self.db.version_vector()
+
+    def operations(self, after: Mapping[str, int] | None = None) -> list[Operation]:
+        """Operations held here and not covered by ``after``, in causal order (rejected ones excluded)."""
+        after = after or {}
+        with self.db.lock:
+            ops: list[Operation] = []
+            for node, seq in self.db.version_vector().items():
+                since = after.get(node)
+                if since is not None and since >= seq:
+                    continue
+                ops.extend(self.db.operations_after(node, since))
+        return topological_sort(ops)
+
+    def set_authoritative_nodes(self, nodes: Iterable[str]) -> None:
+        """Declare the server node(s) whose writes win for 'server-authoritative' fields; refolds if changed."""
+        new = set(nodes) | self._authoritative
+        if new == self._authoritative:
+            return
+        with self.db.transaction():
+            self._authoritative = new
+            self.db.set_meta("authoritative_nodes", json.dumps(sorted(new)))
+            self.rebuild()
+
+    def rebuild(self) -> None:
+        """Refold every record from the operation log (after a schema migration or a new server node)."""
+        conn = self.db.conn
+        with self.db.transaction():
+            conn.execute("DELETE FROM _offline_state")
+            for codec in self.codecs.values():
+                conn.execute(f"DELETE FROM {codec.table}")
+            keys = conn.execute(
+                "SELECT DISTINCT collection, record_id FROM _offline_ops WHERE status != ?", (REJECTED,)
+            ).fetchall()
+            for collection, record_id in keys:
+                if collection not in self.codecs:
+                    continue
+                ops = self.db.record_operations(collection, record_id)
+                state, record = self.engine.fold(collection, record_id, ops)
+                self._persist(collection, record_id, state, record)
+
+    # -- writes ---------------------------------------------------------------------------------------------
+
+    def _persist(
+        self, collection: str, record_id: str, state: RecordState, record: dict[str, Any] | None
+    ) -> None:
+        codec = self.codecs[collection]
+        conn = self.db.conn
+        self.db.save_states([(collection, record_id, state.to_json())])
+        if record is None:
+            conn.execute(codec.delete_sql, (record_id,))
+        else:
+            rich = (
+                {name: (state.fields.get(name) or {}).get("s") for name in codec.names}
+                if codec.has_richtext
+                else None
+            )
+            conn.execute(codec.upsert_sql, codec.row(record, rich))
+
+    def find_records(self, collection: str, filters: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """Alive records of ``collection`` equal to ``filters`` (the lookup constraints and relations use)."""
+        return self.collection(collection).where(filters).fetch()
+
+    def commit_local(
+        self, writes: list[Write], violations: list[Violation] | None = None
+    ) -> list[tuple[Operation, dict[str, Any] | None]]:
+        """Turn planned writes into operations and store them in one transaction."""
+        self._check_open()
+        results: list[tuple[Operation, dict[str, Any] | None]] = []
+        traces: list[tuple[Operation, Conflict]] = []
+        with self.db.lock:
+            seq_before = self._seq
+            try:
+                with self.db.transaction():
+                    states: dict[tuple[str, str], RecordState] = {}
+                    for write in writes:
+                        key = (write.collection, write.record_id)
+                        state = states.get(key)
+                        if state is None:
+                            state = self.db.load_state(*key) or RecordState()
+                            states[key] = state
+                        self._seq += 1
+                        op = create_operation(
+                            {
+                                "node_id": self.node_id,
+                                "type": write.type,
+                                "collection": write.collection,
+                                "record_id": write.record_id,
+                                "data": write.data,
+                                "previous_data": write.previous_data,
+                                "timestamp": self.clock.now(),
+                                "sequence_number": self._seq,
+                                "causal_deps": state.heads(),
+                                "schema_version": self.schema.version,
+                            }
+                        )
+                        for conflict in self.engine.apply(state, op):
+                            traces.append((op, conflict))
+                        record = self.engine.materialize(write.collection, write.record_id, state)
+                        self._persist(write.collection, write.record_id, state, record)
+                        self.db.insert_operations([self.db.op_row(op, local=True, status=PENDING)])
+                        results.append((op, record))
+                    self.db.advance_vector({self.node_id: self._seq})
+            except OfflineError:
+                self._seq = seq_before
+                raise
+            except Exception as exc:
+                self._seq = seq_before
+                raise storage_error("a local write failed and was rolled back", exc) from exc
+        self._after_commit([op for op, _ in results], traces, started=None)
+        if violations:
+            self._emit_violations(violations, [op for op, _ in results])
+        return results
+
+    def _emit_violations(self, violations: list[Violation], ops: list[Operation]) -> None:
+        """Tier 2 traces: the winning write (B) against the latest operation of each losing record (A)."""
+        if not (
+            self.events.has_listeners("constraint:violated") or self.events.has_listeners("merge:conflict")
+        ):
+            return
+        winner = ops[0]
+        for violation in violations:
+            for loser_id in violation.losers or [violation.record_id]:
+                latest = max(
+                    self.db.record_operations(violation.collection, loser_id),
+                    key=lambda o: (o.timestamp.wall_time, o.timestamp.logical, o.timestamp.node_id, o.id),
+                    default=None,
+                )
+                other = latest if latest is not None and latest.id != winner.id else winner
+                strategy = (
+                    "unique-constraint" if violation.type == "unique" else f"{violation.type}-constraint"
+                )
+                trace = MergeTrace(
+                    operation_a=other,
+                    operation_b=winner,
+                    field=",".join(violation.fields),
+                    strategy=strategy,
+                    input_a={f: (dict(other.data or {})).get(f) for f in violation.fields},
+                    input_b={f: (dict(winner.data or {})).get(f) for f in violation.fields},
+                    base=None,
+                    output=violation.output,
+                    tier=2,
+                    constraint_violated=violation.constraint,
+                )
+                self.events.emit("constraint:violated", constraint=violation.constraint, trace=trace)
+                self.events.emit("merge:conflict", trace=trace)
+
+    # -- remote operations ------------------------------------------------------------------------------------
+
+    def apply(
+        self, operations: Iterable[Operation | Mapping[str, Any]], *, delivery: int | None = None
+    ) -> list[Operation]:
+        """Merge remote operations (Operation objects or wire dicts). Idempotent; returns those newly applied.
+
+        Operations whose id does not match their content, for an unknown collection, or stamped more than
+        5 minutes ahead of this clock are refused with OfflineError and nothing of the batch is stored.
+        """
+        self._check_open()
+        started = time.perf_counter()
+        incoming: list[Operation] = []
+        for item in operations:
+            op = item if isinstance(item, Operation) else Operation.from_wire(dict(item), verify=True)
+            if isinstance(item, Operation) and not verify_operation(op):
+                raise OfflineError(
+                    f"operation {op.id} does not match its content hash",
+                    INVALID_OPERATION,
+                    {"field": "id", "reason": "HASH_MISMATCH", "operationId": op.id},
+                )
+            if op.collection not in self.codecs:
+                raise OfflineError(
+                    f"operation {op.id} is for unknown collection {op.collection!r}",
+                    INVALID_OPERATION,
+                    {"field": "collection", "collection": op.collection, "operationId": op.id},
+                )
+            incoming.append(op)
+        if not incoming:
+            return []
+        traces: list[tuple[Operation, Conflict]] = []
+        with self.db.lock, self.db.transaction():
+            known = self.db.known_ids(op.id for op in incoming)
+            fresh: dict[str, Operation] = {}
+            for op in incoming:
+                if op.id not in known and op.id not in fresh:
+                    fresh[op.id] = op
+            if not fresh:
+                return []
+            ordered = topological_sort(fresh.values())
+            for op in ordered:
+                try:
+                    self.clock.receive(op.timestamp)
+                except OfflineError as exc:
+                    if exc.code == CLOCK_DRIFT:
+                        raise OfflineError(
+                            f"operation {op.id} is stamped more than 5 minutes ahead of this clock",
+                            CLOCK_DRIFT,
+                            {**(exc.context or {}), "operationId": op.id},
+                        ) from None
+                    raise
+            keys = list(dict.fromkeys((op.collection, op.record_id) for op in ordered))
+            states = self.db.load_states(keys)
+            for op in ordered:
+                key = (op.collection, op.record_id)
+                state = states.get(key)
+                if state is None:
+                    state = states[key] = RecordState()
+                for conflict in self.engine.apply(state, op):
+                    traces.append((op, conflict))
+            for collection, record_id in keys:
+                state = states[(collection, record_id)]
+                self._persist(
+                    collection, record_id, state, self.engine.materialize(collection, record_id, state)
+                )
+            self.db.insert_operations(
+                [
+                    self.db.op_row(op, local=op.node_id == self.node_id, status=ACKED, delivery=delivery)
+                    for op in ordered
+                ]
+            )
+            vector: dict[str, int] = {}
+            for op in ordered:
+                vector[op.node_id] = max(vector.get(op.node_id, -1), op.sequence_number)
+            self.db.advance_vector(vector)
+            self._seq = max(self._seq, vector.get(self.node_id, self._seq))
+        self._after_commit(ordered, traces, started=started)
+        return ordered
+
+    # -- after a commit -------------------------------------------------------------------------------------------
+
+    def _trace(self, op: Operation, conflict: Conflict) -> MergeTrace | None:
+        other_id = conflict.earlier_op if conflict.later_op == op.id else conflict.later_op
+        other = self.db.load_operation(other_id)
+        if other is None:
+            return None
+        a, b = (other, op) if conflict.earlier_op == other_id else (op, other)
+        return MergeTrace(
+            operation_a=a,
+            operation_b=b,
+            field=conflict.field,
+            strategy=conflict.strategy,
+            input_a=conflict.input_a,
+            input_b=conflict.input_b,
+            base=conflict.base,
+            output=conflict.output,
+            tier=conflict.tier,  # type: ignore[arg-type]
+        )
+
+    def _after_commit(
+        self, ops: list[Operation], conflicts: list[tuple[Operation, Conflict]], *, started: float | None
+    ) -> None:
+        events = self.events
+        remote = started is not None
+        for op in ops:
+            if not remote and events.has_listeners("operation:created"):
+                events.emit("operation:created", operation=op)
+        if conflicts and (
+            events.has_listeners("merge:conflict")
+            or events.has_listeners("merge:completed")
+            or events.has_listeners("merge:started")
+        ):
+            for op, conflict in conflicts:
+                trace = self._trace(op, conflict)
+                if trace is None:
+                    continue
+                events.emit("merge:started", operationA=trace.operation_a, operationB=trace.operation_b)
+                events.emit("merge:conflict", trace=trace)
+                events.emit("merge:completed", trace=trace)
+        if events.has_listeners("operation:applied"):
+            duration = (time.perf_counter() - started) * 1000 if started is not None else 0.0
+            for op in ops:
+                events.emit("operation:applied", operation=op, duration=duration)
+        self.subscriptions.notify({op.collection for op in ops}, ops[-1] if ops else None)
+
+    # -- lifecycle ------------------------------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise OfflineError("this app is closed", "STORAGE_ERROR", {"path": self.path})
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.subscriptions.clear()
+        self.db.close()
+
+    def __enter__(self) -> App:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def create_app(
+    schema: SchemaDefinition,
+    sync: Mapping[str, Any] | None = None,
+    path: str = "app.db",
+    *,
+    durability: str = "normal",
+    now: Callable[[], int] | None = None,
+) -> App:
+    """Open (or create) the local database at ``path`` for ``schema``; needs no running event loop."""
+    return App(schema, path=path, sync=sync, durability=durability, now=now)
+
+
+__all__ = ["ACKED", "PENDING", "REJECTED", "App", "Write", "create_app"]

@@ -1,0 +1,423 @@
+"""Collections: validated local writes, queries and rich text handles."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from offline.core.errors import INVALID_OPERATION, InvalidTransitionError, OfflineError
+from offline.core.fields import FieldDescriptor, validate_field_value
+from offline.core.frozen import thaw
+from offline.core.state_machine import build_state_machine_constraints, validate_transition
+from offline.core.uuid7 import generate_uuid_v7
+from offline.merge import richtext
+from offline.merge.constraints import Action, check_delete, check_write
+from offline.merge.relations import plan_delete
+from offline.merge.values import normalize
+
+from .ops import AtomicOp
+from .rows import quote, to_column
+
+if TYPE_CHECKING:
+    from .app import App, Write
+
+
+def _invalid(message: str, **context: Any) -> OfflineError:
+    return OfflineError(message, INVALID_OPERATION, context)
+
+
+class Collection:
+    def __init__(self, app: App, name: str) -> None:
+        self.app = app
+        self.name = name
+        self.definition = app.schema.collections[name]
+        self.fields: Mapping[str, FieldDescriptor] = self.definition.fields
+        self.codec = app.codecs[name]
+        self.state_machines = {
+            c.field: c for c in build_state_machine_constraints(app.schema) if c.collection == name
+        }
+
+    def __repr__(self) -> str:
+        return f"<Collection {self.name}>"
+
+    # -- reads ------------------------------------------------------------------------------------------------
+
+    def find_by_id(self, record_id: str) -> dict[str, Any] | None:
+        with self.app.db.lock:
+            row = self.app.db.conn.execute(
+                f"SELECT {self.codec.select_columns} FROM {self.codec.table} WHERE {quote('id')} = ?",
+                (record_id,),
+            ).fetchone()
+        return None if row is None else self.codec.record(row)
+
+    def where(self, filters: Mapping[str, Any] | None = None) -> Query:
+        return Query(self, dict(filters or {}))
+
+    def all(self) -> Query:
+        return Query(self, {})
+
+    def fetch(self) -> list[dict[str, Any]]:
+        """Every record of the collection."""
+        return self.all().fetch()
+
+    def first(self) -> dict[str, Any] | None:
+        return self.all().first()
+
+    def count(self) -> int:
+        return self.all().count()
+
+    def richtext(self, record_id: str, field: str) -> RichTextHandle:
+        descriptor = self.fields.get(field)
+        if descriptor is None or descriptor.type != "richtext":
+            raise _invalid(
+                f"{self.name}.{field} is not a t.richtext() field", collection=self.name, field=field
+            )
+        return RichTextHandle(self, record_id, field)
+
+    # -- validation -------------------------------------------------------------------------------------------
+
+    def _check_known(self, data: Mapping[str, Any], *, allow_id: bool) -> None:
+        if not isinstance(data, Mapping):
+            raise _invalid(
+                f"{self.name}: a write takes a mapping of field values, got {type(data).__name__}",
+                collection=self.name,
+                field=None,
+            )
+        for name in data:
+            if name == "id" and allow_id:
+                continue
+            if name not in self.fields:
+                raise _invalid(
+                    f"{self.name} has no field {name!r} (fields: {', '.join(self.fields)})",
+                    collection=self.name,
+                    field=name,
+                    reason="UNKNOWN_FIELD",
+                )
+            if self.fields[name].is_auto:
+                raise _invalid(
+                    f"{self.name}.{name} is set automatically and cannot be written",
+                    collection=self.name,
+                    field=name,
+                    reason="AUTO_FIELD",
+                )
+
+    def _now(self) -> int:
+        return int(self.app._wall())
+
+    # -- writes -----------------------------------------------------------------------------------------------
+
+    def insert(self, data: Mapping[str, Any]) -> dict[str, Any]:
+        from .app import Write
+
+        self._check_known(data, allow_id=True)
+        record_id = data.get("id")
+        if record_id is None:
+            record_id = generate_uuid_v7()
+        elif not isinstance(record_id, str) or not record_id:
+            raise _invalid("id must be a non-empty string", collection=self.name, field="id")
+        values: dict[str, Any] = {}
+        for name, descriptor in self.fields.items():
+            if descriptor.is_auto:
+                values[name] = self._now()
+                continue
+            if name in data:
+                value = data[name]
+            elif descriptor.has_default:
+                value = thaw(descriptor.default_value)
+            else:
+                value = None
+            if descriptor.type == "richtext":
+                if value is not None and not isinstance(value, str):
+                    validate_field_value(self.name, name, descriptor, value)
+                if value:
+                    values[name] = richtext.initial_update(value)
+                continue
+            validate_field_value(self.name, name, descriptor, value)
+            if value is not None:
+                values[name] = normalize(descriptor, value)
+        with self.app.db.lock:
+            if self.find_by_id(record_id) is not None:
+                raise _invalid(
+                    f"{self.name} already has a record with id {record_id!r}",
+                    collection=self.name,
+                    field="id",
+                    reason="DUPLICATE_ID",
+                )
+            candidate = self._visible(record_id, values)
+            decision = check_write(self.app, self.name, candidate, None)
+            writes = [Write(self.name, record_id, "insert", values), *_writes(decision.actions)]
+            results = self.app.commit_local(writes, decision.violations)
+            record = self.find_by_id(record_id) if decision.actions else results[0][1]
+        assert record is not None
+        return record
+
+    def _visible(self, record_id: str, values: Mapping[str, Any]) -> dict[str, Any]:
+        out: dict[str, Any] = {"id": record_id}
+        for name, descriptor in self.fields.items():
+            value = values.get(name)
+            if descriptor.type == "richtext":
+                value = richtext.text_of(richtext.merge_update(None, value)) if value else ""
+            out[name] = value
+        return out
+
+    def update(self, record_id: str, changes: Mapping[str, Any]) -> dict[str, Any]:
+        from .app import Write
+
+        self._check_known(changes, allow_id=True)
+        if "id" in changes and changes["id"] != record_id:
+            raise _invalid("a record's id cannot change", collection=self.name, field="id")
+        with self.app.db.lock:
+            current = self.find_by_id(record_id)
+            if current is None:
+                raise _invalid(
+                    f"{self.name} has no record with id {record_id!r}",
+                    collection=self.name,
+                    field="id",
+                    reason="NOT_FOUND",
+                    id=record_id,
+                )
+            data: dict[str, Any] = {}
+            previous: dict[str, Any] = {}
+            for name, raw in changes.items():
+                if name == "id":
+                    continue
+                descriptor = self.fields[name]
+                value = (
+                    raw.resolve(self.name, name, descriptor, current[name])
+                    if isinstance(raw, AtomicOp)
+                    else raw
+                )
+                if descriptor.type == "richtext":
+                    if value is not None and not isinstance(value, str):
+                        validate_field_value(self.name, name, descriptor, value)
+                    new_text = value or ""
+                    if new_text == current[name]:
+                        continue
+                    state = self.app.db.load_state(self.name, record_id)
+                    reg_state = (state.fields.get(name) or {}).get("s") if state else None
+                    update, _ = richtext.edit_update(reg_state, lambda t, s=new_text: _replace_text(t, s))
+                    data[name] = update
+                    previous[name] = current[name]
+                    continue
+                validate_field_value(self.name, name, descriptor, value)
+                value = normalize(descriptor, value)
+                if value == current[name] and type(value) is type(current[name]):
+                    continue
+                machine = self.state_machines.get(name)
+                if machine is not None and current[name] is not None:
+                    result = validate_transition(machine, current[name], value)
+                    if not result.valid:
+                        if machine.on_invalid_transition == "reject":
+                            raise InvalidTransitionError(
+                                f"{self.name}.{name} cannot move from {current[name]!r} to {value!r}; "
+                                f"allowed: {result.allowed_targets}",
+                                {
+                                    "collection": self.name,
+                                    "field": name,
+                                    "from": current[name],
+                                    "to": value,
+                                    "allowed": result.allowed_targets,
+                                },
+                            )
+                        continue  # 'last-valid-state': keep the previous value, no error
+                data[name] = value
+                previous[name] = current[name]
+            if not data:
+                return current
+            candidate = {**current, **{k: v for k, v in data.items() if self.fields[k].type != "richtext"}}
+            decision = check_write(self.app, self.name, candidate, current)
+            writes = [Write(self.name, record_id, "update", data, previous), *_writes(decision.actions)]
+            results = self.app.commit_local(writes, decision.violations)
+            record = self.find_by_id(record_id) if decision.actions else results[0][1]
+        assert record is not None
+        return record
+
+    def delete(self, record_id: str) -> bool:
+        """Delete a record (and apply its relations' onDelete). False when there was no such record."""
+        from .app import Write
+
+        with self.app.db.lock:
+            current = self.find_by_id(record_id)
+            if current is None:
+                return False
+            decision = check_delete(self.app, self.name, current)
+            actions = [*plan_delete(self.app, self.name, record_id), *decision.actions]
+            self.app.commit_local(
+                [Write(self.name, record_id, "delete", None), *_writes(actions)], decision.violations
+            )
+        return True
+
+
+def _writes(actions: list[Action]) -> list[Write]:
+    from .app import Write
+
+    return [Write(a.collection, a.record_id, a.type, a.changes, a.previous) for a in actions]
+
+
+def _replace_text(text: Any, new: str) -> None:
+    del text[:]
+    text += new
+
+
+class Query:
+    """`collection.where({...})`: equality filters, optional ordering and limit."""
+
+    def __init__(
+        self,
+        collection: Collection,
+        filters: dict[str, Any],
+        order: list[tuple[str, bool]] | None = None,
+        limit: int | None = None,
+    ) -> None:
+        for name in filters:
+            if name != "id" and name not in collection.fields:
+                raise _invalid(
+                    f"{collection.name} has no field {name!r} to filter on",
+                    collection=collection.name,
+                    field=name,
+                )
+            if name != "id" and collection.fields[name].type == "richtext":
+                raise _invalid(
+                    f"{collection.name}.{name} is rich text and cannot be filtered on",
+                    collection=collection.name,
+                    field=name,
+                )
+        self.collection = collection
+        self.filters = filters
+        self.order = order or []
+        self._limit = limit
+
+    def where(self, filters: Mapping[str, Any]) -> Query:
+        return Query(self.collection, {**self.filters, **filters}, self.order, self._limit)
+
+    def order_by(self, field: str, *, desc: bool = False) -> Query:
+        if field != "id" and field not in self.collection.fields:
+            raise _invalid(
+                f"{self.collection.name} has no field {field!r} to order by",
+                collection=self.collection.name,
+                field=field,
+            )
+        return Query(self.collection, self.filters, [*self.order, (field, desc)], self._limit)
+
+    def limit(self, count: int) -> Query:
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise _invalid(
+                "limit takes a non-negative integer", collection=self.collection.name, field="limit"
+            )
+        return Query(self.collection, self.filters, self.order, count)
+
+    def _sql(self, select: str) -> tuple[str, list[Any]]:
+        clauses: list[str] = []
+        params: list[Any] = []
+        for name, value in self.filters.items():
+            if value is None:
+                clauses.append(f"{quote(name)} IS NULL")
+                continue
+            stored = value if name == "id" else to_column(self.collection.fields[name], value)
+            clauses.append(f"{quote(name)} = ?")
+            params.append(stored)
+        sql = f"SELECT {select} FROM {self.collection.codec.table}"
+        if clauses:
+            sql += " WHERE " + " AND ".join(clauses)
+        return sql, params
+
+    def fetch(self) -> list[dict[str, Any]]:
+        sql, params = self._sql(self.collection.codec.select_columns)
+        order = [f"{quote(name)} {'DESC' if desc else 'ASC'}" for name, desc in self.order]
+        order.append(f"{quote('id')} ASC")  # UUID v7 ids: creation order, and a stable tie-break
+        sql += " ORDER BY " + ", ".join(order)
+        if self._limit is not None:
+            sql += f" LIMIT {int(self._limit)}"
+        app = self.collection.app
+        with app.db.lock:
+            rows = app.db.conn.execute(sql, params).fetchall()
+        decode = self.collection.codec.record
+        return [decode(row) for row in rows]
+
+    def first(self) -> dict[str, Any] | None:
+        rows = self.limit(1).fetch()
+        return rows[0] if rows else None
+
+    def count(self) -> int:
+        sql, params = self._sql("count(*)")
+        app = self.collection.app
+        with app.db.lock:
+            (value,) = app.db.conn.execute(sql, params).fetchone()
+        if self._limit is not None:
+            return min(int(value), self._limit)
+        return int(value)
+
+    def subscribe(self, callback: Callable[[list[dict[str, Any]]], Any]) -> Callable[[], None]:
+        """Call ``callback(records)`` now and after every change that alters this query's results."""
+        return self.collection.app.subscriptions.add(self, callback)
+
+
+class RichTextHandle:
+    """Edit one rich text field: `insert(index, text)`, `delete(index, length)`, `str(handle)`."""
+
+    def __init__(self, collection: Collection, record_id: str, field: str) -> None:
+        self.collection = collection
+        self.record_id = record_id
+        self.field = field
+
+    def __str__(self) -> str:
+        record = self.collection.find_by_id(self.record_id)
+        return "" if record is None else str(record[self.field])
+
+    def __len__(self) -> int:
+        return len(str(self))
+
+    def _edit(self, edit: Callable[[Any], None]) -> dict[str, Any]:
+        from .app import Write
+
+        app = self.collection.app
+        with app.db.lock:
+            current = self.collection.find_by_id(self.record_id)
+            if current is None:
+                raise _invalid(
+                    f"{self.collection.name} has no record with id {self.record_id!r}",
+                    collection=self.collection.name,
+                    field="id",
+                    reason="NOT_FOUND",
+                )
+            state = app.db.load_state(self.collection.name, self.record_id)
+            reg_state = (state.fields.get(self.field) or {}).get("s") if state else None
+            update, _ = richtext.edit_update(reg_state, edit)
+            if not update or update == b"\x00\x00":
+                return current
+            writes = [
+                Write(
+                    self.collection.name,
+                    self.record_id,
+                    "update",
+                    {self.field: update},
+                    {self.field: current[self.field]},
+                )
+            ]
+            (_, record), *_ = app.commit_local(writes)
+        assert record is not None
+        return record
+
+    def insert(self, index: int, text: str) -> dict[str, Any]:
+        if not isinstance(text, str):
+            raise _invalid(
+                "rich text insert takes a string", collection=self.collection.name, field=self.field
+            )
+        length = len(self)
+        if not 0 <= index <= length:
+            raise _invalid(
+                f"index {index} is outside the text (length {length})",
+                collection=self.collection.name,
+                field=self.field,
+            )
+        return self._edit(lambda t: t.insert(index, text))
+
+    def delete(self, index: int, length: int) -> dict[str, Any]:
+        size = len(self)
+        if index < 0 or length < 0 or index + length > size:
+            raise _invalid(
+                f"cannot delete {length} characters at {index} from a text of length {size}",
+                collection=self.collection.name,
+                field=self.field,
+            )
+        return self._edit(lambda t: t.__delitem__(slice(index, index + length)))

@@ -1,0 +1,241 @@
+"""The local SQLite database: the operation log, merge state, version vector, identity and record tables.
+
+Only the standard `sqlite3` module is used, so the same code runs under Pyodide in a browser.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from offline.core.errors import STORAGE_ERROR, OfflineError
+from offline.core.hlc import serialize_timestamp
+from offline.core.operations import Operation
+from offline.core.schema import SchemaDefinition
+from offline.merge.engine import RecordState
+
+from .rows import create_table_sql
+
+# Status of an operation in the log.
+PENDING = 0  # written here, not yet acknowledged by a server
+ACKED = 1  # acknowledged (or received from elsewhere)
+REJECTED = 2  # refused by the server: kept for the record, excluded from every fold
+
+_INTERNAL = (
+    """CREATE TABLE IF NOT EXISTS _offline_meta (key TEXT PRIMARY KEY NOT NULL, value TEXT NOT NULL)""",
+    """CREATE TABLE IF NOT EXISTS _offline_ops (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT,
+        id TEXT NOT NULL UNIQUE,
+        node_id TEXT NOT NULL,
+        sequence_number INTEGER NOT NULL,
+        collection TEXT NOT NULL,
+        record_id TEXT NOT NULL,
+        hlc TEXT NOT NULL,
+        wire TEXT NOT NULL,
+        local INTEGER NOT NULL,
+        status INTEGER NOT NULL DEFAULT 0,
+        delivery INTEGER
+    )""",
+    "CREATE INDEX IF NOT EXISTS _offline_ops_node ON _offline_ops (node_id, sequence_number)",
+    "CREATE INDEX IF NOT EXISTS _offline_ops_record ON _offline_ops (collection, record_id)",
+    "CREATE INDEX IF NOT EXISTS _offline_ops_hlc ON _offline_ops (hlc)",
+    "CREATE INDEX IF NOT EXISTS _offline_ops_pending ON _offline_ops (seq) WHERE local = 1 AND status = 0",
+    """CREATE TABLE IF NOT EXISTS _offline_vv (node_id TEXT PRIMARY KEY NOT NULL, seq INTEGER NOT NULL)""",
+    """CREATE TABLE IF NOT EXISTS _offline_state (
+        collection TEXT NOT NULL, record_id TEXT NOT NULL, state TEXT NOT NULL,
+        PRIMARY KEY (collection, record_id)
+    ) WITHOUT ROWID""",
+)
+
+
+def storage_error(message: str, exc: BaseException | None = None, **context: Any) -> OfflineError:
+    if exc is not None:
+        context["cause"] = f"{type(exc).__name__}: {exc}"
+    return OfflineError(message, STORAGE_ERROR, context)
+
+
+class LocalDatabase:
+    """A thin, typed wrapper over one sqlite3 connection. Every public write runs in `transaction()`."""
+
+    def __init__(self, path: str, *, durability: str = "normal") -> None:
+        try:
+            self.conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        except sqlite3.Error as exc:
+            raise storage_error(f"cannot open the local database {path!r}", exc, path=path) from exc
+        self.path = path
+        self.lock = threading.RLock()
+        self._depth = 0
+        conn = self.conn
+        if path != ":memory:":
+            conn.execute("PRAGMA journal_mode=WAL")
+        # WAL + NORMAL: a committed write survives the process dying at any point; FULL also survives the
+        # machine losing power, at the price of an fsync per write.
+        conn.execute(f"PRAGMA synchronous={'FULL' if durability == 'full' else 'NORMAL'}")
+        conn.execute("PRAGMA foreign_keys=OFF")
+        conn.execute("PRAGMA busy_timeout=5000")
+        for statement in _INTERNAL:
+            conn.execute(statement)
+
+    # -- transactions -------------------------------------------------------------------------------------
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        with self.lock:
+            if self._depth:
+                self._depth += 1
+                try:
+                    yield self.conn
+                finally:
+                    self._depth -= 1
+                return
+            self.conn.execute("BEGIN IMMEDIATE")
+            self._depth = 1
+            try:
+                yield self.conn
+            except BaseException:
+                self._depth = 0
+                self.conn.execute("ROLLBACK")
+                raise
+            else:
+                self._depth = 0
+                try:
+                    self.conn.execute("COMMIT")
+                except sqlite3.Error as exc:
+                    self.conn.execute("ROLLBACK")
+                    raise storage_error("the local database could not commit a write", exc) from exc
+
+    # -- meta -----------------------------------------------------------------------------------------------
+
+    def get_meta(self, key: str) -> str | None:
+        row = self.conn.execute("SELECT value FROM _offline_meta WHERE key = ?", (key,)).fetchone()
+        return None if row is None else str(row[0])
+
+    def set_meta(self, key: str, value: str) -> None:
+        self.conn.execute("INSERT OR REPLACE INTO _offline_meta (key, value) VALUES (?, ?)", (key, value))
+
+    # -- tables ---------------------------------------------------------------------------------------------
+
+    def create_tables(self, schema: SchemaDefinition) -> None:
+        for collection in schema.collections.values():
+            for statement in create_table_sql(collection):
+                self.conn.execute(statement)
+
+    def table_columns(self, table: str) -> list[str]:
+        return [row[1] for row in self.conn.execute(f"PRAGMA table_info({json.dumps(table)})")]
+
+    # -- operation log ----------------------------------------------------------------------------------------
+
+    def has_operation(self, op_id: str) -> bool:
+        return self.conn.execute("SELECT 1 FROM _offline_ops WHERE id = ?", (op_id,)).fetchone() is not None
+
+    def known_ids(self, ids: Iterable[str]) -> set[str]:
+        ids = list(ids)
+        found: set[str] = set()
+        for start in range(0, len(ids), 500):
+            chunk = ids[start : start + 500]
+            marks = ",".join("?" for _ in chunk)
+            found.update(
+                row[0]
+                for row in self.conn.execute(f"SELECT id FROM _offline_ops WHERE id IN ({marks})", chunk)
+            )
+        return found
+
+    def insert_operations(self, rows: list[tuple[Any, ...]]) -> None:
+        self.conn.executemany(
+            "INSERT INTO _offline_ops (id, node_id, sequence_number, collection, record_id, hlc, wire, local, "
+            "status, delivery) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            rows,
+        )
+
+    @staticmethod
+    def op_row(op: Operation, *, local: bool, status: int, delivery: int | None = None) -> tuple[Any, ...]:
+        return (
+            op.id,
+            op.node_id,
+            op.sequence_number,
+            op.collection,
+            op.record_id,
+            serialize_timestamp(op.timestamp),
+            json.dumps(op.to_wire(), separators=(",", ":"), ensure_ascii=False),
+            1 if local else 0,
+            status,
+            delivery,
+        )
+
+    def load_operation(self, op_id: str) -> Operation | None:
+        row = self.conn.execute("SELECT wire FROM _offline_ops WHERE id = ?", (op_id,)).fetchone()
+        return None if row is None else Operation.from_wire(json.loads(row[0]), verify=False)
+
+    def record_operations(self, collection: str, record_id: str) -> list[Operation]:
+        rows = self.conn.execute(
+            "SELECT wire FROM _offline_ops WHERE collection = ? AND record_id = ? AND status != ?",
+            (collection, record_id, REJECTED),
+        )
+        return [Operation.from_wire(json.loads(r[0]), verify=False) for r in rows]
+
+    def operations_after(self, node_id: str, after: int | None) -> list[Operation]:
+        rows = self.conn.execute(
+            "SELECT wire FROM _offline_ops WHERE node_id = ? AND sequence_number > ? AND status != ? "
+            "ORDER BY sequence_number",
+            (node_id, -1 if after is None else after, REJECTED),
+        )
+        return [Operation.from_wire(json.loads(r[0]), verify=False) for r in rows]
+
+    def max_hlc(self) -> str | None:
+        row = self.conn.execute("SELECT max(hlc) FROM _offline_ops").fetchone()
+        return None if row is None or row[0] is None else str(row[0])
+
+    def pending_count(self) -> int:
+        row = self.conn.execute("SELECT count(*) FROM _offline_ops WHERE local = 1 AND status = 0").fetchone()
+        return int(row[0])
+
+    # -- version vector ---------------------------------------------------------------------------------------
+
+    def version_vector(self) -> dict[str, int]:
+        return {
+            str(node): int(seq) for node, seq in self.conn.execute("SELECT node_id, seq FROM _offline_vv")
+        }
+
+    def advance_vector(self, entries: dict[str, int]) -> None:
+        self.conn.executemany(
+            "INSERT INTO _offline_vv (node_id, seq) VALUES (?, ?) "
+            "ON CONFLICT (node_id) DO UPDATE SET seq = max(seq, excluded.seq)",
+            list(entries.items()),
+        )
+
+    # -- merge state --------------------------------------------------------------------------------------------
+
+    def load_state(self, collection: str, record_id: str) -> RecordState | None:
+        row = self.conn.execute(
+            "SELECT state FROM _offline_state WHERE collection = ? AND record_id = ?", (collection, record_id)
+        ).fetchone()
+        return None if row is None else RecordState.from_json(row[0])
+
+    def load_states(self, keys: list[tuple[str, str]]) -> dict[tuple[str, str], RecordState]:
+        out: dict[tuple[str, str], RecordState] = {}
+        by_collection: dict[str, list[str]] = {}
+        for collection, record_id in keys:
+            by_collection.setdefault(collection, []).append(record_id)
+        for collection, ids in by_collection.items():
+            for start in range(0, len(ids), 500):
+                chunk = ids[start : start + 500]
+                marks = ",".join("?" for _ in chunk)
+                for record_id, state in self.conn.execute(
+                    f"SELECT record_id, state FROM _offline_state WHERE collection = ? AND record_id IN ({marks})",
+                    [collection, *chunk],
+                ):
+                    out[(collection, record_id)] = RecordState.from_json(state)
+        return out
+
+    def save_states(self, rows: list[tuple[str, str, str]]) -> None:
+        self.conn.executemany(
+            "INSERT OR REPLACE INTO _offline_state (collection, record_id, state) VALUES (?, ?, ?)", rows
+        )
+
+    def close(self) -> None:
+        with self.lock:
+            self.conn.close()
