@@ -252,18 +252,15 @@ def _fast_scalar(value: Any) -> bool:
     """True for a valid exact-type JSON scalar, False for a non-scalar; raise for an invalid scalar."""
     kind = type(value)
     if kind is str:
-        if value.isascii() or _is_utf8(value):
-            return True
+        valid = value.isascii() or _is_utf8(value)
     elif kind is int:
-        if -MAX_SAFE_INTEGER <= value <= MAX_SAFE_INTEGER:
-            return True
+        valid = -MAX_SAFE_INTEGER <= value <= MAX_SAFE_INTEGER
     elif kind is float:
-        if _isfinite(value):
-            return True
-    elif kind is bool or value is None:
-        return True
+        valid = _isfinite(value)
     else:
-        return False
+        return kind is bool or value is None
+    if valid:
+        return True
     raise _Unusual
 
 
@@ -279,12 +276,13 @@ def _fast_container(value: Any, depth: int) -> tuple[Any, Any]:
     raise _Unusual
 
 
-def _fast_mapping(value: Mapping[str, Any], depth: int) -> tuple[FrozenDict[str, Any], dict[str, Any]]:
+def _fast_mapping(value: Any, depth: int) -> tuple[FrozenDict[str, Any], dict[str, Any]]:
+    """``value`` is an exact dict or FrozenDict found at ``depth``."""
     # The items sit one level deeper; stopping one level early is conservative but simple.
     if depth >= _MAX_DEPTH:
         raise _Unusual
     is_frozen = type(value) is FrozenDict
-    items: dict[str, Any] = value._data if is_frozen else value  # type: ignore[attr-defined]
+    items: dict[str, Any] = value._data if is_frozen else value
     frozen_changes: dict[str, Any] | None = None
     plain_changes: dict[str, Any] | None = None
     for key, item in items.items():
@@ -302,7 +300,7 @@ def _fast_mapping(value: Mapping[str, Any], depth: int) -> tuple[FrozenDict[str,
         plain_changes[key] = plain_item
     frozen: FrozenDict[str, Any]
     if is_frozen:
-        frozen = value  # type: ignore[assignment]  # freeze() returns a FrozenDict as it is
+        frozen = value  # freeze() returns a FrozenDict as it is
     else:
         frozen = FrozenDict(items if frozen_changes is None else {**items, **frozen_changes})
     # Always a fresh dict: the hash form must not share mutable containers with the caller's input.

@@ -11,8 +11,9 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Generator, Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any
 
 from offline.core.errors import (
@@ -38,6 +39,9 @@ from .subscriptions import SubscriptionRegistry
 
 log = logging.getLogger("offline.store")
 
+# Bound on records awaiting materialisation, so memory stays small during long write bursts.
+_MAX_DIRTY = 2000
+
 
 @dataclass(slots=True)
 class Write:
@@ -48,6 +52,14 @@ class Write:
     type: str
     data: dict[str, Any] | None
     previous_data: dict[str, Any] | None = None
+
+
+@dataclass(slots=True)
+class _Batch:
+    staged: dict[tuple[str, str], RecordState] = field(default_factory=dict)
+    results: list[tuple[Operation, dict[str, Any] | None]] = field(default_factory=list)
+    traces: list[tuple[Operation, Conflict]] = field(default_factory=list)
+    violations: list[Violation] = field(default_factory=list)
 
 
 class Ready:
@@ -121,9 +133,13 @@ class App:
             self.clock = HybridLogicalClock(
                 node_id, now=self._wall, last=parse_timestamp(last) if last else None
             )
-            self._seq = self.db.version_vector().get(node_id, 0)
+            self._seq = self.db.own_sequence(node_id)
+        # Records whose latest local operations are committed but not yet written to their row (see flush()).
+        self._dirty: dict[tuple[str, str], RecordState] = {}
+        self._batch: _Batch | None = None
         self._collections = {name: Collection(self, name) for name in schema.collections}
         migrate_database(self)
+        self._recover()
         self.ready = Ready(self)
         self.sync: Any = LocalOnlySync()
         if sync:
@@ -157,14 +173,20 @@ class App:
     @property
     def version_vector(self) -> dict[str, int]:
         with self.db.lock:
-            return self.db.version_vector()
+            return self._vector()
+
+    def _vector(self) -> dict[str, int]:
+        vector = self.db.version_vector()
+        if self._seq:
+            vector[self.node_id] = max(vector.get(self.node_id, 0), self._seq)
+        return vector
 
     def operations(self, after: Mapping[str, int] | None = None) -> list[Operation]:
         """Operations held here and not covered by ``after``, in causal order (rejected ones excluded)."""
         after = after or {}
         with self.db.lock:
             ops: list[Operation] = []
-            for node, seq in self.db.version_vector().items():
+            for node, seq in self._vector().items():
                 since = after.get(node)
                 if since is not None and since >= seq:
                     continue
@@ -185,18 +207,62 @@ class App:
         """Refold every record from the operation log (after a schema migration or a new server node)."""
         conn = self.db.conn
         with self.db.transaction():
+            self._dirty.clear()
             conn.execute("DELETE FROM _offline_state")
             for codec in self.codecs.values():
                 conn.execute(f"DELETE FROM {codec.table}")
-            keys = conn.execute(
-                "SELECT DISTINCT collection, record_id FROM _offline_ops WHERE status != ?", (REJECTED,)
-            ).fetchall()
-            for collection, record_id in keys:
-                if collection not in self.codecs:
-                    continue
-                ops = self.db.record_operations(collection, record_id)
+            grouped: dict[tuple[str, str], list[Operation]] = {}
+            for (wire,) in conn.execute("SELECT wire FROM _offline_ops WHERE status != ?", (REJECTED,)):
+                op = Operation.from_wire(json.loads(wire), verify=False)
+                if op.collection in self.codecs:
+                    grouped.setdefault((op.collection, op.record_id), []).append(op)
+            for (collection, record_id), ops in grouped.items():
                 state, record = self.engine.fold(collection, record_id, ops)
                 self._persist(collection, record_id, state, record)
+            self.db.set_meta("materialized_sequence", str(self._seq))
+
+    def _recover(self) -> None:
+        """Materialise local operations committed after the last flush (the process stopped before it)."""
+        done = int(self.db.get_meta("materialized_sequence") or 0)
+        if done >= self._seq:
+            return
+        with self.db.lock, self.db.transaction():
+            ops = [op for op in self.db.operations_after(self.node_id, done) if op.collection in self.codecs]
+            keys = list(dict.fromkeys((op.collection, op.record_id) for op in ops))
+            states = self.db.load_states(keys)
+            for op in ops:
+                self.engine.apply(states.setdefault((op.collection, op.record_id), RecordState()), op)
+            for key in keys:
+                state = states[key]
+                self._persist(*key, state, self.engine.materialize(*key, state))
+            self.db.set_meta("materialized_sequence", str(self._seq))
+
+    def flush(self) -> None:
+        """Write the rows of records changed by local writes since the last flush (one transaction).
+
+        Local writes commit only their operation; the operation log is the durable truth and rows are its
+        materialisation. Every read path calls this first, so callers always see their own writes.
+        """
+        if not self._dirty:
+            return
+        with self.db.lock:
+            if not self._dirty:
+                return
+            with self.db.transaction():
+                self._persist_many(self._dirty)
+                self.db.set_meta("materialized_sequence", str(self._seq))
+            self._dirty.clear()
+
+    def unflushed_state(self, collection: str, record_id: str) -> RecordState | None:
+        """The state of a record written since the last flush (or in the open batch), else None."""
+        key = (collection, record_id)
+        if self._batch is not None and key in self._batch.staged:
+            return self._batch.staged[key]
+        return self._dirty.get(key)
+
+    def cached_state(self, collection: str, record_id: str) -> RecordState | None:
+        state = self.unflushed_state(collection, record_id)
+        return state if state is not None else self.db.load_state(collection, record_id)
 
     # -- writes ---------------------------------------------------------------------------------------------
 
@@ -220,8 +286,59 @@ class App:
         """Alive records of ``collection`` equal to ``filters`` (the lookup constraints and relations use)."""
         return self.collection(collection).where(filters).fetch()
 
+    @contextmanager
+    def batch(self) -> Iterator[App]:
+        """Group many writes into one transaction: all are committed (durably) together, or none.
+
+        Each write is still its own operation; events and subscriptions fire once the batch commits.
+        """
+        self._check_open()
+        with self.db.lock:
+            if self._batch is not None:
+                yield self  # nested: the outer batch commits
+                return
+            batch = _Batch()
+            seq_before = self._seq
+            self._batch = batch
+            try:
+                with self.db.transaction():
+                    yield self
+            except BaseException:
+                self._seq = seq_before
+                raise
+            finally:
+                self._batch = None
+            self._dirty.update(batch.staged)
+            if len(self._dirty) >= _MAX_DIRTY:
+                self.flush()
+        self._after_commit([op for op, _ in batch.results], batch.traces, started=None)
+        if batch.violations:
+            self._emit_violations(batch.violations, [op for op, _ in batch.results])
+
+    def _persist_many(self, states: Mapping[tuple[str, str], RecordState]) -> None:
+        conn = self.db.conn
+        self.db.save_states([(c, r, st.to_json()) for (c, r), st in states.items()])
+        upserts: dict[str, list[list[Any]]] = {}
+        deletes: dict[str, list[tuple[str]]] = {}
+        for (collection, record_id), state in states.items():
+            record = self.engine.materialize(collection, record_id, state)
+            codec = self.codecs[collection]
+            if record is None:
+                deletes.setdefault(collection, []).append((record_id,))
+            else:
+                rich = (
+                    {name: (state.fields.get(name) or {}).get("s") for name in codec.names}
+                    if codec.has_richtext
+                    else None
+                )
+                upserts.setdefault(collection, []).append(codec.row(record, rich))
+        for collection, rows in upserts.items():
+            conn.executemany(self.codecs[collection].upsert_sql, rows)
+        for collection, ids in deletes.items():
+            conn.executemany(self.codecs[collection].delete_sql, ids)
+
     def commit_local(
-        self, writes: list[Write], violations: list[Violation] | None = None
+        self, writes: list[Write], violations: list[Violation] | None = None, *, fresh: bool = False
     ) -> list[tuple[Operation, dict[str, Any] | None]]:
         """Turn planned writes into operations and store them in one transaction."""
         self._check_open()
@@ -229,15 +346,24 @@ class App:
         traces: list[tuple[Operation, Conflict]] = []
         with self.db.lock:
             seq_before = self._seq
+            batch = self._batch
+            staged: dict[tuple[str, str], RecordState] = batch.staged if batch is not None else {}
             try:
                 with self.db.transaction():
-                    states: dict[tuple[str, str], RecordState] = {}
+                    rows = []
                     for write in writes:
                         key = (write.collection, write.record_id)
-                        state = states.get(key)
+                        state = staged.get(key)
                         if state is None:
-                            state = self.db.load_state(*key) or RecordState()
-                            states[key] = state
+                            # ``fresh``: the first write creates a record under a just-generated id.
+                            cached = None if fresh and write is writes[0] else self.cached_state(*key)
+                            # Work on a copy: if the transaction fails, the cache must not hold its effects.
+                            state = (
+                                RecordState.from_json(cached.to_json())
+                                if cached is not None
+                                else RecordState()
+                            )
+                            staged[key] = state
                         self._seq += 1
                         op = create_operation(
                             {
@@ -255,17 +381,26 @@ class App:
                         )
                         for conflict in self.engine.apply(state, op):
                             traces.append((op, conflict))
-                        record = self.engine.materialize(write.collection, write.record_id, state)
-                        self._persist(write.collection, write.record_id, state, record)
-                        self.db.insert_operations([self.db.op_row(op, local=True, status=PENDING)])
-                        results.append((op, record))
-                    self.db.advance_vector({self.node_id: self._seq})
+                        results.append(
+                            (op, self.engine.materialize(write.collection, write.record_id, state))
+                        )
+                        rows.append(self.db.op_row(op, local=True, status=PENDING))
+                    self.db.insert_operations(rows)
             except OfflineError:
                 self._seq = seq_before
                 raise
             except Exception as exc:
                 self._seq = seq_before
                 raise storage_error("a local write failed and was rolled back", exc) from exc
+            if batch is not None:
+                # Inside app.batch(): nothing is visible or announced until the batch commits.
+                batch.results.extend(results)
+                batch.traces.extend(traces)
+                batch.violations.extend(violations or ())
+                return results
+            self._dirty.update(staged)
+            if len(self._dirty) >= _MAX_DIRTY:
+                self.flush()
         self._after_commit([op for op, _ in results], traces, started=None)
         if violations:
             self._emit_violations(violations, [op for op, _ in results])
@@ -280,8 +415,11 @@ class App:
         winner = ops[0]
         for violation in violations:
             for loser_id in violation.losers or [violation.record_id]:
+                self.flush()
+                state = self.db.load_state(violation.collection, loser_id)
+                heads = [self.db.load_operation(h) for h in (state.heads() if state else [])]
                 latest = max(
-                    self.db.record_operations(violation.collection, loser_id),
+                    (o for o in heads if o is not None),
                     key=lambda o: (o.timestamp.wall_time, o.timestamp.logical, o.timestamp.node_id, o.id),
                     default=None,
                 )
@@ -335,6 +473,7 @@ class App:
         if not incoming:
             return []
         traces: list[tuple[Operation, Conflict]] = []
+        self.flush()
         with self.db.lock, self.db.transaction():
             known = self.db.known_ids(op.id for op in incoming)
             fresh: dict[str, Operation] = {}
@@ -343,6 +482,14 @@ class App:
                     fresh[op.id] = op
             if not fresh:
                 return []
+            forged = self.db.find_conflicting(fresh.values())
+            if forged:
+                raise OfflineError(
+                    f"operation {forged[0].id} reuses sequence number {forged[0].sequence_number} of node "
+                    f"{forged[0].node_id} with different content",
+                    INVALID_OPERATION,
+                    {"field": "sequenceNumber", "operationId": forged[0].id},
+                )
             ordered = topological_sort(fresh.values())
             for op in ordered:
                 try:
@@ -427,7 +574,10 @@ class App:
             duration = (time.perf_counter() - started) * 1000 if started is not None else 0.0
             for op in ops:
                 events.emit("operation:applied", operation=op, duration=duration)
-        self.subscriptions.notify({op.collection for op in ops}, ops[-1] if ops else None)
+        touched = {op.collection for op in ops}
+        if self.subscriptions.watching(touched):
+            self.flush()
+            self.subscriptions.notify(touched, ops[-1] if ops else None)
 
     # -- lifecycle ------------------------------------------------------------------------------------------------
 
@@ -438,6 +588,7 @@ class App:
     def close(self) -> None:
         if self._closed:
             return
+        self.flush()
         self._closed = True
         self.subscriptions.clear()
         self.db.close()

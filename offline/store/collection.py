@@ -11,7 +11,7 @@ from offline.core.frozen import thaw
 from offline.core.state_machine import build_state_machine_constraints, validate_transition
 from offline.core.uuid7 import generate_uuid_v7
 from offline.merge import richtext
-from offline.merge.constraints import Action, check_delete, check_write
+from offline.merge.constraints import Action, Decision, check_delete, check_write
 from offline.merge.relations import plan_delete
 from offline.merge.values import normalize
 
@@ -20,6 +20,9 @@ from .rows import quote, to_column
 
 if TYPE_CHECKING:
     from .app import App, Write
+
+
+_NO_DECISION = Decision()
 
 
 def _invalid(message: str, **context: Any) -> OfflineError:
@@ -43,6 +46,11 @@ class Collection:
     # -- reads ------------------------------------------------------------------------------------------------
 
     def find_by_id(self, record_id: str) -> dict[str, Any] | None:
+        app = self.app
+        dirty = app.unflushed_state(self.name, record_id)
+        if dirty is not None:  # written since the last flush: read it from its merge state
+            record = app.engine.materialize(self.name, record_id, dirty)
+            return None if record is None else self.codec.record(self.codec.row(record, _rich(self, dirty)))
         with self.app.db.lock:
             row = self.app.db.conn.execute(
                 f"SELECT {self.codec.select_columns} FROM {self.codec.table} WHERE {quote('id')} = ?",
@@ -111,7 +119,8 @@ class Collection:
 
         self._check_known(data, allow_id=True)
         record_id = data.get("id")
-        if record_id is None:
+        fresh_id = record_id is None
+        if fresh_id:
             record_id = generate_uuid_v7()
         elif not isinstance(record_id, str) or not record_id:
             raise _invalid("id must be a non-empty string", collection=self.name, field="id")
@@ -136,17 +145,21 @@ class Collection:
             if value is not None:
                 values[name] = normalize(descriptor, value)
         with self.app.db.lock:
-            if self.find_by_id(record_id) is not None:
+            # A UUID v7 generated just now cannot exist yet; a caller's own id must be checked.
+            if not fresh_id and self.find_by_id(record_id) is not None:
                 raise _invalid(
                     f"{self.name} already has a record with id {record_id!r}",
                     collection=self.name,
                     field="id",
                     reason="DUPLICATE_ID",
                 )
-            candidate = self._visible(record_id, values)
-            decision = check_write(self.app, self.name, candidate, None)
+            decision = (
+                check_write(self.app, self.name, self._visible(record_id, values), None)
+                if self.definition.constraints
+                else _NO_DECISION
+            )
             writes = [Write(self.name, record_id, "insert", values), *_writes(decision.actions)]
-            results = self.app.commit_local(writes, decision.violations)
+            results = self.app.commit_local(writes, decision.violations, fresh=fresh_id)
             record = self.find_by_id(record_id) if decision.actions else results[0][1]
         assert record is not None
         return record
@@ -193,7 +206,7 @@ class Collection:
                     new_text = value or ""
                     if new_text == current[name]:
                         continue
-                    state = self.app.db.load_state(self.name, record_id)
+                    state = self.app.cached_state(self.name, record_id)
                     reg_state = (state.fields.get(name) or {}).get("s") if state else None
                     update, _ = richtext.edit_update(reg_state, lambda t, s=new_text: _replace_text(t, s))
                     data[name] = update
@@ -246,6 +259,12 @@ class Collection:
                 [Write(self.name, record_id, "delete", None), *_writes(actions)], decision.violations
             )
         return True
+
+
+def _rich(collection: Collection, state: Any) -> dict[str, Any] | None:
+    if not collection.codec.has_richtext:
+        return None
+    return {name: (state.fields.get(name) or {}).get("s") for name in collection.codec.names}
 
 
 def _writes(actions: list[Action]) -> list[Write]:
@@ -329,6 +348,7 @@ class Query:
         if self._limit is not None:
             sql += f" LIMIT {int(self._limit)}"
         app = self.collection.app
+        app.flush()
         with app.db.lock:
             rows = app.db.conn.execute(sql, params).fetchall()
         decode = self.collection.codec.record
@@ -341,6 +361,7 @@ class Query:
     def count(self) -> int:
         sql, params = self._sql("count(*)")
         app = self.collection.app
+        app.flush()
         with app.db.lock:
             (value,) = app.db.conn.execute(sql, params).fetchone()
         if self._limit is not None:
@@ -380,7 +401,7 @@ class RichTextHandle:
                     field="id",
                     reason="NOT_FOUND",
                 )
-            state = app.db.load_state(self.collection.name, self.record_id)
+            state = app.cached_state(self.collection.name, self.record_id)
             reg_state = (state.fields.get(self.field) or {}).get("s") if state else None
             update, _ = richtext.edit_update(reg_state, edit)
             if not update or update == b"\x00\x00":

@@ -27,23 +27,21 @@ REJECTED = 2  # refused by the server: kept for the record, excluded from every 
 
 _INTERNAL = (
     """CREATE TABLE IF NOT EXISTS _offline_meta (key TEXT PRIMARY KEY NOT NULL, value TEXT NOT NULL)""",
+    # Keyed by (node, sequence number), which a node never reuses, plus the content id: two B-trees, so a
+    # local write commits one row cheaply. Arrival order is not needed: records are a function of the set.
     """CREATE TABLE IF NOT EXISTS _offline_ops (
-        seq INTEGER PRIMARY KEY AUTOINCREMENT,
-        id TEXT NOT NULL UNIQUE,
         node_id TEXT NOT NULL,
         sequence_number INTEGER NOT NULL,
+        id TEXT NOT NULL UNIQUE,
         collection TEXT NOT NULL,
         record_id TEXT NOT NULL,
         hlc TEXT NOT NULL,
         wire TEXT NOT NULL,
         local INTEGER NOT NULL,
         status INTEGER NOT NULL DEFAULT 0,
-        delivery INTEGER
-    )""",
-    "CREATE INDEX IF NOT EXISTS _offline_ops_node ON _offline_ops (node_id, sequence_number)",
-    "CREATE INDEX IF NOT EXISTS _offline_ops_record ON _offline_ops (collection, record_id)",
-    "CREATE INDEX IF NOT EXISTS _offline_ops_hlc ON _offline_ops (hlc)",
-    "CREATE INDEX IF NOT EXISTS _offline_ops_pending ON _offline_ops (seq) WHERE local = 1 AND status = 0",
+        delivery INTEGER,
+        PRIMARY KEY (node_id, sequence_number)
+    ) WITHOUT ROWID""",
     """CREATE TABLE IF NOT EXISTS _offline_vv (node_id TEXT PRIMARY KEY NOT NULL, seq INTEGER NOT NULL)""",
     """CREATE TABLE IF NOT EXISTS _offline_state (
         collection TEXT NOT NULL, record_id TEXT NOT NULL, state TEXT NOT NULL,
@@ -144,12 +142,28 @@ class LocalDatabase:
             )
         return found
 
+    _INSERT_OP = (
+        "INSERT INTO _offline_ops (id, node_id, sequence_number, collection, record_id, hlc, wire, local, "
+        "status, delivery) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    )
+
     def insert_operations(self, rows: list[tuple[Any, ...]]) -> None:
-        self.conn.executemany(
-            "INSERT INTO _offline_ops (id, node_id, sequence_number, collection, record_id, hlc, wire, local, "
-            "status, delivery) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            rows,
-        )
+        if len(rows) == 1:
+            self.conn.execute(self._INSERT_OP, rows[0])
+        else:
+            self.conn.executemany(self._INSERT_OP, rows)
+
+    def find_conflicting(self, ops: Iterable[Operation]) -> list[Operation]:
+        """Held operations that reuse the (node, sequence number) of ``ops`` with different content."""
+        out = []
+        for op in ops:
+            row = self.conn.execute(
+                "SELECT id FROM _offline_ops WHERE node_id = ? AND sequence_number = ?",
+                (op.node_id, op.sequence_number),
+            ).fetchone()
+            if row is not None and row[0] != op.id:
+                out.append(op)
+        return out
 
     @staticmethod
     def op_row(op: Operation, *, local: bool, status: int, delivery: int | None = None) -> tuple[Any, ...]:
@@ -185,12 +199,20 @@ class LocalDatabase:
         )
         return [Operation.from_wire(json.loads(r[0]), verify=False) for r in rows]
 
+    def own_sequence(self, node_id: str) -> int:
+        row = self.conn.execute(
+            "SELECT max(sequence_number) FROM _offline_ops WHERE node_id = ?", (node_id,)
+        ).fetchone()
+        return 0 if row is None or row[0] is None else int(row[0])
+
     def max_hlc(self) -> str | None:
         row = self.conn.execute("SELECT max(hlc) FROM _offline_ops").fetchone()
         return None if row is None or row[0] is None else str(row[0])
 
-    def pending_count(self) -> int:
-        row = self.conn.execute("SELECT count(*) FROM _offline_ops WHERE local = 1 AND status = 0").fetchone()
+    def pending_count(self, node_id: str) -> int:
+        row = self.conn.execute(
+            "SELECT count(*) FROM _offline_ops WHERE node_id = ? AND status = ?", (node_id, PENDING)
+        ).fetchone()
         return int(row[0])
 
     # -- version vector ---------------------------------------------------------------------------------------

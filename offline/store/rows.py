@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from offline.core.fields import STORAGE_TYPES, FieldDescriptor
@@ -97,7 +97,7 @@ class RowCodec:
                 values.append(to_column(descriptor, record.get(name)))
         return values
 
-    def record(self, row: tuple[Any, ...]) -> dict[str, Any]:
+    def record(self, row: Sequence[Any]) -> dict[str, Any]:
         out: dict[str, Any] = {"id": row[0]}
         for name, descriptor, value in zip(self.names, self.descriptors, row[1:], strict=True):
             out[name] = from_column(descriptor, value)

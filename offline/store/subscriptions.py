@@ -72,6 +72,9 @@ class SubscriptionRegistry:
             # A broken subscriber must not undo or block a write that is already committed.
             log.exception("subscription callback %s failed", sub.id)
 
+    def watching(self, collections: Iterable[str]) -> bool:
+        return any(self._by_collection.get(c) for c in collections)
+
     def notify(self, collections: Iterable[str], trigger: Operation | None) -> None:
         events = self.app.events
         for collection in collections:
