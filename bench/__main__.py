@@ -6,9 +6,9 @@ import argparse
 import json
 import sys
 
-from bench import cli_startup, core
+from bench import cli_startup, core, store
 
-SUITES = {"core": core.run, "cli": cli_startup.run}
+SUITES = {"core": core.run, "store": store.run, "cli": cli_startup.run}
 
 
 def main() -> None:

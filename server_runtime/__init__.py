@@ -1,1 +1,22 @@
-"""offline package."""
+"""The production server: sync endpoint, server stores, operational endpoints (DESIGN.md sections 4-5)."""
+
+from .server import ProductionServer, create_production_server
+from .stores import (
+    MemoryServerStore,
+    RecordRow,
+    ServerStore,
+    StoredOperation,
+    create_relational_server_store,
+    create_sqlite_server_store,
+)
+
+__all__ = [
+    "MemoryServerStore",
+    "ProductionServer",
+    "RecordRow",
+    "ServerStore",
+    "StoredOperation",
+    "create_production_server",
+    "create_relational_server_store",
+    "create_sqlite_server_store",
+]

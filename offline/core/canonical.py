@@ -1,8 +1,8 @@
 """RFC 8785 (JSON Canonicalization Scheme) serialization, fast.
 
 ``canonical_json`` returns exactly the bytes of ``rfc8785.dumps`` (it falls back to it, errors included),
-but serializes with the C-accelerated stdlib encoder whenever that is provably identical, which is about
-ten times faster for the small documents operation ids are computed from.
+but serializes with the C-accelerated stdlib encoder whenever that is provably identical, which is four to
+five times faster for the small documents operation ids are computed from (~3.5 us instead of ~16 us).
 
 Why the stdlib encoder, configured with ``sort_keys=True, separators=(",", ":"), ensure_ascii=False,
 allow_nan=False``, matches RFC 8785 on the documents that ``_prepare`` lets through:

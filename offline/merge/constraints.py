@@ -1,18 +1,38 @@
 """Tier 2: constraints across records (unique, capacity, referential) and their `onConflict` policies.
 
 The replica that accepts a write decides: the local store for its own writes, the server for what clients
-send (DESIGN.md section 3). A decision is either a refusal (OfflineError CONSTRAINT_VIOLATION: the incoming
-write loses) or extra operations written by the deciding replica in the same transaction (the existing
-records lose). Losing records are "evicted": their constrained fields are cleared when all of them are
-optional, otherwise the record is deleted.
+send (DESIGN.md section 3). A decision is either a refusal (OfflineError CONSTRAINT_VIOLATION, whose context
+names the constraint: the incoming write loses) or extra operations written by the deciding replica in the
+same transaction (the existing records lose). Losing records are "evicted": their constrained fields are
+cleared when all of them are optional, otherwise the record is deleted (and that delete follows the
+relations' `onDelete` and the referential constraints like any delete, see `relations.complete_actions`).
 
-Policies:
+A write is judged when it inserts a record, or when an update changes a constrained field or a field of the
+constraint's `where`; only records matching `where` take part. Nulls never collide: a unique value with a
+null part is never a duplicate, a capacity group with a null part is no group (so evicted records, whose
+fields are cleared, never fill a group of their own), a null reference points at nothing.
+
+Policies, for unique and capacity:
 - first-write-wins / server-decides: what is already stored wins; the incoming write is refused.
-- last-write-wins: the incoming write wins; conflicting stored records are evicted.
-- priority-field: the record with the higher `priorityField` value wins (a tie keeps what is stored).
-- custom: `resolve(incoming, existing)` (existing: the conflicting record, the group for capacity, or None
-  for a missing reference) returns None to refuse the incoming write, or a dict of changes applied to the
-  incoming record by a follow-up operation.
+- last-write-wins: the incoming write wins; conflicting stored records are evicted (for capacity, the oldest
+  members of the group, by id, make room).
+- priority-field: the record with the higher `priorityField` value wins (a tie keeps what is stored; a null
+  priority is lower than any value).
+- custom: `resolve(incoming, existing)` (existing: the conflicting record for unique, the group's records for
+  capacity, None for a missing reference) returns None to refuse the incoming write, or a dict of changes
+  applied to the incoming record by a follow-up operation. The changes are validated like a write and the
+  changed record is judged again: a resolver whose changes still violate its constraint (or that returns
+  anything but None or a dict of valid field values) refuses the write; other constraints touched by the
+  changes decide as usual.
+
+Referential constraints (`fields` hold ids of `collection`'s records; an array field holds a list of ids):
+- a write pointing at a missing record: last-write-wins drops the dangling reference by a follow-up
+  operation (an array loses the missing ids, an optional field is cleared) and refuses when a required
+  scalar field would be cleared; custom asks the resolver as above; every other policy refuses.
+- deleting a referenced record (`check_delete`): last-write-wins (the delete is the later write) drops the
+  references (an array loses the id, an optional field is cleared) and deletes the referencing records
+  whose required scalar field pointed at it; every other policy, custom included (there is no incoming
+  record to change), refuses the delete while records still reference it.
 """
 
 from __future__ import annotations
@@ -22,7 +42,10 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from offline.core.errors import CONSTRAINT_VIOLATION, OfflineError
+from offline.core.fields import validate_field_value
 from offline.core.schema import CollectionDefinition, Constraint, SchemaDefinition
+
+from .values import normalize
 
 
 class RecordLookup(Protocol):
@@ -102,6 +125,11 @@ def _matches(record: Mapping[str, Any], where: Mapping[str, Any] | None) -> bool
     return all(record.get(k) == v for k, v in (where or {}).items())
 
 
+# The policy of a custom constraint whose resolver already changed the record in this write: refuse.
+_RESOLVED = "resolved"
+_RESOLVED_WHY = "its resolver's changes do not resolve the conflict"
+
+
 def _touches(constraint: Constraint, candidate: Mapping[str, Any], current: Mapping[str, Any] | None) -> bool:
     if current is None:
         return True
@@ -114,26 +142,61 @@ def check_write(
     collection: str,
     candidate: Mapping[str, Any],
     current: Mapping[str, Any] | None,
+    *,
+    _resolved: frozenset[str] = frozenset(),
+    _force: frozenset[str] = frozenset(),
 ) -> Decision:
     """Judge an insert (``current`` None) or update of ``candidate`` against the collection's constraints."""
     definition = lookup.schema.collections[collection]
     decision = Decision()
+    changes: dict[str, Any] = {}  # follow-up changes of the candidate (custom resolvers, cleared references)
     for constraint in definition.constraints.values():
-        if not _touches(constraint, candidate, current) or not _matches(candidate, constraint.where):
+        touched = constraint.name in _force or _touches(constraint, candidate, current)
+        if not touched or not _matches(candidate, constraint.where):
             continue
+        policy = constraint.on_conflict
+        if policy == "custom" and constraint.name in _resolved:
+            # The resolver already changed this record once in this write; its result must satisfy the
+            # constraint, so a remaining conflict refuses the write (and cannot loop).
+            policy = _RESOLVED
         if constraint.type == "unique":
-            _check_unique(lookup, definition, constraint, candidate, decision)
+            _check_unique(lookup, definition, constraint, policy, candidate, decision, changes)
         elif constraint.type == "capacity":
-            _check_capacity(lookup, definition, constraint, candidate, decision)
+            _check_capacity(lookup, definition, constraint, policy, candidate, decision, changes)
         else:
-            _check_referential(lookup, definition, constraint, candidate, decision)
+            _check_referential(lookup, definition, constraint, policy, candidate, decision, changes)
+    used = {
+        v.constraint
+        for v in decision.violations
+        if definition.constraints[v.constraint].on_conflict == "custom"
+    }
+    if changes or used:
+        if changes:
+            decision.actions.insert(0, _follow_up(collection, candidate, changes))
+        # The changed record is judged again, as an update of the candidate: by the constraints the changes
+        # touch, and always by the custom constraints whose resolvers made them.
+        again = check_write(
+            lookup,
+            collection,
+            {**candidate, **changes},
+            candidate,
+            _resolved=_resolved | used,
+            _force=frozenset(used),
+        )
+        decision.actions.extend(again.actions)
+        decision.violations.extend(again.violations)
     return decision
 
 
 def _custom(
-    constraint: Constraint, collection: str, candidate: Mapping[str, Any], existing: Any, others: list[str]
+    definition: CollectionDefinition,
+    constraint: Constraint,
+    candidate: Mapping[str, Any],
+    existing: Any,
+    others: list[str],
 ) -> dict[str, Any]:
     assert constraint.resolve is not None
+    collection = definition.name
     result = constraint.resolve(dict(candidate), existing)
     if result is None:
         raise _refuse(constraint, collection, candidate, others, "its resolver refused it")
@@ -141,7 +204,27 @@ def _custom(
         raise _refuse(
             constraint, collection, candidate, others, "its resolver returned neither None nor a dict"
         )
-    return dict(result)
+    changes: dict[str, Any] = {}
+    for name, value in result.items():
+        descriptor = definition.fields.get(name) if isinstance(name, str) else None
+        if descriptor is None or descriptor.is_auto or descriptor.type == "richtext":
+            raise _refuse(
+                constraint,
+                collection,
+                candidate,
+                others,
+                f"its resolver returned a change of {name!r}, which is not a writable field",
+            )
+        try:
+            validate_field_value(collection, name, descriptor, value)
+        except OfflineError as exc:
+            raise _refuse(
+                constraint, collection, candidate, others, f"its resolver returned an invalid value: {exc}"
+            ) from None
+        value = normalize(descriptor, value)
+        if value != candidate.get(name) or type(value) is not type(candidate.get(name)):
+            changes[name] = value
+    return changes
 
 
 def _follow_up(collection: str, candidate: Mapping[str, Any], changes: dict[str, Any]) -> Action:
@@ -152,8 +235,10 @@ def _check_unique(
     lookup: RecordLookup,
     definition: CollectionDefinition,
     constraint: Constraint,
+    policy: str,
     candidate: Mapping[str, Any],
     decision: Decision,
+    changes: dict[str, Any],
 ) -> None:
     values = {f: candidate.get(f) for f in constraint.fields}
     if any(v is None for v in values.values()):
@@ -163,8 +248,9 @@ def _check_unique(
     if not others:
         return
     ids = [r["id"] for r in others]
-    policy = constraint.on_conflict
     violation = Violation(constraint.name, "unique", definition.name, candidate["id"], constraint.fields)
+    if policy == _RESOLVED:
+        raise _refuse(constraint, definition.name, candidate, ids, f"{values} is taken; {_RESOLVED_WHY}")
     if policy in ("first-write-wins", "server-decides"):
         raise _refuse(constraint, definition.name, candidate, ids, f"{values} is already taken")
     if policy == "priority-field":
@@ -174,9 +260,9 @@ def _check_unique(
                 constraint, definition.name, candidate, ids, f"{values} is held by a higher priority record"
             )
     if policy == "custom":
-        changes = _custom(constraint, definition.name, candidate, dict(others[0]), ids)
-        decision.actions.append(_follow_up(definition.name, candidate, changes))
-        violation.output = changes
+        resolved = _custom(definition, constraint, candidate, dict(others[0]), ids)
+        changes.update(resolved)
+        violation.output = resolved
         decision.violations.append(violation)
         return
     for record in others:
@@ -190,19 +276,26 @@ def _check_capacity(
     lookup: RecordLookup,
     definition: CollectionDefinition,
     constraint: Constraint,
+    policy: str,
     candidate: Mapping[str, Any],
     decision: Decision,
+    changes: dict[str, Any],
 ) -> None:
     assert constraint.limit is not None
     group = {f: candidate.get(f) for f in constraint.fields}
+    if any(v is None for v in group.values()):
+        return  # a null group value is no group (evicted records are cleared to null)
     filters = {**dict(constraint.where or {}), **group}
     members = [r for r in lookup.find_records(definition.name, filters) if r["id"] != candidate["id"]]
     overflow = len(members) + 1 - constraint.limit
     if overflow <= 0:
         return
     ids = [r["id"] for r in members]
-    policy = constraint.on_conflict
     violation = Violation(constraint.name, "capacity", definition.name, candidate["id"], constraint.fields)
+    if policy == _RESOLVED:
+        raise _refuse(
+            constraint, definition.name, candidate, ids, f"the group {group} is full; {_RESOLVED_WHY}"
+        )
     if policy in ("first-write-wins", "server-decides"):
         raise _refuse(
             constraint,
@@ -212,9 +305,9 @@ def _check_capacity(
             f"the group {group} is full (limit {constraint.limit})",
         )
     if policy == "custom":
-        changes = _custom(constraint, definition.name, candidate, [dict(r) for r in members], ids)
-        decision.actions.append(_follow_up(definition.name, candidate, changes))
-        violation.output = changes
+        resolved = _custom(definition, constraint, candidate, [dict(r) for r in members], ids)
+        changes.update(resolved)
+        violation.output = resolved
         decision.violations.append(violation)
         return
     if policy == "priority-field":
@@ -244,8 +337,10 @@ def _check_referential(
     lookup: RecordLookup,
     definition: CollectionDefinition,
     constraint: Constraint,
+    policy: str,
     candidate: Mapping[str, Any],
     decision: Decision,
+    changes: dict[str, Any],
 ) -> None:
     assert constraint.collection is not None
     for name in constraint.fields:
@@ -257,14 +352,15 @@ def _check_referential(
         if not missing:
             continue
         violation = Violation(constraint.name, "referential", definition.name, candidate["id"], (name,))
-        policy = constraint.on_conflict
         if policy == "custom":
-            changes = _custom(constraint, definition.name, candidate, None, [])
-            decision.actions.append(_follow_up(definition.name, candidate, changes))
-            violation.output = changes
-        elif policy == "last-write-wins" and not definition.fields[name].required:
+            resolved = _custom(definition, constraint, candidate, None, [])
+            changes.update(resolved)
+            violation.output = resolved
+        elif policy == "last-write-wins" and (
+            isinstance(value, list) or not definition.fields[name].required
+        ):
             kept = [v for v in targets if v not in missing] if isinstance(value, list) else None
-            decision.actions.append(_follow_up(definition.name, candidate, {name: kept}))
+            changes[name] = kept
             violation.output = kept
         else:
             raise _refuse(
@@ -272,17 +368,25 @@ def _check_referential(
                 definition.name,
                 candidate,
                 [],
-                f"{name} points at {missing} which do not exist in {constraint.collection}",
+                f"{name} points at {missing} which do not exist in {constraint.collection}"
+                + (f"; {_RESOLVED_WHY}" if policy == _RESOLVED else ""),
             )
         decision.violations.append(violation)
 
 
-def check_delete(lookup: RecordLookup, collection: str, record: Mapping[str, Any]) -> Decision:
-    """Referential constraints pointing at ``collection``: may ``record`` be deleted, and what follows?"""
+def check_delete(
+    lookup: RecordLookup, collection: str, record: Mapping[str, Any], *, refuse: bool = True
+) -> Decision:
+    """Referential constraints pointing at ``collection``: may ``record`` be deleted, and what follows?
+
+    ``refuse=False`` only collects what last-write-wins constraints do (a planner judges refusals last).
+    """
     decision = Decision()
     for source in lookup.schema.collections.values():
         for constraint in source.constraints.values():
             if constraint.type != "referential" or constraint.collection != collection:
+                continue
+            if not refuse and constraint.on_conflict != "last-write-wins":
                 continue
             for name in constraint.fields:
                 is_array = source.fields[name].type == "array"
@@ -300,13 +404,14 @@ def check_delete(lookup: RecordLookup, collection: str, record: Mapping[str, Any
                         constraint, source.name, record, ids, f"records of {source.name} still reference it"
                     )
                 for ref in referencing:
-                    if source.fields[name].required:
-                        decision.actions.append(Action("delete", source.name, ref["id"]))
-                    else:
+                    if is_array or not source.fields[name].required:
+                        # An array loses the id (an empty list is still a value); a scalar is cleared.
                         new = [v for v in ref[name] if v != record["id"]] if is_array else None
                         decision.actions.append(
                             Action("update", source.name, ref["id"], {name: new}, {name: ref.get(name)})
                         )
+                    else:
+                        decision.actions.append(Action("delete", source.name, ref["id"]))
                 decision.violations.append(
                     Violation(constraint.name, "referential", source.name, record["id"], (name,), ids)
                 )

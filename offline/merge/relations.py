@@ -3,16 +3,87 @@
 The replica that deletes writes the cascade / set-null operations for the children it holds, in the same
 transaction; 'restrict' refuses the delete while children exist; 'no-action' leaves them dangling. The
 server applies the same plan for children the deleting client could not see.
+
+`plan_record_delete` (a local delete) and `complete_actions` (the extra writes a constraint decision makes,
+whose evictions may delete records) follow every delete to a fixpoint: a record deleted by a cascade or an
+eviction has its own children and its own referencing records handled the same way (relations' onDelete
+and referential constraints, `constraints.check_delete`). The result holds at most one write per record:
+a record that ends up deleted gets only its delete (an update written after it would revive it, DESIGN.md
+section 3), and the updates of one record are merged into one (set-null on two deleted parents of a
+many-to-many field removes both ids). 'restrict' and refusing referential constraints are judged last,
+against the final plan, so a child that the same delete removes anyway does not block it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections import deque
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from offline.core.errors import CONSTRAINT_VIOLATION, OfflineError
+from offline.core.schema import SchemaDefinition
 
-from .constraints import Action, RecordLookup
+from .constraints import Action, Decision, RecordLookup, check_delete
+
+_Key = tuple[str, str]
+
+
+class _Pending:
+    """The store as it will be once the planned actions apply; the lookup the plan is judged against.
+
+    Planned changes only remove references (set-null, cleared fields), so filtering the stored records
+    and dropping those the plan changed away is exact.
+    """
+
+    def __init__(self, lookup: RecordLookup) -> None:
+        self.lookup = lookup
+        self.schema: SchemaDefinition = lookup.schema
+        self.deleted: dict[_Key, Action] = {}
+        self.changes: dict[_Key, dict[str, Any]] = {}
+        self.previous: dict[_Key, dict[str, Any]] = {}
+
+    def find_records(self, collection: str, filters: Mapping[str, Any]) -> list[dict[str, Any]]:
+        out = []
+        for record in self.lookup.find_records(collection, filters):
+            key = (collection, record["id"])
+            if key in self.deleted:
+                continue
+            changed = self.changes.get(key)
+            if changed:
+                record = {**record, **changed}
+                if any(record.get(k) != v for k, v in filters.items()):
+                    continue
+            out.append(record)
+        return out
+
+    def add(self, action: Action) -> bool:
+        """Record ``action`` in the plan; True when it deletes a record not deleted before."""
+        key = (action.collection, action.record_id)
+        if key in self.deleted:
+            return False
+        if action.type == "delete":
+            self.deleted[key] = action
+            return True
+        previous = self.previous.setdefault(key, {})
+        for name, value in (action.previous or {}).items():
+            previous.setdefault(name, value)  # the value before the whole transaction
+        self.changes.setdefault(key, {}).update(action.changes or {})
+        return False
+
+    def actions(self, root: _Key | None) -> list[Action]:
+        out = [a for key, a in self.deleted.items() if key != root]
+        for key, changes in self.changes.items():
+            if key in self.deleted:
+                continue
+            previous = self.previous.get(key, {})
+            data = {
+                k: v
+                for k, v in changes.items()
+                if k not in previous or v != previous[k] or type(v) is not type(previous[k])
+            }
+            if data:
+                out.append(Action("update", key[0], key[1], data, {k: previous.get(k) for k in data}))
+        return out
 
 
 def _children(lookup: RecordLookup, source: str, field: str, parent_id: str) -> list[dict[str, Any]]:
@@ -22,56 +93,94 @@ def _children(lookup: RecordLookup, source: str, field: str, parent_id: str) -> 
     return lookup.find_records(source, {field: parent_id})
 
 
-def plan_delete(lookup: RecordLookup, collection: str, record_id: str) -> list[Action]:
-    """Actions that deleting ``collection/record_id`` implies, children before grandchildren."""
-    actions: list[Action] = []
-    deleted: set[tuple[str, str]] = {(collection, record_id)}
-    queue = [(collection, record_id)]
-    updated: dict[tuple[str, str], dict[str, Any]] = {}
-    while queue:
-        parent_collection, parent_id = queue.pop(0)
-        for relation in lookup.schema.relations.values():
-            if relation.to != parent_collection or relation.on_delete == "no-action":
+def _on_delete(view: _Pending, collection: str, record_id: str) -> Iterator[Action]:
+    """The cascade / set-null writes deleting ``collection/record_id`` implies (children read lazily, so
+    each action sees the ones before it)."""
+    for relation in view.schema.relations.values():
+        if relation.to != collection or relation.on_delete not in ("cascade", "set-null"):
+            continue
+        for child in _children(view, relation.from_, relation.field, record_id):
+            if relation.on_delete == "cascade":
+                yield Action("delete", relation.from_, child["id"])
                 continue
-            for child in _children(lookup, relation.from_, relation.field, parent_id):
-                key = (relation.from_, child["id"])
-                if key in deleted:
-                    continue
-                if relation.on_delete == "restrict":
-                    raise OfflineError(
-                        f"cannot delete {parent_collection} {parent_id!r}: {relation.from_} {child['id']!r} still "
-                        f"references it through relation {relation.name!r} (onDelete 'restrict'); delete or "
-                        "re-point the children first",
-                        CONSTRAINT_VIOLATION,
-                        {
-                            "relation": relation.name,
-                            "collection": parent_collection,
-                            "recordId": parent_id,
-                            "child": {"collection": relation.from_, "id": child["id"]},
-                        },
-                    )
-                if relation.on_delete == "cascade":
-                    deleted.add(key)
-                    updated.pop(key, None)
-                    actions.append(Action("delete", relation.from_, child["id"]))
-                    queue.append(key)
-                else:  # set-null
-                    current = updated.get(key, dict(child))
-                    value = current.get(relation.field)
-                    new = [v for v in value if v != parent_id] if isinstance(value, list) else None
-                    current[relation.field] = new
-                    updated[key] = current
-                    actions.append(
-                        Action(
-                            "update",
-                            relation.from_,
-                            child["id"],
-                            {relation.field: new},
-                            {relation.field: value},
-                        )
-                    )
-    # An update planned for a record that a later cascade deletes is dropped: the delete covers it.
-    return [a for a in actions if a.type == "delete" or (a.collection, a.record_id) not in deleted]
+            value = child.get(relation.field)
+            new = [v for v in value if v != record_id] if isinstance(value, list) else None
+            yield Action(
+                "update", relation.from_, child["id"], {relation.field: new}, {relation.field: value}
+            )
+
+
+def _check_restrict(view: _Pending, collection: str, record_id: str) -> None:
+    for relation in view.schema.relations.values():
+        if relation.to != collection or relation.on_delete != "restrict":
+            continue
+        for child in _children(view, relation.from_, relation.field, record_id):
+            raise OfflineError(
+                f"cannot delete {collection} {record_id!r}: {relation.from_} {child['id']!r} still "
+                f"references it through relation {relation.name!r} (onDelete 'restrict'); delete or "
+                "re-point the children first",
+                CONSTRAINT_VIOLATION,
+                {
+                    "relation": relation.name,
+                    "collection": collection,
+                    "recordId": record_id,
+                    "child": {"collection": relation.from_, "id": child["id"]},
+                },
+            )
+
+
+def _settle(
+    lookup: RecordLookup, actions: Iterable[Action], root: _Key | None, *, constraints: bool
+) -> Decision:
+    view = _Pending(lookup)
+    decision = Decision()
+    queue: deque[_Key] = deque()
+    if root is not None:
+        view.add(Action("delete", *root))
+        queue.append(root)
+    for action in actions:
+        if view.add(action):
+            queue.append((action.collection, action.record_id))
+    while queue:
+        collection, record_id = queue.popleft()
+        for action in _on_delete(view, collection, record_id):
+            if view.add(action):
+                queue.append((action.collection, action.record_id))
+        if constraints:
+            found = check_delete(view, collection, {"id": record_id}, refuse=False)
+            decision.violations.extend(found.violations)
+            for action in found.actions:
+                if view.add(action):
+                    queue.append((action.collection, action.record_id))
+    # Refusals last, against the final plan (order-independent).
+    for collection, record_id in view.deleted:
+        _check_restrict(view, collection, record_id)
+        if constraints:
+            check_delete(view, collection, {"id": record_id})
+    decision.actions = view.actions(root)
+    return decision
+
+
+def plan_delete(lookup: RecordLookup, collection: str, record_id: str) -> list[Action]:
+    """Relations only: the actions that deleting ``collection/record_id`` implies (not the delete itself)."""
+    return _settle(lookup, (), (collection, record_id), constraints=False).actions
+
+
+def plan_record_delete(lookup: RecordLookup, collection: str, record_id: str) -> Decision:
+    """Everything deleting ``collection/record_id`` implies: relations' onDelete and referential
+    constraints, followed through every record the delete removes. Raises CONSTRAINT_VIOLATION when a
+    'restrict' relation or a refusing referential constraint blocks it. The delete itself is not included."""
+    return _settle(lookup, (), (collection, record_id), constraints=True)
+
+
+def complete_actions(lookup: RecordLookup, decision: Decision) -> Decision:
+    """``decision`` (from `check_write`) with its deletes followed like `plan_record_delete` does, and its
+    writes merged to at most one per record."""
+    if not decision.actions:
+        return decision
+    settled = _settle(lookup, decision.actions, None, constraints=True)
+    settled.violations[:0] = decision.violations
+    return settled
 
 
 def as_mapping(action: Action) -> Mapping[str, Any]:

@@ -137,6 +137,8 @@ class App:
         # Records whose latest local operations are committed but not yet written to their row (see flush()).
         self._dirty: dict[tuple[str, str], RecordState] = {}
         self._batch: _Batch | None = None
+        # Called with the operations of every committed local write (the sync engine streams them).
+        self.commit_listeners: list[Callable[[list[Operation]], None]] = []
         self._collections = {name: Collection(self, name) for name in schema.collections}
         migrate_database(self)
         self._recover()
@@ -243,15 +245,21 @@ class App:
         Local writes commit only their operation; the operation log is the durable truth and rows are its
         materialisation. Every read path calls this first, so callers always see their own writes.
         """
-        if not self._dirty:
+        if not self._dirty and self._batch is None:
             return
         with self.db.lock:
-            if not self._dirty:
+            # Inside app.batch(), the batch's own writes are materialised too (read-your-writes, and
+            # materialized_sequence must not claim operations whose rows were not written).
+            staged = self._batch.staged if self._batch is not None else {}
+            if not self._dirty and not staged:
                 return
+            # Nested in an outer transaction (a batch), these rows roll back with it: keep the dirty set.
+            nested = self.db.in_transaction
             with self.db.transaction():
-                self._persist_many(self._dirty)
+                self._persist_many({**self._dirty, **staged})
                 self.db.set_meta("materialized_sequence", str(self._seq))
-            self._dirty.clear()
+            if not nested:
+                self._dirty.clear()
 
     def unflushed_state(self, collection: str, record_id: str) -> RecordState | None:
         """The state of a record written since the last flush (or in the open batch), else None."""
@@ -392,6 +400,11 @@ class App:
             except Exception as exc:
                 self._seq = seq_before
                 raise storage_error("a local write failed and was rolled back", exc) from exc
+            except BaseException:
+                # KeyboardInterrupt, or a panic from a native extension: the transaction rolled back, so
+                # its sequence numbers must be reused or the log would have a gap.
+                self._seq = seq_before
+                raise
             if batch is not None:
                 # Inside app.batch(): nothing is visible or announced until the batch commits.
                 batch.results.extend(results)
@@ -445,7 +458,11 @@ class App:
     # -- remote operations ------------------------------------------------------------------------------------
 
     def apply(
-        self, operations: Iterable[Operation | Mapping[str, Any]], *, delivery: int | None = None
+        self,
+        operations: Iterable[Operation | Mapping[str, Any]],
+        *,
+        delivery: int | None = None,
+        watermark: int | None = None,
     ) -> list[Operation]:
         """Merge remote operations (Operation objects or wire dicts). Idempotent; returns those newly applied.
 
@@ -471,6 +488,10 @@ class App:
                 )
             incoming.append(op)
         if not incoming:
+            if watermark is not None:
+                with self.db.lock, self.db.transaction():
+                    if watermark > int(self.db.get_meta("delivery_watermark") or 0):
+                        self.db.set_meta("delivery_watermark", str(watermark))
             return []
         traces: list[tuple[Operation, Conflict]] = []
         self.flush()
@@ -480,6 +501,12 @@ class App:
             for op in incoming:
                 if op.id not in known and op.id not in fresh:
                     fresh[op.id] = op
+            if watermark is not None:
+                # The server's delivery sequence of this batch, committed with its operations, so a restart
+                # resumes exactly after what was applied.
+                current = int(self.db.get_meta("delivery_watermark") or 0)
+                if watermark > current:
+                    self.db.set_meta("delivery_watermark", str(watermark))
             if not fresh:
                 return []
             forged = self.db.find_conflicting(fresh.values())
@@ -511,11 +538,15 @@ class App:
                     state = states[key] = RecordState()
                 for conflict in self.engine.apply(state, op):
                     traces.append((op, conflict))
+            staged = self._batch.staged if self._batch is not None else {}
             for collection, record_id in keys:
                 state = states[(collection, record_id)]
                 self._persist(
                     collection, record_id, state, self.engine.materialize(collection, record_id, state)
                 )
+                if (collection, record_id) in staged:
+                    # Inside app.batch(): the batch's copy is written again at commit; keep it current.
+                    staged[(collection, record_id)] = state
             self.db.insert_operations(
                 [
                     self.db.op_row(op, local=op.node_id == self.node_id, status=ACKED, delivery=delivery)
@@ -555,6 +586,9 @@ class App:
     ) -> None:
         events = self.events
         remote = started is not None
+        if not remote and ops:
+            for listener in list(self.commit_listeners):
+                listener(ops)
         for op in ops:
             if not remote and events.has_listeners("operation:created"):
                 events.emit("operation:created", operation=op)

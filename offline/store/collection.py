@@ -6,13 +6,13 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from offline.core.errors import INVALID_OPERATION, InvalidTransitionError, OfflineError
-from offline.core.fields import FieldDescriptor, validate_field_value
+from offline.core.fields import FieldDescriptor, type_name, validate_field_value, value_problem
 from offline.core.frozen import thaw
 from offline.core.state_machine import build_state_machine_constraints, validate_transition
 from offline.core.uuid7 import generate_uuid_v7
 from offline.merge import richtext
-from offline.merge.constraints import Action, Decision, check_delete, check_write
-from offline.merge.relations import plan_delete
+from offline.merge.constraints import Action, Decision, check_write
+from offline.merge.relations import complete_actions, plan_record_delete
 from offline.merge.values import normalize
 
 from .ops import AtomicOp
@@ -137,7 +137,7 @@ class Collection:
                 value = None
             if descriptor.type == "richtext":
                 if value is not None and not isinstance(value, str):
-                    validate_field_value(self.name, name, descriptor, value)
+                    _refuse_non_text(self.name, name, value)
                 if value:
                     values[name] = richtext.initial_update(value)
                 continue
@@ -153,8 +153,19 @@ class Collection:
                     field="id",
                     reason="DUPLICATE_ID",
                 )
+            # A deleted record's id is not reusable: an insert merged into its history would bring back
+            # the old values of every field the new insert leaves out (and its rich text).
+            if not fresh_id and self.app.cached_state(self.name, record_id) is not None:
+                raise _invalid(
+                    f"{self.name} had a record with id {record_id!r} (deleted); ids are not reused",
+                    collection=self.name,
+                    field="id",
+                    reason="DUPLICATE_ID",
+                )
             decision = (
-                check_write(self.app, self.name, self._visible(record_id, values), None)
+                complete_actions(
+                    self.app, check_write(self.app, self.name, self._visible(record_id, values), None)
+                )
                 if self.definition.constraints
                 else _NO_DECISION
             )
@@ -202,7 +213,7 @@ class Collection:
                 )
                 if descriptor.type == "richtext":
                     if value is not None and not isinstance(value, str):
-                        validate_field_value(self.name, name, descriptor, value)
+                        _refuse_non_text(self.name, name, value)
                     new_text = value or ""
                     if new_text == current[name]:
                         continue
@@ -238,7 +249,7 @@ class Collection:
             if not data:
                 return current
             candidate = {**current, **{k: v for k, v in data.items() if self.fields[k].type != "richtext"}}
-            decision = check_write(self.app, self.name, candidate, current)
+            decision = complete_actions(self.app, check_write(self.app, self.name, candidate, current))
             writes = [Write(self.name, record_id, "update", data, previous), *_writes(decision.actions)]
             results = self.app.commit_local(writes, decision.violations)
             record = self.find_by_id(record_id) if decision.actions else results[0][1]
@@ -253,12 +264,24 @@ class Collection:
             current = self.find_by_id(record_id)
             if current is None:
                 return False
-            decision = check_delete(self.app, self.name, current)
-            actions = [*plan_delete(self.app, self.name, record_id), *decision.actions]
+            # Relations' onDelete and referential constraints, followed through every record it removes.
+            decision = plan_record_delete(self.app, self.name, record_id)
             self.app.commit_local(
-                [Write(self.name, record_id, "delete", None), *_writes(actions)], decision.violations
+                [Write(self.name, record_id, "delete", None), *_writes(decision.actions)], decision.violations
             )
         return True
+
+
+def _refuse_non_text(collection: str, field: str, value: Any) -> None:
+    """A rich text field is written with a str (its whole new text); anything else is a type error."""
+    raise _invalid(
+        f"{collection}.{field}: rich text is written as a string (expected richtext, received "
+        f"{type_name(value)})",
+        collection=collection,
+        field=field,
+        expected="richtext",
+        received=type_name(value),
+    )
 
 
 def _rich(collection: Collection, state: Any) -> dict[str, Any] | None:
@@ -271,6 +294,21 @@ def _writes(actions: list[Action]) -> list[Write]:
     from .app import Write
 
     return [Write(a.collection, a.record_id, a.type, a.changes, a.previous) for a in actions]
+
+
+def _unit_offset(text: Any, index: int) -> int:
+    """The position pycrdt uses for character ``index`` of ``text``.
+
+    pycrdt (yrs) counts Text positions in UTF-8 bytes, not characters: passing a character index
+    unchanged puts edits in the wrong place after any non-ASCII character (or panics mid-character).
+    """
+    current = str(text)
+    units = len(text)
+    if units == len(current):
+        return index
+    if units == len(current.encode("utf-8")):
+        return len(current[:index].encode("utf-8"))
+    return len(current[:index].encode("utf-16-le")) // 2
 
 
 def _replace_text(text: Any, new: str) -> None:
@@ -332,7 +370,14 @@ class Query:
             if value is None:
                 clauses.append(f"{quote(name)} IS NULL")
                 continue
-            stored = value if name == "id" else to_column(self.collection.fields[name], value)
+            if name == "id":
+                stored = value
+            else:
+                descriptor = self.collection.fields[name]
+                # Stored values are normalised (an array [1.0] is kept as [1]): compare like with like.
+                if value_problem(descriptor, value) is None:
+                    value = normalize(descriptor, value)
+                stored = to_column(descriptor, value)
             clauses.append(f"{quote(name)} = ?")
             params.append(stored)
         sql = f"SELECT {select} FROM {self.collection.codec.table}"
@@ -431,7 +476,7 @@ class RichTextHandle:
                 collection=self.collection.name,
                 field=self.field,
             )
-        return self._edit(lambda t: t.insert(index, text))
+        return self._edit(lambda t: t.insert(_unit_offset(t, index), text))
 
     def delete(self, index: int, length: int) -> dict[str, Any]:
         size = len(self)
@@ -441,4 +486,6 @@ class RichTextHandle:
                 collection=self.collection.name,
                 field=self.field,
             )
-        return self._edit(lambda t: t.__delitem__(slice(index, index + length)))
+        return self._edit(
+            lambda t: t.__delitem__(slice(_unit_offset(t, index), _unit_offset(t, index + length)))
+        )

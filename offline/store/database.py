@@ -106,6 +106,11 @@ class LocalDatabase:
                     self.conn.execute("ROLLBACK")
                     raise storage_error("the local database could not commit a write", exc) from exc
 
+    @property
+    def in_transaction(self) -> bool:
+        """True while a `transaction()` is open (a nested one then commits or rolls back with it)."""
+        return self._depth > 0
+
     # -- meta -----------------------------------------------------------------------------------------------
 
     def get_meta(self, key: str) -> str | None:

@@ -1,16 +1,20 @@
-"""Sync: protocol messages, the client sync engine and its transports (built in the sync issue)."""
+"""Sync: protocol messages (JSON over WebSocket), the client sync engine and its transports."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from offline.core.errors import SYNC_ERROR, OfflineError
+if TYPE_CHECKING:
+    from offline.store.app import App
+
+    from .client import SyncEngine
 
 
-def create_sync_engine(app: Any, config: Mapping[str, Any]) -> Any:
-    raise OfflineError(
-        "sync over WebSockets is not available in this version yet; create the app without sync=...",
-        SYNC_ERROR,
-        {"field": "sync"},
-    )
+def create_sync_engine(app: App, config: Mapping[str, Any]) -> SyncEngine:
+    from .client import SyncEngine
+
+    return SyncEngine(app, config)
+
+
+__all__ = ["create_sync_engine"]

@@ -1,0 +1,118 @@
+"""Local store figures (issue 3): durable inserts, a 1,000-row query, write-to-subscription latency and
+folding remote operations into records."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import tempfile
+import time
+from typing import Any
+
+from bench.timing import best_of
+from offline import create_app, define_schema, op, t
+
+SCHEMA = define_schema(
+    {
+        "version": 1,
+        "collections": {
+            "todos": {
+                "fields": {
+                    "title": t.string(),
+                    "done": t.boolean().default(False),
+                    "votes": t.number().merge("counter").default(0),
+                    "tags": t.array(t.string()).default([]),
+                    "owner": t.string().optional(),
+                },
+                "indexes": ["done"],
+            }
+        },
+    }
+)
+
+
+def _inserts(folder: str, n: int, batched: bool) -> float:
+    app = create_app(SCHEMA, path=os.path.join(folder, f"inserts-{batched}-{time.monotonic_ns()}.db"))
+    start = time.perf_counter()
+    if batched:
+        with app.batch():
+            for i in range(n):
+                app.todos.insert({"title": f"todo {i}"})
+    else:
+        for i in range(n):
+            app.todos.insert({"title": f"todo {i}"})
+    elapsed = time.perf_counter() - start
+    app.close()
+    return elapsed
+
+
+def _query_and_notify(folder: str) -> dict[str, float]:
+    app = create_app(SCHEMA, path=os.path.join(folder, "query.db"))
+    with app.batch():
+        for i in range(2000):
+            app.todos.insert({"title": f"todo {i}", "done": i % 2 == 0})
+    query = app.todos.where({"done": True}).limit(1000)
+    assert len(query.fetch()) == 1000
+    query_s = best_of(query.fetch, 20)
+
+    latencies: list[float] = []
+    marks: dict[str, float] = {}
+
+    def on_change(records: list[dict[str, Any]]) -> None:
+        if "t" in marks:
+            latencies.append(time.perf_counter() - marks.pop("t"))
+
+    watched = app.todos.where({"owner": "me"})
+    unsubscribe = watched.subscribe(on_change)
+    target = app.todos.insert({"title": "watched", "owner": "me"})
+    for i in range(200):
+        marks["t"] = time.perf_counter()
+        app.todos.update(target["id"], {"title": f"watched {i}"})
+    unsubscribe()
+    app.close()
+    return {
+        "query_1000_rows_ms": round(query_s * 1000, 2),
+        "notify_p50_ms": round(statistics.median(latencies) * 1000, 3),
+        "notify_p99_ms": round(sorted(latencies)[int(len(latencies) * 0.99) - 1] * 1000, 3),
+    }
+
+
+def _fold(folder: str, records: int, updates_per_record: int) -> dict[str, float]:
+    source = create_app(SCHEMA, path=os.path.join(folder, "fold-source.db"))
+    with source.batch():
+        ids = [source.todos.insert({"title": f"todo {i}"})["id"] for i in range(records)]
+    with source.batch():
+        for round_ in range(updates_per_record):
+            for record_id in ids:
+                source.todos.update(record_id, {"votes": op.increment(1), "title": f"v{round_}"})
+    ops = source.operations()
+    source.close()
+    target = create_app(SCHEMA, path=os.path.join(folder, "fold-target.db"))
+    start = time.perf_counter()
+    for i in range(0, len(ops), 1000):  # the sync layer delivers batches like these
+        target.apply(ops[i : i + 1000])
+    elapsed = time.perf_counter() - start
+    assert target.todos.count() == records
+    target.close()
+    return {
+        "fold_operations": len(ops),
+        "fold_ops_per_s": round(len(ops) / elapsed),
+        "fold_seconds": round(elapsed, 2),
+    }
+
+
+def run(full: bool = True) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as folder:
+        figures: dict[str, Any] = {
+            "inserts_10000_each_durable_s": round(_inserts(folder, 10_000, batched=False), 3),
+            "inserts_10000_one_batch_s": round(_inserts(folder, 10_000, batched=True), 3),
+        }
+        figures.update(_query_and_notify(folder))
+        figures.update(_fold(folder, 20_000 if full else 2_000, 4))
+    figures["targets"] = {
+        "inserts_10000_each_durable_s": 0.5,
+        "query_1000_rows_ms": 10,
+        "notify_p50_ms": 5,
+        "fold_ops_per_s": 50_000,
+    }
+    return figures

@@ -1,0 +1,77 @@
+"""What the sync engine needs from the local store beyond `apply()`: acknowledgements, refusals and the
+delivery watermark. Kept apart from app.py so the write path stays small."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from offline.core.operations import Operation
+
+from .database import ACKED, PENDING, REJECTED
+
+if TYPE_CHECKING:
+    from .app import App
+
+
+def delivery_watermark(app: App) -> int:
+    """The highest server delivery sequence this replica has applied (0 before the first sync)."""
+    with app.db.lock:
+        return int(app.db.get_meta("delivery_watermark") or 0)
+
+
+def pending_operations(app: App) -> list[Operation]:
+    """Local operations not yet acknowledged by a server, in sequence order."""
+    with app.db.lock:
+        rows = app.db.conn.execute(
+            "SELECT wire FROM _offline_ops WHERE node_id = ? AND status = ? ORDER BY sequence_number",
+            (app.node_id, PENDING),
+        ).fetchall()
+    return [Operation.from_wire(json.loads(r[0]), verify=False) for r in rows]
+
+
+def pending_count(app: App) -> int:
+    with app.db.lock:
+        return app.db.pending_count(app.node_id)
+
+
+def mark_acknowledged(app: App, op_ids: Iterable[str]) -> None:
+    ids = list(op_ids)
+    if not ids:
+        return
+    with app.db.lock, app.db.transaction():
+        app.db.conn.executemany(
+            "UPDATE _offline_ops SET status = ? WHERE id = ? AND status = ?",
+            [(ACKED, i, PENDING) for i in ids],
+        )
+
+
+def reject_operation(app: App, op_id: str, code: str, message: str) -> Operation | None:
+    """Take a refused operation out of this replica's operation set and refold its record without it.
+
+    The operation stays in the log (status REJECTED) so it is never resent; every replica then holds the same
+    set, and so the same records, as the server that refused it.
+    """
+    app.flush()
+    with app.db.lock, app.db.transaction():
+        op = app.db.load_operation(op_id)
+        if op is None:
+            return None
+        app.db.conn.execute("UPDATE _offline_ops SET status = ? WHERE id = ?", (REJECTED, op_id))
+        if op.collection in app.codecs:
+            state = app.db.load_state(op.collection, op.record_id)
+            others = [app.db.load_operation(i) for i in (state.graph if state else {}) if i != op_id]
+            kept = [
+                o
+                for o in others
+                if o is not None
+                and app.db.conn.execute("SELECT status FROM _offline_ops WHERE id = ?", (o.id,)).fetchone()[0]
+                != REJECTED
+            ]
+            new_state, record = app.engine.fold(op.collection, op.record_id, kept)
+            app._persist(op.collection, op.record_id, new_state, record)
+    if app.events.has_listeners("sync:rejected"):
+        app.events.emit("sync:rejected", operation=op, code=code, message=message)
+    app.subscriptions.notify({op.collection}, op)
+    return op

@@ -1,0 +1,387 @@
+"""The client sync engine behind `app.sync` (DESIGN.md section 4).
+
+One background task keeps a session alive: connect, handshake, send what the server lacks (from its version
+vector), apply what the server streams (persisting the delivery watermark with the operations), stream new
+local writes, and reconnect with exponential backoff and jitter when the connection drops. Local writes
+never wait for the network: they are durable in the local store and sent when a session exists.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from offline.core.errors import SYNC_ERROR, OfflineError
+from offline.core.operations import Operation
+from offline.core.scopes import build_scope_map
+from offline.store import replication
+
+from . import protocol as p
+from .transport import ConnectionLost, Transport, TransportRefused, WebSocketTransport
+
+if TYPE_CHECKING:
+    from offline.store.app import App
+
+log = logging.getLogger("offline.sync")
+
+# Connection states reported by `app.sync.status`.
+DISCONNECTED = "disconnected"  # not started, or stopped by disconnect()
+CONNECTING = "connecting"
+SYNCING = "syncing"  # handshake accepted, catching up
+CONNECTED = "connected"  # caught up; streaming both ways
+OFFLINE = "offline"  # the connection dropped; retrying with backoff
+ERROR = "error"  # refused for good (authentication, schema); see last_error
+
+
+class SyncFatal(OfflineError):
+    """The server refused this client in a way retrying cannot fix."""
+
+
+class SyncEngine:
+    def __init__(self, app: App, config: Mapping[str, Any]) -> None:
+        url = config.get("url")
+        if not isinstance(url, str) or not url.startswith(("ws://", "wss://")):
+            raise OfflineError(
+                f"sync url must be a ws:// or wss:// URL, got {url!r}", SYNC_ERROR, {"field": "sync.url"}
+            )
+        self.app = app
+        self.url = url
+        self.auth_client = config.get("auth_client", config.get("authClient"))
+        self.scope: dict[str, Any] = dict(config.get("scope") or {})
+        self.transport: Transport = config.get("transport") or WebSocketTransport()
+        self.batch_size = int(config.get("batch_size", 500))
+        self.backoff_initial = float(config.get("backoff_initial", 0.2))
+        self.backoff_max = float(config.get("backoff_max", 15.0))
+        self.handshake_timeout = float(config.get("handshake_timeout", 15.0))
+        # A batch the server has not acknowledged after this long is sent again (it may have been lost).
+        self.ack_timeout = float(config.get("ack_timeout", 5.0))
+        self.status = DISCONNECTED
+        self.last_error: OfflineError | None = None
+        self.server_node_id: str | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wake: asyncio.Event | None = None
+        self._ready: asyncio.Event | None = None
+        self._synced: asyncio.Event | None = None
+        self._stopping = False
+        self._in_flight: dict[str, tuple[float, list[str]]] = {}
+        self._cursor = 0
+        self._sent: set[str] = set()
+        self.connections = 0
+        app.commit_listeners.append(self._on_local_commit)
+
+    # -- public API ------------------------------------------------------------------------------------------
+
+    async def connect(self, *, wait: bool = True, timeout: float | None = 30.0) -> None:
+        """Start syncing in the background; with ``wait``, return once the first handshake is accepted."""
+        if self._task is None or self._task.done():
+            self._loop = asyncio.get_running_loop()
+            self._wake = asyncio.Event()
+            self._ready = asyncio.Event()
+            self._synced = asyncio.Event()
+            self._stopping = False
+            self.last_error = None
+            self._task = asyncio.create_task(self._run(), name="offline-sync")
+        if wait:
+            assert self._ready is not None
+            waiter = asyncio.create_task(self._ready.wait())
+            done, _ = await asyncio.wait(
+                {waiter, self._task}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+            )
+            waiter.cancel()
+            if self.last_error is not None and self.status == ERROR:
+                raise self.last_error
+            if not done:
+                raise OfflineError(
+                    f"could not reach the sync server at {self.url} within {timeout} s; it keeps retrying "
+                    "in the background (check the URL and that the server runs)",
+                    SYNC_ERROR,
+                    {"url": self.url},
+                )
+
+    async def disconnect(self) -> None:
+        self._stopping = True
+        task = self._task
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._task = None
+        self.status = DISCONNECTED
+
+    async def wait_until_synced(self, timeout: float = 30.0) -> None:
+        """Wait until the server's backlog is applied and every local operation is acknowledged."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.status == ERROR and self.last_error is not None:
+                raise self.last_error
+            synced = self._synced is not None and self._synced.is_set()
+            if synced and self.status == CONNECTED and replication.pending_count(self.app) == 0:
+                return
+            if time.monotonic() > deadline:
+                raise OfflineError(
+                    f"not in sync with {self.url} after {timeout} s (status {self.status}, "
+                    f"{replication.pending_count(self.app)} operations waiting)",
+                    SYNC_ERROR,
+                    {"url": self.url, "status": self.status},
+                )
+            await asyncio.sleep(0.02)
+
+    @property
+    def pending(self) -> int:
+        return replication.pending_count(self.app)
+
+    # -- local writes ---------------------------------------------------------------------------------------
+
+    def _on_local_commit(self, ops: list[Operation]) -> None:
+        loop, wake = self._loop, self._wake
+        if loop is None or wake is None or loop.is_closed():
+            return
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            wake.set()
+        else:  # a write from another thread: hand the wake-up to the loop's thread
+            loop.call_soon_threadsafe(wake.set)
+
+    # -- the session loop -----------------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        attempt = 0
+        while not self._stopping:
+            self.status = CONNECTING if attempt == 0 else OFFLINE
+            try:
+                conn = await self.transport.connect(self.url)
+            except TransportRefused as exc:
+                if exc.status in (401, 403):
+                    self._fail("AUTH_FAILED", f"the server refused the connection: {exc}")
+                    return
+                await self._backoff(attempt, str(exc))
+                attempt += 1
+                continue
+            except ConnectionLost as exc:
+                await self._backoff(attempt, str(exc))
+                attempt += 1
+                continue
+            self.connections += 1
+            try:
+                await self._session(conn)
+                attempt = 0
+            except SyncFatal as exc:
+                self.last_error = exc
+                self.status = ERROR
+                await conn.close(1008, exc.code)
+                self._emit_disconnected(exc.code)
+                assert self._ready is not None
+                self._ready.set()
+                return
+            except (TimeoutError, ConnectionLost, p.ProtocolError) as exc:
+                self._emit_disconnected(str(exc) or type(exc).__name__)
+                await conn.close()
+            except asyncio.CancelledError:
+                await conn.close(1000, "client disconnect")
+                self._emit_disconnected("client disconnect")
+                raise
+            except Exception as exc:  # a bug must not kill sync for good: log, back off, retry
+                log.exception("sync session failed")
+                self._emit_disconnected(f"{type(exc).__name__}: {exc}")
+                await conn.close(1011, "client error")
+            if self._synced is not None:
+                self._synced.clear()
+            if not self._stopping:
+                await self._backoff(attempt, "reconnecting")
+                attempt += 1
+
+    def _fail(self, code: str, message: str) -> None:
+        self.last_error = SyncFatal(message, code, {"url": self.url})
+        self.status = ERROR
+        if self._ready is not None:
+            self._ready.set()
+
+    async def _backoff(self, attempt: int, reason: str) -> None:
+        self.status = OFFLINE
+        delay = min(self.backoff_max, self.backoff_initial * (2 ** min(attempt, 16)))
+        delay *= random.uniform(0.5, 1.5)  # jitter: clients dropped together must not return together
+        log.debug("sync: %s; retrying in %.2f s", reason, delay)
+        await asyncio.sleep(delay)
+
+    def _emit_disconnected(self, reason: str) -> None:
+        if self.app.events.has_listeners("sync:disconnected"):
+            self.app.events.emit("sync:disconnected", reason=reason)
+
+    async def _auth_token(self) -> str | None:
+        client = self.auth_client
+        if client is None:
+            return None
+        for name in ("get_access_token", "get_token"):
+            getter = getattr(client, name, None)
+            if getter is not None:
+                token = getter()
+                if asyncio.iscoroutine(token):
+                    token = await token
+                return None if token is None else str(token)
+        return None
+
+    async def _session(self, conn: Any) -> None:
+        app = self.app
+        hello = p.Handshake(
+            message_id=p.new_message_id(),
+            node_id=app.node_id,
+            version_vector=app.version_vector,
+            schema_version=app.schema.version,
+            last_delivery_sequence=replication.delivery_watermark(app),
+            auth_token=await self._auth_token(),
+            sync_scope=build_scope_map(app.schema, self.scope) if self.scope else None,
+        )
+        await conn.send(p.encode(hello))
+        reply = p.decode(await asyncio.wait_for(conn.recv(), self.handshake_timeout))
+        if isinstance(reply, p.ErrorMessage):
+            if reply.retriable:
+                raise ConnectionLost(f"{reply.code}: {reply.message}")
+            raise SyncFatal(reply.message, reply.code, {"url": self.url})
+        if not isinstance(reply, p.HandshakeResponse):
+            raise p.ProtocolError(
+                p.PROTOCOL_VIOLATION, f"expected handshake-response, got {type(reply).__name__}"
+            )
+        if not reply.accepted:
+            reason = reply.reject_reason or "SCHEMA_MISMATCH"
+            raise SyncFatal(reason, reason.split(":", 1)[0], {"url": self.url})
+        self.server_node_id = reply.node_id
+        app.set_authoritative_nodes([reply.node_id])
+        self.status = SYNCING
+        self._in_flight.clear()
+        self._sent.clear()
+        self._cursor = replication.delivery_watermark(app)
+        if app.events.has_listeners("sync:connected"):
+            app.events.emit("sync:connected", nodeId=reply.node_id)
+        assert self._ready is not None and self._wake is not None
+        self._ready.set()
+
+        reader = asyncio.create_task(self._reader(conn), name="offline-sync-reader")
+        try:
+            server_vector = dict(reply.version_vector)
+            await self._send_ops(conn, app.operations(after=server_vector))
+            while True:
+                self._wake.clear()
+                self._expire_in_flight()
+                await self._send_ops(conn, replication.pending_operations(app))
+                waiter = asyncio.create_task(self._wake.wait())
+                done, _ = await asyncio.wait(
+                    {waiter, reader}, timeout=self.ack_timeout / 2, return_when=asyncio.FIRST_COMPLETED
+                )
+                if reader in done:
+                    waiter.cancel()
+                    reader.result()  # re-raises why the reader stopped
+                    raise ConnectionLost("the server closed the connection")
+                if not done:
+                    waiter.cancel()
+        finally:
+            if not reader.done():
+                reader.cancel()
+                with contextlib.suppress(BaseException):
+                    await reader
+
+    def _expire_in_flight(self) -> None:
+        """Forget batches unacknowledged for too long, so their operations are sent again."""
+        now = time.monotonic()
+        for message_id, (sent_at, ids) in list(self._in_flight.items()):
+            if now - sent_at > self.ack_timeout:
+                del self._in_flight[message_id]
+                self._sent.difference_update(ids)
+
+    async def _send_ops(self, conn: Any, ops: list[Operation]) -> None:
+        fresh = [op for op in ops if op.id not in self._sent]
+        for start in range(0, len(fresh), self.batch_size):
+            chunk = fresh[start : start + self.batch_size]
+            message = p.OperationBatch(
+                message_id=p.new_message_id(),
+                operations=tuple(op.to_wire() for op in chunk),
+                is_final=start + self.batch_size >= len(fresh),
+                batch_index=start // self.batch_size,
+            )
+            self._in_flight[message.message_id] = (time.monotonic(), [op.id for op in chunk])
+            self._sent.update(op.id for op in chunk)
+            await conn.send(p.encode(message))
+            if self.app.events.has_listeners("sync:sent"):
+                self.app.events.emit("sync:sent", operations=chunk, batchSize=len(chunk))
+
+    async def _reader(self, conn: Any) -> None:
+        app = self.app
+        while True:
+            message = p.decode(await conn.recv())
+            if isinstance(message, p.OperationBatch):
+                base = message.base_delivery_sequence
+                top = message.max_delivery_sequence
+                if top is not None and top <= self._cursor and message.operations:
+                    continue  # a duplicate of a batch already applied
+                if base is not None and base > self._cursor:
+                    # A batch before this one never arrived (lost or reordered): resume from what is applied.
+                    raise ConnectionLost(
+                        f"delivery gap: expected after {self._cursor}, got a batch after {base}"
+                    )
+                await self._receive(conn, message.message_id, list(message.operations), top)
+                if top is not None:
+                    self._cursor = max(self._cursor, top)
+                if message.is_final and self._synced is not None and not self._synced.is_set():
+                    self._synced.set()
+                    self.status = CONNECTED
+            elif isinstance(message, p.OperationMessage):
+                await self._receive(conn, message.message_id, [message.operation], message.delivery_sequence)
+            elif isinstance(message, p.Acknowledgment):
+                _, ids = self._in_flight.pop(message.acknowledged_message_id, (0.0, []))
+                replication.mark_acknowledged(app, ids)
+                if app.events.has_listeners("sync:acknowledged"):
+                    app.events.emit("sync:acknowledged", sequenceNumber=message.last_sequence_number)
+            elif isinstance(message, p.OperationRejected):
+                log.warning(
+                    "server refused operation %s: %s %s", message.operation_id, message.code, message.message
+                )
+                replication.reject_operation(app, message.operation_id, message.code, message.message)
+            elif isinstance(message, p.ErrorMessage):
+                if message.retriable:
+                    raise ConnectionLost(f"{message.code}: {message.message}")
+                raise SyncFatal(message.message, message.code, {"url": self.url})
+            else:
+                raise p.ProtocolError(
+                    p.PROTOCOL_VIOLATION, f"unexpected {type(message).__name__} from the server"
+                )
+
+    async def _receive(self, conn: Any, message_id: str, raw_ops: list[Any], watermark: int | None) -> None:
+        app = self.app
+        ops: list[Operation] = []
+        for raw in raw_ops:
+            try:
+                ops.append(p.decode_operation(raw))
+            except p.ProtocolError as exc:  # never let one bad operation stall the stream
+                log.warning("ignoring an operation from the server: %s", exc)
+        try:
+            applied = app.apply(ops, watermark=watermark)
+        except OfflineError:
+            applied = []
+            for op in ops:  # isolate the operation this replica cannot take; keep the rest
+                try:
+                    applied.extend(app.apply([op]))
+                except OfflineError as exc:
+                    log.warning("could not apply operation %s: %s", op.id, exc)
+            if watermark is not None:
+                app.apply([], watermark=watermark)
+        if ops and app.events.has_listeners("sync:received"):
+            app.events.emit("sync:received", operations=applied, batchSize=len(ops))
+        ack = p.Acknowledgment(
+            message_id=p.new_message_id(),
+            acknowledged_message_id=message_id,
+            last_sequence_number=max((op.sequence_number for op in ops), default=0),
+            delivery_sequence=watermark,
+        )
+        await conn.send(p.encode(ack))
+
+
+def create_sync_engine(app: App, config: Mapping[str, Any]) -> SyncEngine:
+    return SyncEngine(app, config)

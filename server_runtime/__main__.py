@@ -1,0 +1,50 @@
+"""`python -m server_runtime [server.py]`: run the server a project's entry file describes.
+
+The entry defines `schema` and may define `server` (from `create_production_server`); without `server`, one is
+built from the environment (see server_runtime.environment).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+from pathlib import Path
+
+from .environment import find_entry, load_entry, server_from_environment
+
+
+async def _main(argv: list[str]) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    entry = Path(argv[0]) if argv else find_entry(Path.cwd())
+    if entry is None or not entry.is_file():
+        print("no server entry: pass a path, or create server.py (or src/server.py) here", file=sys.stderr)
+        return 2
+    module = load_entry(entry)
+    server = getattr(module, "server", None)
+    if server is None:
+        schema = getattr(module, "schema", None)
+        if schema is None:
+            print(f"{entry} defines neither `server` nor `schema`", file=sys.stderr)
+            return 2
+        server = await server_from_environment(schema)
+    url = await server.start()
+    print(f"offline server listening on {url} (sync: {server.sync_path})", file=sys.stderr, flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await server.stop()
+    return 0
+
+
+def main() -> None:
+    sys.exit(asyncio.run(_main(sys.argv[1:])))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,89 @@
+"""Build a server from environment variables alone (SPEC 2.14), so a container needs only the user's
+schema: `PORT` (3001), `DATABASE_URL` (PostgreSQL when set, else the SQLite file `OFFLINE_SERVER_DB`,
+default `./offline-server.db`), `OFFLINE_ADMIN_TOKEN`, `OFFLINE_METRICS_TOKEN`, `OFFLINE_BACKUP_TOKEN`."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from offline.core.errors import OfflineError
+from offline.core.schema import SchemaDefinition
+
+from .server import ProductionServer, create_production_server
+from .stores import create_relational_server_store, create_sqlite_server_store
+from .stores.base import ServerStore
+
+ENTRY_CANDIDATES = ("server.py", "src/server.py")
+
+
+def find_entry(root: Path) -> Path | None:
+    for name in ENTRY_CANDIDATES:
+        candidate = root / name
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def load_entry(path: Path) -> ModuleType:
+    path = path.resolve()
+    spec = importlib.util.spec_from_file_location("offline_server_entry", path)
+    if spec is None or spec.loader is None:
+        raise OfflineError(f"{path} is not a Python file", "SYNC_ERROR", {"path": str(path)})
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(path.parent))
+    sys.modules["offline_server_entry"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+async def store_from_environment(env: Mapping[str, str]) -> ServerStore:
+    if env.get("OFFLINE_SERVER_STORE", "").strip().lower() == "memory":
+        from .stores import MemoryServerStore
+
+        return MemoryServerStore()  # development and tests only: nothing survives a restart
+    url = env.get("DATABASE_URL", "").strip()
+    if url:
+        return await create_relational_server_store(url)
+    return create_sqlite_server_store(env.get("OFFLINE_SERVER_DB") or "./offline-server.db")
+
+
+def operational_auth_from_environment(env: Mapping[str, str]) -> dict[str, str]:
+    tokens = {
+        "adminToken": env.get("OFFLINE_ADMIN_TOKEN", ""),
+        "metricsToken": env.get("OFFLINE_METRICS_TOKEN", ""),
+        "backupToken": env.get("OFFLINE_BACKUP_TOKEN", ""),
+    }
+    return {k: v for k, v in tokens.items() if v}
+
+
+async def server_from_environment(
+    schema: SchemaDefinition,
+    env: Mapping[str, str] | None = None,
+    *,
+    static_dir: str | None = None,
+    sync_options: Mapping[str, Any] | None = None,
+) -> ProductionServer:
+    env = dict(os.environ if env is None else env)
+    store = await store_from_environment(env)
+    await store.set_schema(schema)
+    port_text = env.get("PORT", "").strip() or "3001"
+    try:
+        port = int(port_text)
+    except ValueError:
+        raise OfflineError(
+            f"PORT must be a number, got {port_text!r}", "SYNC_ERROR", {"field": "PORT"}
+        ) from None
+    return create_production_server(
+        store=store,
+        port=port,
+        host=env.get("HOST", "0.0.0.0"),
+        static_dir=static_dir or env.get("OFFLINE_STATIC_DIR") or None,
+        operational_auth=operational_auth_from_environment(env),
+        sync_options=sync_options,
+    )

@@ -1,0 +1,83 @@
+"""The server's in-memory view of every record: merge state plus the materialised record.
+
+All writes are serialised (one writer per database, see `SyncService.commit`), so this cache is exact for
+the process that holds the write lock; before deciding anything, a writer first catches up on what other
+processes committed. Constraint and relation checks read it synchronously through `find_records`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from offline.core.schema import SchemaDefinition
+from offline.merge.engine import RecordState
+
+from .stores.base import RecordRow
+
+Key = tuple[str, str]
+
+
+class RecordCache:
+    def __init__(self, schema: SchemaDefinition) -> None:
+        self.schema = schema
+        self.rows: dict[Key, RecordRow] = {}
+        self.alive: dict[str, dict[str, dict[str, Any]]] = {name: {} for name in schema.collections}
+
+    def put(self, row: RecordRow) -> None:
+        key = (row.collection, row.record_id)
+        self.rows[key] = row
+        bucket = self.alive.setdefault(row.collection, {})
+        if row.record is None:
+            bucket.pop(row.record_id, None)
+        else:
+            bucket[row.record_id] = row.record
+
+    def get(self, collection: str, record_id: str) -> RecordRow | None:
+        return self.rows.get((collection, record_id))
+
+    def record(self, collection: str, record_id: str) -> dict[str, Any] | None:
+        return self.alive.get(collection, {}).get(record_id)
+
+    def find_records(self, collection: str, filters: Mapping[str, Any]) -> list[dict[str, Any]]:
+        return _find(self.alive.get(collection, {}).values(), filters)
+
+    def count(self, collection: str) -> int:
+        return len(self.alive.get(collection, {}))
+
+
+class StagedView:
+    """The cache as one batch sees it: its own uncommitted changes layered over the committed records."""
+
+    def __init__(self, cache: RecordCache) -> None:
+        self.cache = cache
+        self.schema = cache.schema
+        self.rows: dict[Key, RecordRow] = {}
+
+    def state(self, collection: str, record_id: str) -> RecordState:
+        key = (collection, record_id)
+        if key in self.rows:
+            return self.rows[key].state
+        row = self.cache.rows.get(key)
+        # Copy: a refused or failed batch must leave the committed state untouched.
+        return RecordState.from_json(row.state.to_json()) if row is not None else RecordState()
+
+    def record(self, collection: str, record_id: str) -> dict[str, Any] | None:
+        key = (collection, record_id)
+        if key in self.rows:
+            return self.rows[key].record
+        return self.cache.record(collection, record_id)
+
+    def put(self, row: RecordRow) -> None:
+        self.rows[(row.collection, row.record_id)] = row
+
+    def find_records(self, collection: str, filters: Mapping[str, Any]) -> list[dict[str, Any]]:
+        staged = {rid: row.record for (c, rid), row in self.rows.items() if c == collection}
+        committed = (r for rid, r in self.cache.alive.get(collection, {}).items() if rid not in staged)
+        candidates = [*committed, *(r for r in staged.values() if r is not None)]
+        return _find(candidates, filters)
+
+
+def _find(records: Any, filters: Mapping[str, Any]) -> list[dict[str, Any]]:
+    items = filters.items()
+    return [r for r in records if all(r.get(k) == v for k, v in items)]

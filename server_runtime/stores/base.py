@@ -1,0 +1,214 @@
+"""The server store interface: the persistence behind the server's sync core (DESIGN.md sections 1, 4).
+
+The sync core keeps records in memory and serialises every write; a store makes them durable. All writes go
+through ``store.writer()``, which holds the store's exclusive write lock for its whole duration (across
+processes, for PostgreSQL) and commits everything it did atomically at exit, or nothing if the block raises.
+Because writers are serialised, the delivery sequences stamped on operations increase in commit order: a
+reader that has seen delivery N never later finds a newly committed operation below N, so clients can resume
+from the highest delivery sequence they applied.
+
+Store-level reads (``operations_since``, ``load_rows``, ...) take no lock and see only committed data.
+Inside a writer, use the writer's own methods: they also see what the writer has done so far. Taking a
+second writer (or calling ``store.set_meta``) while holding one deadlocks; the write lock is not reentrant.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
+from offline.core.errors import STORAGE_ERROR, OfflineError
+from offline.core.operations import Operation
+from offline.core.schema import SchemaDefinition
+from offline.merge.engine import RecordState
+
+__all__ = [
+    "NotifyCallback",
+    "RecordKey",
+    "RecordRow",
+    "ServerStore",
+    "StoreKind",
+    "StoreWriter",
+    "StoredOperation",
+]
+
+StoreKind = Literal["memory", "sqlite", "postgresql"]
+#: (collection, record id)
+RecordKey = tuple[str, str]
+#: Called with the highest delivery sequence another process committed; may be a coroutine function.
+NotifyCallback = Callable[[int], Awaitable[None] | None]
+
+#: Meta key under which ``set_schema`` records the schema version it was last given.
+SCHEMA_VERSION_KEY = "schema_version"
+
+
+@dataclass(frozen=True)
+class StoredOperation:
+    """An operation as stored: its delivery sequence (commit order) and its scope snapshot.
+
+    ``scope`` holds the record's scope-relevant field values when the operation was stored (JSON), used to
+    decide which clients may receive it; None when the operation is visible to everyone.
+    """
+
+    delivery: int
+    operation: Operation
+    scope: dict[str, Any] | None
+
+
+@dataclass(frozen=True)
+class RecordRow:
+    """One record's merge state and materialised value (``record`` None: deleted / not alive)."""
+
+    collection: str
+    record_id: str
+    state: RecordState
+    record: dict[str, Any] | None
+
+    @property
+    def key(self) -> RecordKey:
+        return (self.collection, self.record_id)
+
+
+class StoreWriter(abc.ABC):
+    """The handle ``ServerStore.writer()`` yields; valid only inside its ``async with`` block.
+
+    Its reads see the committed data plus everything this writer did so far.
+    """
+
+    @abc.abstractmethod
+    async def operations_since(self, after: int, limit: int | None = None) -> list[StoredOperation]:
+        """Operations with delivery > ``after``, ascending, at most ``limit`` of them."""
+
+    @abc.abstractmethod
+    async def known_ids(self, ids: Iterable[str]) -> set[str]:
+        """The subset of ``ids`` that are stored operation ids."""
+
+    @abc.abstractmethod
+    async def load_rows(self, keys: Iterable[RecordKey]) -> dict[RecordKey, RecordRow]:
+        """The stored rows of ``keys`` (keys without a row are absent from the result)."""
+
+    @abc.abstractmethod
+    async def append(self, ops: Sequence[tuple[Operation, Mapping[str, Any] | None]]) -> list[int | None]:
+        """Store ``(operation, scope)`` pairs in order, stamping each new one with the next delivery sequence.
+
+        Returns a list parallel to ``ops``: the delivery sequence of each newly stored operation, None for
+        one whose id was already stored (or appeared earlier in ``ops``); skipped ones get no sequence.
+        """
+
+    @abc.abstractmethod
+    async def save_rows(self, rows: Iterable[RecordRow]) -> None:
+        """Insert or replace rows (a later row with the same key wins)."""
+
+    @abc.abstractmethod
+    async def set_meta(self, key: str, value: str) -> None:
+        """Set a meta value in this transaction."""
+
+
+class ServerStore(abc.ABC):
+    """Persistence of the server's operations, record states and meta values. See the module docstring."""
+
+    kind: ClassVar[StoreKind]
+
+    def __init__(self) -> None:
+        self._closed = False
+        self._schema: SchemaDefinition | None = None
+
+    # ------------------------------------------------------------------------------------------ lifecycle
+
+    @property
+    def schema(self) -> SchemaDefinition | None:
+        """The schema last given to ``set_schema`` (None before)."""
+        return self._schema
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise OfflineError(
+                f"the {self.kind} server store is closed", STORAGE_ERROR, {"store": self.kind, "closed": True}
+            )
+
+    async def set_schema(self, schema: SchemaDefinition) -> None:
+        """Create the tables if needed (idempotent), remember ``schema`` and record its version in meta.
+
+        May be called again later, e.g. with a newer schema version. The tables do not depend on the schema:
+        operations, record states and records are stored as JSON.
+        """
+        self._check_open()
+        await self._prepare()
+        self._schema = schema
+        async with self.writer() as writer:
+            await writer.set_meta(SCHEMA_VERSION_KEY, str(schema.version))
+
+    @abc.abstractmethod
+    async def _prepare(self) -> None:
+        """Connect (if lazy) and create the tables if they do not exist."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Release connections; idempotent. Every later call raises OfflineError STORAGE_ERROR."""
+
+    # -------------------------------------------------------------------------------------------- writing
+
+    @abc.abstractmethod
+    def writer(self) -> AbstractAsyncContextManager[StoreWriter]:
+        """``async with store.writer() as w:`` holds the exclusive write lock and commits atomically at exit.
+
+        An exception inside the block rolls everything back and propagates.
+        """
+
+    async def set_meta(self, key: str, value: str) -> None:
+        """Set one meta value (takes the write lock: inside a writer use ``writer.set_meta``)."""
+        async with self.writer() as writer:
+            await writer.set_meta(key, value)
+
+    # -------------------------------------------------------------------------------------------- reading
+
+    @abc.abstractmethod
+    async def get_meta(self, key: str) -> str | None:
+        """A committed meta value, None when unset."""
+
+    @abc.abstractmethod
+    async def operations_since(self, after: int, limit: int | None = None) -> list[StoredOperation]:
+        """Committed operations with delivery > ``after``, ascending, at most ``limit`` of them."""
+
+    @abc.abstractmethod
+    async def max_delivery(self) -> int:
+        """The highest committed delivery sequence, 0 when there is no operation."""
+
+    @abc.abstractmethod
+    def load_all_rows(self) -> AsyncIterator[RecordRow]:
+        """Every committed row (to warm the server's cache at start), read page by page."""
+
+    @abc.abstractmethod
+    async def load_rows(self, keys: Iterable[RecordKey]) -> dict[RecordKey, RecordRow]:
+        """The committed rows of ``keys`` (keys without a row are absent from the result)."""
+
+    @abc.abstractmethod
+    async def version_vector(self) -> dict[str, int]:
+        """The highest stored ``sequence_number`` per node id."""
+
+    @abc.abstractmethod
+    async def stats(self) -> dict[str, Any]:
+        """``{"kind", "operations", "max_delivery", "records": {collection: alive rows},
+        "deleted": {collection: rows whose record is None}}``."""
+
+    @abc.abstractmethod
+    def export_operations(self) -> AsyncIterator[StoredOperation]:
+        """Every committed operation in delivery order, read page by page (for backups)."""
+
+    # -------------------------------------------------------------------------------------- notifications
+
+    @abc.abstractmethod
+    async def listen(self, callback: NotifyCallback) -> None:
+        """Call ``callback(max_delivery)`` whenever another process commits operations to this store.
+
+        Only PostgreSQL relays between processes (LISTEN/NOTIFY). For the memory and SQLite stores this
+        registers nothing and never calls back: a single server process owns those stores, and it already
+        knows about its own writes.
+        """

@@ -1,0 +1,198 @@
+"""``MemoryServerStore``: keeps everything in this process (development and tests; lost on restart).
+
+It stores the same JSON text forms as the persistent stores, so a caller that mutates a ``RecordState`` or a
+record after saving it does not change what is stored, and a value that could not be persisted elsewhere
+fails here too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from offline.core.operations import Operation
+
+from . import _codec
+from .base import NotifyCallback, RecordKey, RecordRow, ServerStore, StoredOperation, StoreKind, StoreWriter
+
+__all__ = ["MemoryServerStore"]
+
+
+@dataclass(frozen=True, slots=True)
+class _Op:
+    delivery: int
+    operation: Operation
+    scope: str | None  # JSON text
+
+    def stored(self) -> StoredOperation:
+        return StoredOperation(self.delivery, self.operation, _codec.decode_optional(self.scope))
+
+
+# (state JSON, record JSON or None)
+_Row = tuple[str, str | None]
+
+
+def _row(key: RecordKey, value: _Row) -> RecordRow:
+    return _codec.record_row(key[0], key[1], value[0], value[1])
+
+
+def _since(ops: list[_Op], after: int, limit: int | None) -> list[_Op]:
+    # Deliveries are 1..n without gaps (a rolled-back writer consumes none), so position = delivery - 1.
+    start = max(after, 0)
+    end = len(ops) if limit is None else min(len(ops), start + max(limit, 0))
+    return ops[start:end]
+
+
+class MemoryServerStore(ServerStore):
+    """A server store in this process's memory. ``listen`` is a no-op (there is no other process)."""
+
+    kind: ClassVar[StoreKind] = "memory"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._ops: list[_Op] = []
+        self._ids: set[str] = set()
+        self._rows: dict[RecordKey, _Row] = {}
+        self._meta: dict[str, str] = {}
+        self._vector: dict[str, int] = {}
+        self._lock = asyncio.Lock()
+
+    async def _prepare(self) -> None:
+        self._check_open()
+
+    async def close(self) -> None:
+        self._closed = True
+
+    @asynccontextmanager
+    async def _writer(self) -> AsyncIterator[StoreWriter]:
+        self._check_open()
+        async with self._lock:
+            self._check_open()
+            writer = _MemoryWriter(self)
+            try:
+                yield writer
+            finally:
+                writer.active = False
+            # Reached only when the block did not raise: apply everything at once (nothing can fail here).
+            self._commit(writer)
+
+    def writer(self) -> AbstractAsyncContextManager[StoreWriter]:
+        return self._writer()
+
+    def _commit(self, writer: _MemoryWriter) -> None:
+        for op in writer.ops:
+            self._ops.append(op)
+            self._ids.add(op.operation.id)
+            node = op.operation.node_id
+            if op.operation.sequence_number > self._vector.get(node, -1):
+                self._vector[node] = op.operation.sequence_number
+        self._rows.update(writer.rows)
+        self._meta.update(writer.meta)
+
+    async def get_meta(self, key: str) -> str | None:
+        self._check_open()
+        _codec.check_meta(key)
+        return self._meta.get(key)
+
+    async def operations_since(self, after: int, limit: int | None = None) -> list[StoredOperation]:
+        self._check_open()
+        return [op.stored() for op in _since(self._ops, after, limit)]
+
+    async def max_delivery(self) -> int:
+        self._check_open()
+        return len(self._ops)
+
+    async def load_all_rows(self) -> AsyncIterator[RecordRow]:
+        self._check_open()
+        for key, value in list(self._rows.items()):
+            yield _row(key, value)
+
+    async def load_rows(self, keys: Iterable[RecordKey]) -> dict[RecordKey, RecordRow]:
+        self._check_open()
+        return {key: _row(key, self._rows[key]) for key in keys if key in self._rows}
+
+    async def version_vector(self) -> dict[str, int]:
+        self._check_open()
+        return dict(self._vector)
+
+    async def stats(self) -> dict[str, Any]:
+        self._check_open()
+        records: dict[str, int] = {}
+        deleted: dict[str, int] = {}
+        for (collection, _), (_, record) in self._rows.items():
+            target = records if record is not None else deleted
+            target[collection] = target.get(collection, 0) + 1
+        return {
+            "kind": self.kind,
+            "operations": len(self._ops),
+            "max_delivery": len(self._ops),
+            "records": records,
+            "deleted": deleted,
+        }
+
+    async def export_operations(self) -> AsyncIterator[StoredOperation]:
+        self._check_open()
+        for op in list(self._ops):
+            yield op.stored()
+
+    async def listen(self, callback: NotifyCallback) -> None:
+        self._check_open()
+
+
+class _MemoryWriter(StoreWriter):
+    def __init__(self, store: MemoryServerStore) -> None:
+        self.store = store
+        self.active = True
+        self.ops: list[_Op] = []
+        self.ids: set[str] = set()
+        self.rows: dict[RecordKey, _Row] = {}
+        self.meta: dict[str, str] = {}
+
+    def _check(self) -> None:
+        self.store._check_open()
+        if not self.active:
+            raise RuntimeError("a store writer is only valid inside its 'async with' block")
+
+    async def operations_since(self, after: int, limit: int | None = None) -> list[StoredOperation]:
+        self._check()
+        return [op.stored() for op in _since(self.store._ops + self.ops, after, limit)]
+
+    async def known_ids(self, ids: Iterable[str]) -> set[str]:
+        self._check()
+        return {i for i in ids if i in self.store._ids or i in self.ids}
+
+    async def load_rows(self, keys: Iterable[RecordKey]) -> dict[RecordKey, RecordRow]:
+        self._check()
+        out: dict[RecordKey, RecordRow] = {}
+        for key in keys:
+            value = self.rows.get(key) or self.store._rows.get(key)
+            if value is not None:
+                out[key] = _row(key, value)
+        return out
+
+    async def append(self, ops: Sequence[tuple[Operation, Mapping[str, Any] | None]]) -> list[int | None]:
+        self._check()
+        _codec.check_appends(ops)
+        result: list[int | None] = []
+        for op, scope in ops:
+            if op.id in self.store._ids or op.id in self.ids:
+                result.append(None)
+                continue
+            delivery = len(self.store._ops) + len(self.ops) + 1
+            self.ops.append(_Op(delivery, op, _codec.encode_optional(scope)))
+            self.ids.add(op.id)
+            result.append(delivery)
+        return result
+
+    async def save_rows(self, rows: Iterable[RecordRow]) -> None:
+        self._check()
+        for row in _codec.check_rows(rows):
+            self.rows[row.key] = (row.state.to_json(), _codec.encode_optional(row.record))
+
+    async def set_meta(self, key: str, value: str) -> None:
+        self._check()
+        _codec.check_meta(key, value)
+        self.meta[key] = value

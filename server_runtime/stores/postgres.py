@@ -1,0 +1,586 @@
+"""``PostgresServerStore``: the server's store in PostgreSQL, through an asyncpg pool.
+
+Several server processes may share one database (DESIGN.md section 4):
+
+- A writer holds the in-process write lock, then a transaction on a pooled connection that starts with
+  ``pg_advisory_xact_lock(key)``, so writers in every process are serialised. The lock is released only after
+  the commit is visible, so delivery sequences (taken from the ``delivery`` BIGSERIAL's sequence while the
+  lock is held) increase in commit order and a reader never finds a new operation below one it has seen.
+  A rolled-back writer may leave a gap in the numbers; gaps are harmless (clients resume "after N").
+- A writer that stored operations runs ``pg_notify(channel, '<max delivery>')`` inside its transaction, so the
+  notification fires at commit. ``listen`` keeps a dedicated connection LISTENing on the channel and calls
+  back with that number whenever *another* store object (another process) committed; the store's own commits
+  are recognised by their delivery number and skipped. If that connection drops it is re-established, and the
+  callbacks are then called with the current max delivery so nothing committed meanwhile is missed.
+- Lock key and channel are derived from the store's schema (``current_schema()``): ``offline_operations``
+  and a constant key for ``public``, so deployments in other schemas of one database stay independent.
+
+Columns ``wire``, ``state`` and ``record`` are TEXT (byte-exact JSON); ``scope`` is JSONB.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import inspect
+import logging
+import re
+import urllib.parse
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Any, ClassVar, Final
+
+import asyncpg  # type: ignore[import-untyped, unused-ignore]
+
+from offline.core.operations import Operation
+
+from . import _codec
+from .base import NotifyCallback, RecordKey, RecordRow, ServerStore, StoredOperation, StoreKind, StoreWriter
+
+__all__ = [
+    "DEFAULT_CHANNEL",
+    "DEFAULT_LOCK_KEY",
+    "PostgresServerStore",
+    "create_relational_server_store",
+    "normalize_postgres_url",
+]
+
+log = logging.getLogger("offline.server.store")
+
+#: NOTIFY channel of the stores in schema ``public``.
+DEFAULT_CHANNEL: Final = "offline_operations"
+#: ``pg_advisory_xact_lock`` key of the stores in schema ``public`` (b"offline\0" as a big-endian int64).
+DEFAULT_LOCK_KEY: Final = 0x6F66666C696E6500
+_CLOSE_TIMEOUT: Final = 10.0
+_RECONNECT_MAX_DELAY: Final = 5.0
+_OWN_NOTIFICATIONS_MAX: Final = 10_000
+
+_DDL: Final = """
+CREATE TABLE IF NOT EXISTS offline_operations (
+    delivery BIGSERIAL PRIMARY KEY,
+    id TEXT NOT NULL UNIQUE,
+    node_id TEXT NOT NULL,
+    sequence_number BIGINT NOT NULL,
+    collection TEXT NOT NULL,
+    record_id TEXT NOT NULL,
+    wire TEXT NOT NULL,
+    scope JSONB
+);
+CREATE INDEX IF NOT EXISTS offline_operations_node_sequence ON offline_operations (node_id, sequence_number);
+CREATE TABLE IF NOT EXISTS offline_records (
+    collection TEXT NOT NULL,
+    record_id TEXT NOT NULL,
+    state TEXT NOT NULL,
+    record TEXT,
+    PRIMARY KEY (collection, record_id)
+);
+CREATE TABLE IF NOT EXISTS offline_meta (
+    key TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+"""
+
+_STATS_SQL: Final = """
+    SELECT NULL::text, COUNT(*), COALESCE(MAX(delivery), 0) FROM offline_operations
+    UNION ALL
+    SELECT collection, COUNT(record), COUNT(*) - COUNT(record) FROM offline_records GROUP BY collection
+"""
+_SINCE_SQL: Final = "SELECT delivery, wire, scope::text FROM offline_operations WHERE delivery > $1 ORDER BY delivery LIMIT $2"
+_LOAD_ROWS_SQL: Final = """
+    SELECT r.collection, r.record_id, r.state, r.record
+    FROM offline_records r JOIN unnest($1::text[], $2::text[]) AS k(collection, record_id)
+        USING (collection, record_id)
+"""
+_DB_ERRORS: Final = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, asyncio.TimeoutError)
+
+
+def normalize_postgres_url(url: str) -> str:
+    """Accept ``postgres://``, ``postgresql://`` and SQLAlchemy-style ``postgresql+driver://`` URLs."""
+    if not isinstance(url, str) or not url.strip():
+        raise ValueError("a PostgreSQL connection string is required")
+    url = url.strip()
+    match = re.match(r"^(postgres(?:ql)?)(\+[A-Za-z0-9_]+)?://", url)
+    if not match:
+        raise ValueError("a PostgreSQL connection string starts with postgres:// or postgresql://")
+    return "postgresql://" + url[match.end() :]
+
+
+def redact_url(url: str) -> str:
+    """``url`` without its password (for messages and logs)."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:
+        return "<unparsable url>"
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+
+
+def _names_for_schema(schema: str) -> tuple[str, int]:
+    """(NOTIFY channel, advisory lock key) of a store whose tables live in ``schema``."""
+    if schema == "public":
+        return DEFAULT_CHANNEL, DEFAULT_LOCK_KEY
+    digest = hashlib.sha256(f"offline:{schema}".encode()).digest()
+    key = int.from_bytes(digest[:8], "big", signed=True)
+    channel = f"{DEFAULT_CHANNEL}.{schema}"
+    if len(channel.encode()) > 63:  # identifiers are cut at NAMEDATALEN - 1 bytes
+        channel = f"{DEFAULT_CHANNEL}.{digest.hex()[:32]}"
+    return channel, key
+
+
+def _quote_literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+async def _operations_since(conn: Any, after: int, limit: int | None) -> list[StoredOperation]:
+    rows = await conn.fetch(_SINCE_SQL, int(after), None if limit is None else max(int(limit), 0))
+    return [_codec.stored_operation(r[0], r[1], r[2]) for r in rows]
+
+
+async def _load_rows(conn: Any, keys: Iterable[RecordKey]) -> dict[RecordKey, RecordRow]:
+    unique = list(dict.fromkeys(keys))
+    if not unique:
+        return {}
+    rows = await conn.fetch(_LOAD_ROWS_SQL, [k[0] for k in unique], [k[1] for k in unique])
+    return {(r[0], r[1]): _codec.record_row(r[0], r[1], r[2], r[3]) for r in rows}
+
+
+class PostgresServerStore(ServerStore):
+    """The server store in PostgreSQL (see the module docstring). Build with ``create_relational_server_store``."""
+
+    kind: ClassVar[StoreKind] = "postgresql"
+
+    def __init__(self, pool: Any, url: str, schema_name: str) -> None:
+        super().__init__()
+        self._pool = pool
+        self._url = url
+        self.schema_name = schema_name
+        self.channel, self.lock_key = _names_for_schema(schema_name)
+        self._sequence = ""  # the delivery column's sequence, found by _prepare
+        self._write_lock = asyncio.Lock()
+        self._prepare_lock = asyncio.Lock()
+        self._callbacks: list[NotifyCallback] = []
+        self._listen_conn: Any = None
+        self._listen_lock = asyncio.Lock()
+        self._reconnect_task: asyncio.Task[None] | None = None
+        self._callback_tasks: set[asyncio.Future[Any]] = set()
+        # Max deliveries this object notified and has not yet seen come back on its own LISTEN connection.
+        self._own_notifications: set[int] = set()
+
+    def __repr__(self) -> str:
+        return f"PostgresServerStore({redact_url(self._url)!r}, schema={self.schema_name!r})"
+
+    @contextlib.contextmanager
+    def _errors(self, action: str) -> Iterator[None]:
+        try:
+            yield
+        except _DB_ERRORS as exc:
+            raise _codec.storage_error(self.kind, action, exc) from exc
+
+    # ------------------------------------------------------------------------------------------ lifecycle
+
+    async def _prepare(self) -> None:
+        self._check_open()
+        if self._sequence:
+            return
+        async with self._prepare_lock:
+            if self._sequence:
+                return
+            with self._errors("creating tables"):
+                async with self._pool.acquire() as conn, conn.transaction():
+                    # Two processes starting at once must not race on CREATE TABLE IF NOT EXISTS.
+                    await conn.execute("SELECT pg_advisory_xact_lock($1)", self.lock_key)
+                    await conn.execute(_DDL)
+                    sequence = await conn.fetchval(
+                        "SELECT pg_get_serial_sequence(format('%I.%I', $1::text, 'offline_operations'), 'delivery')",
+                        self.schema_name,
+                    )
+            if not sequence:
+                raise _codec.storage_error(
+                    self.kind, "creating tables", RuntimeError("offline_operations.delivery has no sequence")
+                )
+            self._sequence = str(sequence)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._reconnect_task is not None:
+            self._reconnect_task.cancel()
+            with contextlib.suppress(BaseException):
+                await self._reconnect_task
+        async with self._listen_lock:
+            conn, self._listen_conn = self._listen_conn, None
+            if conn is not None:
+                await _close_connection(conn)
+        for task in list(self._callback_tasks):
+            task.cancel()
+        # Let a writer in progress finish before the pool goes away.
+        async with self._write_lock:
+            try:
+                await asyncio.wait_for(self._pool.close(), _CLOSE_TIMEOUT)
+            except Exception:
+                log.warning("PostgreSQL store: the pool did not close in time; terminating it")
+                self._pool.terminate()
+
+    # -------------------------------------------------------------------------------------------- writing
+
+    def writer(self) -> AbstractAsyncContextManager[StoreWriter]:
+        return self._writer()
+
+    @asynccontextmanager
+    async def _writer(self) -> AsyncIterator[StoreWriter]:
+        await self._prepare()
+        async with self._write_lock:
+            self._check_open()
+            async with contextlib.AsyncExitStack() as stack:
+                with self._errors("beginning a write transaction"):
+                    conn = await stack.enter_async_context(self._pool.acquire())
+                    transaction = conn.transaction()
+                    await transaction.start()
+                writer = _PostgresWriter(self, conn)
+                notified: int | None = None
+                try:
+                    with self._errors("taking the write lock"):
+                        await conn.execute("SELECT pg_advisory_xact_lock($1)", self.lock_key)
+                    yield writer
+                    writer.active = False
+                    with self._errors("committing"):
+                        if writer.max_appended is not None:
+                            notified = writer.max_appended
+                            if self._callbacks:
+                                self._remember_own(notified)
+                            await conn.execute("SELECT pg_notify($1, $2)", self.channel, str(notified))
+                        await transaction.commit()
+                except BaseException:
+                    writer.active = False
+                    if notified is not None:
+                        self._own_notifications.discard(notified)
+                    try:
+                        await transaction.rollback()
+                    except Exception:
+                        log.debug("rollback of a failed PostgreSQL write transaction failed", exc_info=True)
+                    raise
+
+    def _remember_own(self, delivery: int) -> None:
+        own = self._own_notifications
+        own.add(delivery)
+        if len(own) > _OWN_NOTIFICATIONS_MAX:  # notifications lost with a dropped LISTEN connection
+            for stale in sorted(own)[: len(own) - _OWN_NOTIFICATIONS_MAX // 2]:
+                own.discard(stale)
+
+    # -------------------------------------------------------------------------------------------- reading
+
+    @asynccontextmanager
+    async def _reading(self, action: str) -> AsyncIterator[Any]:
+        await self._prepare()
+        with self._errors(action):
+            async with self._pool.acquire() as conn:
+                yield conn
+
+    async def get_meta(self, key: str) -> str | None:
+        _codec.check_meta(key)
+        async with self._reading("reading meta") as conn:
+            value = await conn.fetchval("SELECT value FROM offline_meta WHERE key = $1", key)
+        return None if value is None else str(value)
+
+    async def operations_since(self, after: int, limit: int | None = None) -> list[StoredOperation]:
+        async with self._reading("reading operations") as conn:
+            return await _operations_since(conn, after, limit)
+
+    async def max_delivery(self) -> int:
+        async with self._reading("reading the max delivery") as conn:
+            return int(await conn.fetchval("SELECT COALESCE(MAX(delivery), 0) FROM offline_operations"))
+
+    async def load_all_rows(self) -> AsyncIterator[RecordRow]:
+        last: RecordKey | None = None
+        while True:
+            async with self._reading("reading records") as conn:
+                if last is None:
+                    rows = await conn.fetch(
+                        "SELECT collection, record_id, state, record FROM offline_records"
+                        " ORDER BY collection, record_id LIMIT $1",
+                        _codec.PAGE_SIZE,
+                    )
+                else:
+                    rows = await conn.fetch(
+                        "SELECT collection, record_id, state, record FROM offline_records"
+                        " WHERE (collection, record_id) > ($1, $2) ORDER BY collection, record_id LIMIT $3",
+                        *last,
+                        _codec.PAGE_SIZE,
+                    )
+            for r in rows:
+                yield _codec.record_row(r[0], r[1], r[2], r[3])
+            if len(rows) < _codec.PAGE_SIZE:
+                return
+            last = (rows[-1][0], rows[-1][1])
+
+    async def load_rows(self, keys: Iterable[RecordKey]) -> dict[RecordKey, RecordRow]:
+        async with self._reading("reading records") as conn:
+            return await _load_rows(conn, keys)
+
+    async def version_vector(self) -> dict[str, int]:
+        async with self._reading("reading the version vector") as conn:
+            rows = await conn.fetch(
+                "SELECT node_id, MAX(sequence_number) FROM offline_operations GROUP BY node_id"
+            )
+        return {str(r[0]): int(r[1]) for r in rows}
+
+    async def stats(self) -> dict[str, Any]:
+        async with self._reading("reading statistics") as conn:
+            rows = await conn.fetch(_STATS_SQL)
+        return _codec.stats_from_rows(self.kind, rows)
+
+    async def export_operations(self) -> AsyncIterator[StoredOperation]:
+        after = 0
+        while True:
+            async with self._reading("reading operations") as conn:
+                page = await _operations_since(conn, after, _codec.PAGE_SIZE)
+            for op in page:
+                yield op
+            if len(page) < _codec.PAGE_SIZE:
+                return
+            after = page[-1].delivery
+
+    # -------------------------------------------------------------------------------------- notifications
+
+    async def listen(self, callback: NotifyCallback) -> None:
+        """Call ``callback(max_delivery)`` after every commit of another store object on this database+schema.
+
+        The callback may be a plain function or a coroutine function (run as a task); its exceptions are
+        logged. Notifications of commits made while the LISTEN connection was down are replaced by one call
+        with the then current max delivery after it is re-established.
+        """
+        self._check_open()
+        if not callable(callback):
+            raise TypeError("listen() takes a callable")
+        await self._prepare()
+        self._callbacks.append(callback)
+        try:
+            await self._ensure_listener()
+        except BaseException:
+            self._callbacks.remove(callback)
+            raise
+
+    async def _ensure_listener(self) -> None:
+        async with self._listen_lock:
+            if self._listen_conn is not None or self._closed:
+                return
+            with self._errors("starting to LISTEN"):
+                conn = await asyncpg.connect(self._url)
+                try:
+                    await conn.add_listener(self.channel, self._on_notification)
+                except BaseException:
+                    await _close_connection(conn)
+                    raise
+            conn.add_termination_listener(self._on_listener_lost)
+            self._listen_conn = conn
+
+    def _on_notification(self, conn: Any, pid: int, channel: str, payload: str) -> None:
+        try:
+            delivery = int(payload)
+        except ValueError:
+            log.warning("PostgreSQL store: ignoring a notification on %s with payload %r", channel, payload)
+            return
+        if delivery in self._own_notifications:
+            self._own_notifications.discard(delivery)
+            return
+        self._dispatch(delivery)
+
+    def _dispatch(self, delivery: int) -> None:
+        if self._closed:
+            return
+        for callback in list(self._callbacks):
+            try:
+                result = callback(delivery)
+                if inspect.isawaitable(result):
+                    task = asyncio.ensure_future(result)
+                    self._callback_tasks.add(task)
+                    task.add_done_callback(self._callback_done)
+            except Exception:
+                log.exception("PostgreSQL store: a listen callback raised")
+
+    def _callback_done(self, task: asyncio.Future[Any]) -> None:
+        self._callback_tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("PostgreSQL store: a listen callback raised", exc_info=task.exception())
+
+    def _on_listener_lost(self, conn: Any) -> None:
+        if self._closed or conn is not self._listen_conn:
+            return
+        self._listen_conn = None
+        log.warning("PostgreSQL store: the LISTEN connection was lost; reconnecting")
+        if self._reconnect_task is None or self._reconnect_task.done():
+            self._reconnect_task = asyncio.ensure_future(self._reconnect())
+
+    async def _reconnect(self) -> None:
+        delay = 0.1
+        while not self._closed:
+            try:
+                await self._ensure_listener()
+                latest = await self.max_delivery()
+            except Exception as exc:
+                log.warning("PostgreSQL store: LISTEN reconnect failed (%s); retrying in %.1fs", exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, _RECONNECT_MAX_DELAY)
+                continue
+            self._dispatch(latest)  # catch up on whatever was committed while the connection was down
+            return
+
+
+async def _close_connection(conn: Any) -> None:
+    try:
+        await asyncio.wait_for(conn.close(), _CLOSE_TIMEOUT)
+    except Exception:
+        conn.terminate()
+
+
+class _PostgresWriter(StoreWriter):
+    def __init__(self, store: PostgresServerStore, conn: Any) -> None:
+        self.store = store
+        self.conn = conn
+        self.active = True
+        self.max_appended: int | None = None
+
+    def _check(self) -> None:
+        self.store._check_open()
+        if not self.active:
+            raise RuntimeError("a store writer is only valid inside its 'async with' block")
+
+    async def operations_since(self, after: int, limit: int | None = None) -> list[StoredOperation]:
+        self._check()
+        with self.store._errors("reading operations"):
+            return await _operations_since(self.conn, after, limit)
+
+    async def known_ids(self, ids: Iterable[str]) -> set[str]:
+        self._check()
+        wanted = list(dict.fromkeys(ids))
+        if not wanted:
+            return set()
+        with self.store._errors("reading operation ids"):
+            rows = await self.conn.fetch(
+                "SELECT id FROM offline_operations WHERE id = ANY($1::text[])", wanted
+            )
+        return {str(r[0]) for r in rows}
+
+    async def load_rows(self, keys: Iterable[RecordKey]) -> dict[RecordKey, RecordRow]:
+        self._check()
+        with self.store._errors("reading records"):
+            return await _load_rows(self.conn, keys)
+
+    async def append(self, ops: Sequence[tuple[Operation, Mapping[str, Any] | None]]) -> list[int | None]:
+        self._check()
+        _codec.check_appends(ops)
+        if not ops:
+            return []
+        seen = await self.known_ids(op.id for op, _ in ops)
+        fresh: list[tuple[int, Operation, Mapping[str, Any] | None]] = []
+        for index, (op, scope) in enumerate(ops):
+            if op.id not in seen:
+                seen.add(op.id)
+                fresh.append((index, op, scope))
+        result: list[int | None] = [None] * len(ops)
+        if not fresh:
+            return result
+        columns: tuple[list[Any], ...] = ([], [], [], [], [], [], [], [])
+        with self.store._errors("appending operations"):
+            numbers = await self.conn.fetch(
+                f"SELECT nextval({_quote_literal(self.store._sequence)}) FROM generate_series(1, $1)",
+                len(fresh),
+            )
+            # Sorted, so deliveries follow the list order whatever order the rows came back in.
+            deliveries = sorted(int(r[0]) for r in numbers)
+            for delivery, (index, op, scope) in zip(deliveries, fresh, strict=True):
+                result[index] = delivery
+                for column, value in zip(
+                    columns,
+                    (
+                        delivery,
+                        op.id,
+                        op.node_id,
+                        op.sequence_number,
+                        op.collection,
+                        op.record_id,
+                        _codec.encode_operation(op),
+                        _codec.encode_optional(scope),
+                    ),
+                    strict=True,
+                ):
+                    column.append(value)
+            await self.conn.execute(
+                """
+                INSERT INTO offline_operations
+                    (delivery, id, node_id, sequence_number, collection, record_id, wire, scope)
+                SELECT d, i, n, s, c, r, w, sc::jsonb
+                FROM unnest($1::bigint[], $2::text[], $3::text[], $4::bigint[], $5::text[], $6::text[],
+                            $7::text[], $8::text[]) AS t(d, i, n, s, c, r, w, sc)
+                """,
+                *columns,
+            )
+        self.max_appended = max(self.max_appended or 0, deliveries[-1])
+        return result
+
+    async def save_rows(self, rows: Iterable[RecordRow]) -> None:
+        self._check()
+        latest = {row.key: row for row in _codec.check_rows(rows)}  # one statement may not hit a row twice
+        if not latest:
+            return
+        values = [
+            (row.collection, row.record_id, row.state.to_json(), _codec.encode_optional(row.record))
+            for row in latest.values()
+        ]
+        with self.store._errors("saving records"):
+            await self.conn.execute(
+                """
+                INSERT INTO offline_records (collection, record_id, state, record)
+                SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[])
+                ON CONFLICT (collection, record_id) DO UPDATE SET state = EXCLUDED.state, record = EXCLUDED.record
+                """,
+                *(list(column) for column in zip(*values, strict=True)),
+            )
+
+    async def set_meta(self, key: str, value: str) -> None:
+        self._check()
+        _codec.check_meta(key, value)
+        with self.store._errors("writing meta"):
+            await self.conn.execute(
+                "INSERT INTO offline_meta (key, value) VALUES ($1, $2)"
+                " ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value",
+                key,
+                value,
+            )
+
+
+async def create_relational_server_store(
+    connection_string: str, *, min_size: int = 1, max_size: int = 10
+) -> PostgresServerStore:
+    """Connect a pool to PostgreSQL (``postgres://`` or ``postgresql://`` URL) and create the tables.
+
+    The tables live in the connection's ``current_schema()`` (set ``search_path``, e.g. with
+    ``?options=-c%20search_path%3Dmyschema``, to use another schema than ``public``).
+    """
+    url = normalize_postgres_url(connection_string)
+    try:
+        pool = await asyncpg.create_pool(url, min_size=min_size, max_size=max_size)
+    except _DB_ERRORS as exc:
+        raise _codec.storage_error("postgresql", f"connecting to {redact_url(url)}", exc) from exc
+    try:
+        async with pool.acquire() as conn:
+            schema = await conn.fetchval("SELECT current_schema()")
+        if not schema:
+            raise _codec.storage_error(
+                "postgresql",
+                f"connecting to {redact_url(url)}",
+                RuntimeError("no schema of the search_path exists (current_schema() is NULL)"),
+            )
+        store = PostgresServerStore(pool, url, str(schema))
+        await store._prepare()
+    except BaseException as exc:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(pool.close(), _CLOSE_TIMEOUT)
+        if isinstance(exc, _DB_ERRORS):
+            raise _codec.storage_error("postgresql", f"preparing {redact_url(url)}", exc) from exc
+        raise
+    return store

@@ -1,0 +1,431 @@
+"""``SQLiteServerStore``: the server's store in one SQLite file, through aiosqlite.
+
+- WAL mode with ``synchronous=FULL``: a committed writer (an acknowledged operation) survives SIGKILL and
+  power loss.
+- Two connections: the writer's, which holds ``BEGIN IMMEDIATE`` transactions under the in-process write
+  lock (and SQLite's own lock keeps writers in other processes out too), and a read-only one for the
+  store-level reads, which therefore see committed data only. ``":memory:"`` uses a single connection, and
+  its store-level reads wait for the write lock instead.
+- Delivery sequences are ``MAX(delivery) + 1`` inside the writer's transaction: gapless and in commit order.
+- The connections open lazily on first use, so ``create_sqlite_server_store`` needs no running event loop.
+- ``listen`` is a no-op: one server process owns a SQLite store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import sqlite3
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Any, ClassVar, Final
+
+import aiosqlite
+
+from offline.core.operations import Operation
+
+from . import _codec
+from .base import NotifyCallback, RecordKey, RecordRow, ServerStore, StoredOperation, StoreKind, StoreWriter
+
+__all__ = ["DEFAULT_SQLITE_FILENAME", "SQLiteServerStore", "create_sqlite_server_store"]
+
+log = logging.getLogger("offline.server.store")
+
+DEFAULT_SQLITE_FILENAME: Final = "./offline-server.db"
+_BUSY_TIMEOUT_MS: Final = 30_000
+# Host parameters per statement (SQLite's limit is at least 999 on every build that matters).
+_CHUNK: Final = 500
+
+_DDL: Final = (
+    """CREATE TABLE IF NOT EXISTS offline_operations (
+        delivery INTEGER PRIMARY KEY,
+        id TEXT UNIQUE NOT NULL,
+        node_id TEXT NOT NULL,
+        sequence_number INTEGER NOT NULL,
+        collection TEXT NOT NULL,
+        record_id TEXT NOT NULL,
+        wire TEXT NOT NULL,
+        scope TEXT
+    )""",
+    """CREATE INDEX IF NOT EXISTS offline_operations_node_sequence
+        ON offline_operations (node_id, sequence_number)""",
+    """CREATE TABLE IF NOT EXISTS offline_records (
+        collection TEXT NOT NULL,
+        record_id TEXT NOT NULL,
+        state TEXT NOT NULL,
+        record TEXT,
+        PRIMARY KEY (collection, record_id)
+    )""",
+    """CREATE TABLE IF NOT EXISTS offline_meta (
+        key TEXT PRIMARY KEY,
+        value TEXT NOT NULL
+    )""",
+)
+
+_STATS_SQL: Final = """
+    SELECT NULL, COUNT(*), COALESCE(MAX(delivery), 0) FROM offline_operations
+    UNION ALL
+    SELECT collection, COUNT(record), COUNT(*) - COUNT(record) FROM offline_records GROUP BY collection
+"""
+
+
+async def _exec(conn: aiosqlite.Connection, sql: str, params: Iterable[Any] = ()) -> None:
+    cursor = await conn.execute(sql, tuple(params))
+    await cursor.close()
+
+
+async def _operations_since(
+    conn: aiosqlite.Connection, after: int, limit: int | None
+) -> list[StoredOperation]:
+    rows = await conn.execute_fetchall(
+        "SELECT delivery, wire, scope FROM offline_operations WHERE delivery > ? ORDER BY delivery LIMIT ?",
+        (int(after), -1 if limit is None else max(int(limit), 0)),
+    )
+    return [_codec.stored_operation(d, w, s) for d, w, s in rows]
+
+
+async def _known_ids(conn: aiosqlite.Connection, ids: Iterable[str]) -> set[str]:
+    wanted = list(dict.fromkeys(ids))
+    found: set[str] = set()
+    for part in _codec.chunks(wanted, _CHUNK):
+        rows = await conn.execute_fetchall(
+            f"SELECT id FROM offline_operations WHERE id IN ({','.join('?' * len(part))})", part
+        )
+        found.update(row[0] for row in rows)
+    return found
+
+
+async def _load_rows(conn: aiosqlite.Connection, keys: Iterable[RecordKey]) -> dict[RecordKey, RecordRow]:
+    by_collection: dict[str, list[str]] = {}
+    for collection, record_id in dict.fromkeys(keys):
+        by_collection.setdefault(collection, []).append(record_id)
+    out: dict[RecordKey, RecordRow] = {}
+    for collection, record_ids in by_collection.items():
+        for part in _codec.chunks(record_ids, _CHUNK):
+            rows = await conn.execute_fetchall(
+                "SELECT record_id, state, record FROM offline_records"
+                f" WHERE collection = ? AND record_id IN ({','.join('?' * len(part))})",
+                (collection, *part),
+            )
+            for record_id, state, record in rows:
+                out[(collection, record_id)] = _codec.record_row(collection, record_id, state, record)
+    return out
+
+
+class SQLiteServerStore(ServerStore):
+    """The server store in a SQLite file (see the module docstring). Build with ``create_sqlite_server_store``."""
+
+    kind: ClassVar[StoreKind] = "sqlite"
+
+    def __init__(self, filename: str | os.PathLike[str] = DEFAULT_SQLITE_FILENAME) -> None:
+        super().__init__()
+        self.filename = os.fspath(filename)
+        self._shared = self.filename == ":memory:" or self.filename.startswith("file::memory:")
+        self._writer_conn: aiosqlite.Connection | None = None
+        self._reader_conn: aiosqlite.Connection | None = None
+        self._open_lock = asyncio.Lock()
+        self._write_lock = asyncio.Lock()
+
+    def __repr__(self) -> str:
+        return f"SQLiteServerStore({self.filename!r})"
+
+    @contextlib.contextmanager
+    def _errors(self, action: str) -> Iterator[None]:
+        try:
+            yield
+        except (sqlite3.Error, OSError, ValueError) as exc:
+            # aiosqlite raises ValueError for a connection that was closed underneath it.
+            raise _codec.storage_error(self.kind, action, exc) from exc
+
+    # ------------------------------------------------------------------------------------------ lifecycle
+
+    async def _prepare(self) -> None:
+        self._check_open()
+        if self._writer_conn is not None:
+            return
+        async with self._open_lock:
+            self._check_open()
+            if self._writer_conn is not None:
+                return
+            opened: list[aiosqlite.Connection] = []
+            try:
+                with self._errors(f"opening {self.filename}"):
+                    directory = os.path.dirname(self.filename)
+                    if directory and not self._shared and not self.filename.startswith("file:"):
+                        os.makedirs(directory, exist_ok=True)
+                    uri = self.filename.startswith("file:")
+                    writer = await aiosqlite.connect(self.filename, isolation_level=None, uri=uri)
+                    opened.append(writer)
+                    await self._configure(writer, write=True)
+                    await _exec(writer, "BEGIN IMMEDIATE")
+                    for statement in _DDL:
+                        await _exec(writer, statement)
+                    await _exec(writer, "COMMIT")
+                    if self._shared:
+                        reader = writer
+                    else:
+                        reader = await aiosqlite.connect(self.filename, isolation_level=None, uri=uri)
+                        opened.append(reader)
+                        await self._configure(reader, write=False)
+            except BaseException:
+                for conn in opened:
+                    with contextlib.suppress(Exception):
+                        await conn.close()
+                raise
+            self._reader_conn = reader
+            self._writer_conn = writer
+
+    async def _configure(self, conn: aiosqlite.Connection, *, write: bool) -> None:
+        await _exec(conn, f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}")
+        if write:
+            rows = list(await conn.execute_fetchall("PRAGMA journal_mode = WAL"))
+            mode = str(rows[0][0]).lower() if rows else "?"
+            if mode != "wal" and not self._shared:
+                log.warning("SQLite store %s: journal_mode is %s, not WAL", self.filename, mode)
+            # FULL: in WAL mode every commit is fsynced, so an acknowledged operation survives power loss.
+            await _exec(conn, "PRAGMA synchronous = FULL")
+        else:
+            await _exec(conn, "PRAGMA synchronous = FULL")
+            await _exec(conn, "PRAGMA query_only = ON")
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        # Let a writer in progress finish (commit or roll back) before its connection goes away.
+        async with self._write_lock, self._open_lock:
+            connections = {id(c): c for c in (self._reader_conn, self._writer_conn) if c is not None}
+            self._reader_conn = self._writer_conn = None
+            for conn in connections.values():
+                try:
+                    await conn.close()
+                except Exception:  # pragma: no cover - closing is best effort
+                    log.exception("closing SQLite store %s", self.filename)
+
+    # -------------------------------------------------------------------------------------------- writing
+
+    def writer(self) -> AbstractAsyncContextManager[StoreWriter]:
+        return self._writer()
+
+    @asynccontextmanager
+    async def _writer(self) -> AsyncIterator[StoreWriter]:
+        await self._prepare()
+        async with self._write_lock:
+            self._check_open()
+            conn = self._writer_conn
+            assert conn is not None
+            with self._errors("beginning a write transaction"):
+                if conn.in_transaction:  # left open by a writer cancelled mid-rollback
+                    await _exec(conn, "ROLLBACK")
+                await _exec(conn, "BEGIN IMMEDIATE")
+            writer = _SQLiteWriter(self, conn)
+            try:
+                yield writer
+                writer.active = False
+                with self._errors("committing"):
+                    await _exec(conn, "COMMIT")
+            except BaseException:
+                writer.active = False
+                if conn.in_transaction:
+                    try:
+                        await _exec(conn, "ROLLBACK")
+                    except Exception:
+                        log.exception("rolling back a write transaction of SQLite store %s", self.filename)
+                raise
+
+    # -------------------------------------------------------------------------------------------- reading
+
+    @asynccontextmanager
+    async def _reading(self, action: str) -> AsyncIterator[aiosqlite.Connection]:
+        await self._prepare()
+        conn = self._reader_conn
+        assert conn is not None
+        with self._errors(action):
+            if self._shared:
+                # One connection: wait until no writer's uncommitted data is visible on it.
+                async with self._write_lock:
+                    self._check_open()
+                    yield conn
+            else:
+                yield conn
+
+    async def get_meta(self, key: str) -> str | None:
+        _codec.check_meta(key)
+        async with self._reading("reading meta") as conn:
+            rows = list(await conn.execute_fetchall("SELECT value FROM offline_meta WHERE key = ?", (key,)))
+        return str(rows[0][0]) if rows else None
+
+    async def operations_since(self, after: int, limit: int | None = None) -> list[StoredOperation]:
+        async with self._reading("reading operations") as conn:
+            return await _operations_since(conn, after, limit)
+
+    async def max_delivery(self) -> int:
+        async with self._reading("reading the max delivery") as conn:
+            rows = list(
+                await conn.execute_fetchall("SELECT COALESCE(MAX(delivery), 0) FROM offline_operations")
+            )
+        return int(rows[0][0])
+
+    async def load_all_rows(self) -> AsyncIterator[RecordRow]:
+        last: RecordKey | None = None
+        while True:
+            async with self._reading("reading records") as conn:
+                if last is None:
+                    rows = list(
+                        await conn.execute_fetchall(
+                            "SELECT collection, record_id, state, record FROM offline_records"
+                            " ORDER BY collection, record_id LIMIT ?",
+                            (_codec.PAGE_SIZE,),
+                        )
+                    )
+                else:
+                    rows = list(
+                        await conn.execute_fetchall(
+                            "SELECT collection, record_id, state, record FROM offline_records"
+                            " WHERE (collection, record_id) > (?, ?) ORDER BY collection, record_id LIMIT ?",
+                            (*last, _codec.PAGE_SIZE),
+                        )
+                    )
+            for collection, record_id, state, record in rows:
+                yield _codec.record_row(collection, record_id, state, record)
+            if len(rows) < _codec.PAGE_SIZE:
+                return
+            last = (rows[-1][0], rows[-1][1])
+
+    async def load_rows(self, keys: Iterable[RecordKey]) -> dict[RecordKey, RecordRow]:
+        async with self._reading("reading records") as conn:
+            return await _load_rows(conn, keys)
+
+    async def version_vector(self) -> dict[str, int]:
+        async with self._reading("reading the version vector") as conn:
+            rows = await conn.execute_fetchall(
+                "SELECT node_id, MAX(sequence_number) FROM offline_operations GROUP BY node_id"
+            )
+        return {str(node): int(seq) for node, seq in rows}
+
+    async def stats(self) -> dict[str, Any]:
+        async with self._reading("reading statistics") as conn:
+            rows = list(await conn.execute_fetchall(_STATS_SQL))
+        return _codec.stats_from_rows(self.kind, rows)
+
+    async def export_operations(self) -> AsyncIterator[StoredOperation]:
+        after = 0
+        while True:
+            async with self._reading("reading operations") as conn:
+                page = await _operations_since(conn, after, _codec.PAGE_SIZE)
+            for op in page:
+                yield op
+            if len(page) < _codec.PAGE_SIZE:
+                return
+            after = page[-1].delivery
+
+    async def listen(self, callback: NotifyCallback) -> None:
+        self._check_open()
+
+
+class _SQLiteWriter(StoreWriter):
+    def __init__(self, store: SQLiteServerStore, conn: aiosqlite.Connection) -> None:
+        self.store = store
+        self.conn = conn
+        self.active = True
+
+    def _check(self) -> None:
+        self.store._check_open()
+        if not self.active:
+            raise RuntimeError("a store writer is only valid inside its 'async with' block")
+
+    async def operations_since(self, after: int, limit: int | None = None) -> list[StoredOperation]:
+        self._check()
+        with self.store._errors("reading operations"):
+            return await _operations_since(self.conn, after, limit)
+
+    async def known_ids(self, ids: Iterable[str]) -> set[str]:
+        self._check()
+        with self.store._errors("reading operation ids"):
+            return await _known_ids(self.conn, ids)
+
+    async def load_rows(self, keys: Iterable[RecordKey]) -> dict[RecordKey, RecordRow]:
+        self._check()
+        with self.store._errors("reading records"):
+            return await _load_rows(self.conn, keys)
+
+    async def append(self, ops: Sequence[tuple[Operation, Mapping[str, Any] | None]]) -> list[int | None]:
+        self._check()
+        _codec.check_appends(ops)
+        if not ops:
+            return []
+        with self.store._errors("appending operations"):
+            seen = await _known_ids(self.conn, (op.id for op, _ in ops))
+            rows = list(
+                await self.conn.execute_fetchall("SELECT COALESCE(MAX(delivery), 0) FROM offline_operations")
+            )
+            delivery = int(rows[0][0])
+            result: list[int | None] = []
+            values: list[tuple[Any, ...]] = []
+            for op, scope in ops:
+                if op.id in seen:
+                    result.append(None)
+                    continue
+                seen.add(op.id)
+                delivery += 1
+                result.append(delivery)
+                values.append(
+                    (
+                        delivery,
+                        op.id,
+                        op.node_id,
+                        op.sequence_number,
+                        op.collection,
+                        op.record_id,
+                        _codec.encode_operation(op),
+                        _codec.encode_optional(scope),
+                    )
+                )
+            if values:
+                cursor = await self.conn.executemany(
+                    "INSERT INTO offline_operations"
+                    " (delivery, id, node_id, sequence_number, collection, record_id, wire, scope)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    values,
+                )
+                await cursor.close()
+        return result
+
+    async def save_rows(self, rows: Iterable[RecordRow]) -> None:
+        self._check()
+        values = [
+            (row.collection, row.record_id, row.state.to_json(), _codec.encode_optional(row.record))
+            for row in _codec.check_rows(rows)
+        ]
+        if not values:
+            return
+        with self.store._errors("saving records"):
+            cursor = await self.conn.executemany(
+                "INSERT INTO offline_records (collection, record_id, state, record) VALUES (?, ?, ?, ?)"
+                " ON CONFLICT (collection, record_id) DO UPDATE SET state = excluded.state, record = excluded.record",
+                values,
+            )
+            await cursor.close()
+
+    async def set_meta(self, key: str, value: str) -> None:
+        self._check()
+        _codec.check_meta(key, value)
+        with self.store._errors("writing meta"):
+            await _exec(
+                self.conn,
+                "INSERT INTO offline_meta (key, value) VALUES (?, ?)"
+                " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                (key, value),
+            )
+
+
+def create_sqlite_server_store(
+    filename: str | os.PathLike[str] = DEFAULT_SQLITE_FILENAME,
+) -> SQLiteServerStore:
+    """A server store in the SQLite file ``filename`` (created with its directory if missing).
+
+    Synchronous: the file is opened on first use (normally ``await store.set_schema(schema)``).
+    """
+    return SQLiteServerStore(filename)

@@ -1,0 +1,508 @@
+"""The server's sync core: sessions, the write pipeline and relay (DESIGN.md section 4).
+
+Write pipeline, per client batch, under the store's exclusive writer (one writer per database, across
+processes for PostgreSQL): catch up on other processes' commits; then judge each operation in order —
+well formed, id equals content hash, collection and field types, schema version, clock drift, size, scope,
+state machine, Tier 2 constraints and relations — apply the accepted ones with the same merge engine as the
+clients, add the server's own resolution operations, store everything durably, and only then acknowledge.
+Relay reads the committed log (delivery order = commit order) and filters it by each session's scope.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from offline.core.errors import OfflineError
+from offline.core.fields import validate_field_value
+from offline.core.hlc import MAX_DRIFT_MS, HybridLogicalClock
+from offline.core.operations import Operation, create_operation
+from offline.core.schema import SchemaDefinition
+from offline.core.scopes import (
+    build_scope_map,
+    extract_scope_values_from_claims,
+    participating_collections,
+)
+from offline.core.uuid7 import generate_uuid_v7
+from offline.core.version_vector import topological_sort
+from offline.merge.constraints import Action, check_delete, check_write
+from offline.merge.engine import MergeEngine
+from offline.merge.relations import plan_delete
+from offline.sync import protocol as p
+
+from .records import RecordCache, StagedView
+from .stores.base import RecordRow, ServerStore, StoredOperation
+
+log = logging.getLogger("offline.server.sync")
+
+AuthProvider = Callable[[str | None], Awaitable[Mapping[str, Any] | None] | Mapping[str, Any] | None]
+
+
+@dataclass(slots=True)
+class Refusal:
+    code: str
+    message: str
+    retriable: bool = False
+
+
+@dataclass(slots=True, eq=False)  # identity equality: sessions live in a set
+class Session:
+    node_id: str
+    filters: dict[str, dict[str, Any]]  # collection -> record filter; absent collection = not visible
+    claims: Mapping[str, Any] | None
+    send: Callable[[str], Awaitable[None]]
+    cursor: int = 0
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    received: int = 0
+    rejected: int = 0
+    connected_at: float = field(default_factory=time.time)
+
+    def matches(self, collection: str, values: Mapping[str, Any] | None) -> bool:
+        filt = self.filters.get(collection)
+        if filt is None:
+            return False
+        values = values or {}
+        return all(values.get(k) == v for k, v in filt.items())
+
+
+@dataclass(slots=True)
+class SyncLimits:
+    batch_size: int = 500
+    max_message_bytes: int = p.MAX_MESSAGE_BYTES
+    max_batch_operations: int = p.MAX_BATCH_OPERATIONS
+    max_operation_bytes: int = p.MAX_OPERATION_BYTES
+    handshake_timeout: float = 15.0
+    max_protocol_errors: int = 20
+    recent_operations: int = 20_000
+
+
+class SyncService:
+    """Owns the record cache, the write pipeline and every connected session of one server process."""
+
+    def __init__(
+        self,
+        store: ServerStore,
+        *,
+        auth: Any = None,
+        limits: SyncLimits | None = None,
+        now: Callable[[], int] | None = None,
+    ) -> None:
+        self.store = store
+        self.auth = auth
+        self.limits = limits or SyncLimits()
+        self._now = now or (lambda: time.time_ns() // 1_000_000)
+        self.sessions: set[Session] = set()
+        self.started = False
+        self._lock = asyncio.Lock()
+        self._recent: deque[StoredOperation] = deque(maxlen=self.limits.recent_operations)
+        self.watermark = 0
+        self.counters: dict[str, int] = {
+            "received": 0,
+            "accepted": 0,
+            "duplicates": 0,
+            "sent": 0,
+            "server_ops": 0,
+        }
+        self.rejections: dict[str, int] = {}
+        self.conflicts: dict[str, int] = {}
+        self.listeners: list[Callable[[str, dict[str, Any]], None]] = []
+
+    # -- lifecycle ------------------------------------------------------------------------------------------
+
+    @property
+    def schema(self) -> SchemaDefinition:
+        schema = getattr(self.store, "schema", None)
+        if schema is None:
+            raise OfflineError(
+                "the server store has no schema; call `await store.set_schema(schema)` before starting",
+                "SYNC_ERROR",
+                {"field": "schema"},
+            )
+        return schema  # type: ignore[no-any-return]
+
+    async def start(self) -> None:
+        if self.started:
+            return
+        schema = self.schema
+        node_id = await self.store.get_meta("server_node_id")
+        if node_id is None:
+            node_id = generate_uuid_v7()
+            await self.store.set_meta("server_node_id", node_id)
+        self.node_id: str = node_id
+        self.clock = HybridLogicalClock(node_id, now=self._now)
+        self.engine = MergeEngine(schema, authoritative_nodes=(node_id,))
+        self.cache = RecordCache(schema)
+        async for row in self.store.load_all_rows():
+            self.cache.put(row)
+        self.watermark = await self.store.max_delivery()
+        self._seq = (await self.store.version_vector()).get(node_id, 0)
+        self.participating = participating_collections(schema)
+        self.scope_fields: dict[str, tuple[str, ...]] = {}
+        for name, where in _bindings(schema).items():
+            self.scope_fields[name] = tuple(where)
+        min_version = min(schema.migrations) - 1 if schema.migrations else schema.version
+        self.supported_schema = (max(1, min_version), schema.version)
+        await self.store.listen(self._on_remote_commit)
+        self.started = True
+
+    async def stop(self) -> None:
+        self.started = False
+        for session in list(self.sessions):
+            session.wake.set()
+
+    def emit(self, kind: str, payload: dict[str, Any]) -> None:
+        for listener in list(self.listeners):
+            try:
+                listener(kind, payload)
+            except Exception:
+                log.exception("sync listener failed")
+
+    # -- other processes ----------------------------------------------------------------------------------------
+
+    async def _on_remote_commit(self, max_delivery: int) -> None:
+        if max_delivery <= self.watermark:
+            return
+        async with self._lock:
+            await self._catch_up(self.store)
+        self._wake_sessions()
+
+    async def _catch_up(self, reader: Any) -> None:
+        """Fold in operations other processes committed since our watermark (their rows are stored)."""
+        missed: list[StoredOperation] = await reader.operations_since(self.watermark)
+        if not missed:
+            return
+        keys = list(dict.fromkeys((s.operation.collection, s.operation.record_id) for s in missed))
+        rows = await reader.load_rows(keys)
+        for row in rows.values():
+            self.cache.put(row)
+        for stored in missed:
+            self._recent.append(stored)
+        self.watermark = max(self.watermark, missed[-1].delivery)
+        for stored in missed:
+            if stored.operation.node_id == self.node_id:
+                self._seq = max(self._seq, stored.operation.sequence_number)
+
+    # -- scope ------------------------------------------------------------------------------------------------------
+
+    async def authenticate(self, token: str | None) -> Mapping[str, Any] | None:
+        """Claims of a valid token; None when the server has no auth provider. Raises on a bad token."""
+        if self.auth is None:
+            return None
+        verify = getattr(self.auth, "authenticate", self.auth)
+        claims = verify(token)
+        if asyncio.iscoroutine(claims):
+            claims = await claims
+        if claims is None:
+            raise OfflineError("authentication failed", p.AUTH_FAILED, {})
+        return dict(claims)
+
+    def resolve_scope(
+        self, claims: Mapping[str, Any] | None, requested: Mapping[str, Any] | None
+    ) -> dict[str, dict[str, Any]]:
+        """Per collection, the filter a session gets: claims win; a client may narrow, never widen."""
+        schema = self.schema
+        bindings = _bindings(schema)
+        requested = requested or {}
+        out: dict[str, dict[str, Any]] = {}
+        values = extract_scope_values_from_claims(schema, claims) if claims is not None else None
+        granted = build_scope_map(schema, values) if values is not None else {}
+        for name in self.participating:
+            where = bindings.get(name)
+            asked = requested.get(name) if isinstance(requested.get(name), Mapping) else {}
+            if claims is not None and where:
+                filt = dict(granted.get(name, {}))
+                if len(filt) < len(where):
+                    continue  # the claims lack a scope value this collection needs: nothing is visible
+            else:
+                filt = {}
+            for key, value in (asked or {}).items():
+                if key not in filt:  # narrowing on a field the grant leaves open
+                    filt[key] = value
+            out[name] = filt
+        return out
+
+    def _scope_snapshot(self, collection: str, record: Mapping[str, Any] | None) -> dict[str, Any] | None:
+        fields = self.scope_fields.get(collection)
+        if not fields:
+            return None
+        record = record or {}
+        return {f: record.get(f) for f in fields}
+
+    # -- the write pipeline ------------------------------------------------------------------------------------
+
+    async def commit(
+        self, session: Session | None, raw_ops: list[Operation]
+    ) -> dict[str, Refusal | int | None]:
+        """Judge, apply and store ``raw_ops``; returns op id -> delivery (new), None (duplicate) or Refusal."""
+        results: dict[str, Refusal | int | None] = {}
+        if not raw_ops:
+            return results
+        self.counters["received"] += len(raw_ops)
+        async with self._lock, self.store.writer() as writer:
+            await self._catch_up(writer)
+            known = await writer.known_ids([op.id for op in raw_ops])
+            view = StagedView(self.cache)
+            accepted: list[tuple[Operation, dict[str, Any] | None]] = []
+            deleted: list[tuple[str, str, dict[str, Any]]] = []
+            for op in topological_sort(raw_ops):
+                if op.id in known or op.id in results:
+                    results.setdefault(op.id, None)
+                    continue
+                refusal, actions = self._judge(session, op, view)
+                if refusal is not None:
+                    results[op.id] = refusal
+                    continue
+                before = view.record(op.collection, op.record_id)
+                self._apply(view, op)
+                after = view.record(op.collection, op.record_id)
+                accepted.append(
+                    (op, self._scope_snapshot(op.collection, after if after is not None else before))
+                )
+                results[op.id] = 0
+                for action in actions:  # Tier 2: the server writes the losers' side as its own operations
+                    accepted.append(self._server_write(view, action))
+                if op.type == "delete" and before is not None:
+                    deleted.append((op.collection, op.record_id, before))
+            # Side effects the deleting client could not see: children it did not hold, references to clear.
+            for collection, record_id, before in deleted:
+                if view.record(collection, record_id) is not None:
+                    continue  # revived by a newer write in the same batch
+                actions = [
+                    *plan_delete(view, collection, record_id),
+                    *check_delete(view, collection, before).actions,
+                ]
+                for action in actions:
+                    accepted.append(self._server_write(view, action))
+            if accepted:
+                sequences = await writer.append(accepted)
+                await writer.save_rows(list(view.rows.values()))
+            else:
+                sequences = []
+        # Committed: publish to the cache, the relay and the caller.
+        for row in view.rows.values():
+            self.cache.put(row)
+        stored: list[StoredOperation] = []
+        for (op, snapshot), delivery in zip(accepted, sequences, strict=True):
+            if delivery is None:
+                results[op.id] = None
+                continue
+            if op.id in results:
+                results[op.id] = delivery
+            stored.append(StoredOperation(delivery, op, snapshot))
+        if stored:
+            self._recent.extend(stored)
+            self.watermark = max(self.watermark, stored[-1].delivery)
+        self.counters["accepted"] += sum(1 for v in results.values() if isinstance(v, int) and v)
+        self.counters["duplicates"] += sum(1 for v in results.values() if v is None)
+        for value in results.values():
+            if isinstance(value, Refusal):
+                self.rejections[value.code] = self.rejections.get(value.code, 0) + 1
+        for item in stored:
+            self.emit("operation", {"operation": item.operation.to_wire(), "delivery": item.delivery})
+        for op_id, value in results.items():
+            if isinstance(value, Refusal):
+                self.emit("rejected", {"operationId": op_id, "code": value.code, "message": value.message})
+        self._wake_sessions()
+        return results
+
+    def _apply(self, view: StagedView, op: Operation) -> None:
+        state = view.state(op.collection, op.record_id)
+        for conflict in self.engine.apply(state, op):
+            self.conflicts[conflict.strategy] = self.conflicts.get(conflict.strategy, 0) + 1
+            self.emit(
+                "conflict",
+                {
+                    "collection": op.collection,
+                    "recordId": op.record_id,
+                    "field": conflict.field,
+                    "strategy": conflict.strategy,
+                    "tier": conflict.tier,
+                    "output": conflict.output,
+                },
+            )
+        record = self.engine.materialize(op.collection, op.record_id, state)
+        view.put(RecordRow(op.collection, op.record_id, state, record))
+
+    def _server_write(self, view: StagedView, action: Action) -> tuple[Operation, dict[str, Any] | None]:
+        state = view.state(action.collection, action.record_id)
+        before = view.record(action.collection, action.record_id)
+        self._seq += 1
+        op = create_operation(
+            {
+                "node_id": self.node_id,
+                "type": action.type,
+                "collection": action.collection,
+                "record_id": action.record_id,
+                "data": action.changes if action.type != "delete" else None,
+                "previous_data": action.previous if action.type == "update" else None,
+                "timestamp": self.clock.now(),
+                "sequence_number": self._seq,
+                "causal_deps": state.heads(),
+                "schema_version": self.schema.version,
+            }
+        )
+        self._apply(view, op)
+        after = view.record(action.collection, action.record_id)
+        self.counters["server_ops"] += 1
+        return op, self._scope_snapshot(action.collection, after if after is not None else before)
+
+    def _judge(
+        self, session: Session | None, op: Operation, view: StagedView
+    ) -> tuple[Refusal | None, list[Action]]:
+        """Decide one operation; on acceptance also return the Tier 2 actions it implies."""
+        schema = self.schema
+        collection = schema.collections.get(op.collection)
+        if collection is None:
+            return Refusal(p.INVALID_OPERATION, f"unknown collection {op.collection!r}"), []
+        lo, hi = self.supported_schema
+        if not lo <= op.schema_version <= hi:
+            return Refusal(
+                p.INVALID_OPERATION,
+                f"schemaVersion {op.schema_version} is not supported (server accepts {lo} to {hi})",
+            ), []
+        fields = self.engine.op_fields(op) if op.type != "delete" else {}
+        if op.type != "delete":
+            raw_names = set(op.data or {})
+            upgraded = set(fields)
+            for name in raw_names - upgraded:
+                if op.schema_version == hi:
+                    return Refusal(p.INVALID_OPERATION, f"{op.collection} has no field {name!r}"), []
+            raw: Mapping[str, Any] = op.data or {}
+            for name in upgraded:
+                descriptor = collection.fields[name]
+                value = raw.get(name, fields[name])
+                if descriptor.type == "richtext":
+                    if value is not None and not isinstance(value, (bytes, str)):
+                        return Refusal(
+                            p.INVALID_OPERATION, f"{op.collection}.{name} must carry a rich text update"
+                        ), []
+                    continue
+                if descriptor.is_auto and op.type == "update":
+                    return Refusal(p.INVALID_OPERATION, f"{op.collection}.{name} is set automatically"), []
+                try:
+                    validate_field_value(op.collection, name, descriptor, value)
+                except OfflineError as exc:
+                    return Refusal(p.INVALID_OPERATION, exc.message), []
+        if op.timestamp.wall_time > self._now() + MAX_DRIFT_MS:
+            return Refusal(p.CLOCK_DRIFT, "the operation is stamped more than 5 minutes in the future"), []
+        before = view.record(op.collection, op.record_id)
+        if session is not None:
+            if op.collection not in session.filters:
+                return Refusal(p.SCOPE_VIOLATION, f"this session may not write to {op.collection!r}"), []
+            if before is not None and not session.matches(op.collection, before):
+                return Refusal(p.SCOPE_VIOLATION, "the record is outside this session's scope"), []
+        problem = self.engine.transition_problem(op)
+        if problem is not None and problem[3] == "reject":
+            name, source, allowed, _ = problem
+            return Refusal(
+                p.INVALID_TRANSITION,
+                f"{op.collection}.{name} cannot move from {source!r} (allowed: {allowed})",
+            ), []
+        # Try the write on a copy to see the record it would make.
+        trial = view.state(op.collection, op.record_id)
+        trial = type(trial).from_json(trial.to_json())
+        self.engine.apply(trial, op, want_conflicts=False)
+        after = self.engine.materialize(op.collection, op.record_id, trial)
+        if session is not None:
+            if after is not None and not session.matches(op.collection, after):
+                return Refusal(
+                    p.SCOPE_VIOLATION, "the write would put the record outside this session's scope"
+                ), []
+            if (
+                before is None
+                and after is None
+                and op.type != "delete"
+                and not session.matches(op.collection, fields)
+            ):
+                # A write to a record the server does not hold must carry in-scope values itself.
+                return Refusal(p.SCOPE_VIOLATION, "the written values are outside this session's scope"), []
+        try:
+            if op.type == "delete":
+                if before is not None:
+                    plan_delete(view, op.collection, op.record_id)  # raises for 'restrict'
+                    check_delete(view, op.collection, before)
+                return None, []
+            if after is not None:
+                return None, check_write(view, op.collection, after, before).actions
+        except OfflineError as exc:
+            return Refusal(p.CONSTRAINT_VIOLATION, exc.message), []
+        return None, []
+
+    # -- relay ----------------------------------------------------------------------------------------------------
+
+    def _wake_sessions(self) -> None:
+        for session in self.sessions:
+            session.wake.set()
+
+    async def read_since(self, cursor: int, limit: int) -> list[StoredOperation]:
+        recent = self._recent
+        if recent and recent[0].delivery <= cursor + 1:
+            out = [s for s in recent if s.delivery > cursor]
+            return out[:limit]
+        return await self.store.operations_since(cursor, limit)
+
+    async def relay(self, session: Session) -> None:
+        """Stream the committed log to one session from its cursor: catch-up batches, then live updates."""
+        limit = self.limits.batch_size
+        initial = True
+        index = 0
+        # The client detects lost batches by checking each batch starts where the last one it got ended;
+        # batches with nothing this session may see are skipped, so the base is what was last *sent*.
+        last_sent = session.cursor
+        while self.started:
+            session.wake.clear()
+            batch = await self.read_since(session.cursor, limit)
+            visible = [
+                s.operation.to_wire()
+                for s in batch
+                if s.operation.node_id != session.node_id and session.matches(s.operation.collection, s.scope)
+            ]
+            final = len(batch) < limit
+            if batch:
+                top = batch[-1].delivery
+                if visible or (initial and final):
+                    message = p.OperationBatch(
+                        message_id=p.new_message_id(),
+                        operations=tuple(visible),
+                        is_final=final,
+                        batch_index=index,
+                        base_delivery_sequence=last_sent,
+                        max_delivery_sequence=top,
+                    )
+                    await session.send(p.encode(message))
+                    self.counters["sent"] += len(visible)
+                    last_sent = top
+                    index += 1
+                session.cursor = top
+                if final:
+                    initial = False
+                continue
+            if initial:
+                message = p.OperationBatch(
+                    message_id=p.new_message_id(),
+                    operations=(),
+                    is_final=True,
+                    batch_index=index,
+                    base_delivery_sequence=last_sent,
+                    max_delivery_sequence=session.cursor,
+                )
+                await session.send(p.encode(message))
+                initial = False
+            await session.wake.wait()
+
+
+def _bindings(schema: SchemaDefinition) -> dict[str, dict[str, Any]]:
+    """Collection -> its scope bindings (record field -> True or scope key)."""
+    out: dict[str, dict[str, Any]] = {}
+    if schema.sync is not None:
+        for name, rule in schema.sync.items():
+            out[name] = dict(rule.where)
+    for name, coll in schema.collections.items():
+        if coll.scope and name not in out:
+            out[name] = dict(coll.scope)
+    return out

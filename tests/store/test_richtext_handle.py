@@ -1,0 +1,225 @@
+"""Rich text fields and `collection.richtext(id, field)` handles (SPEC 2.4, DESIGN.md section 2)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from offline import INVALID_OPERATION, OfflineError, create_app, define_schema, t
+from offline.store import App, RichTextHandle
+
+SCHEMA = define_schema(
+    {
+        "version": 1,
+        "collections": {
+            "docs": {"fields": {"title": t.string(), "notes": t.richtext(), "summary": t.richtext()}},
+        },
+    }
+)
+
+
+@pytest.fixture
+def path(tmp_path: Path) -> str:
+    return str(tmp_path / "app.db")
+
+
+@pytest.fixture
+def app(path: str) -> Iterator[App]:
+    application = create_app(SCHEMA, path=path)
+    yield application
+    application.close()
+
+
+@pytest.fixture
+def peer(tmp_path: Path) -> Iterator[App]:
+    application = create_app(SCHEMA, path=str(tmp_path / "peer.db"))
+    yield application
+    application.close()
+
+
+def test_richtext_starts_empty(app: App) -> None:
+    record = app.docs.insert({"title": "d"})
+    assert record["notes"] == ""
+    handle = app.docs.richtext(record["id"], "notes")
+    assert isinstance(handle, RichTextHandle)
+    assert str(handle) == ""
+    assert len(handle) == 0
+
+
+def test_insert_with_initial_text(app: App) -> None:
+    record = app.docs.insert({"title": "d", "notes": "hello"})
+    assert record["notes"] == "hello"
+    assert str(app.docs.richtext(record["id"], "notes")) == "hello"
+    assert app.docs.find_by_id(record["id"])["notes"] == "hello"
+    assert app.docs.where({}).first()["notes"] == "hello"
+
+
+def test_handle_insert_delete_and_str(app: App) -> None:
+    record = app.docs.insert({"title": "d"})
+    handle = app.docs.richtext(record["id"], "notes")
+    after = handle.insert(0, "world")
+    assert after["notes"] == "world"
+    handle.insert(0, "hello ")
+    handle.insert(len(handle), "!")
+    assert str(handle) == "hello world!"
+    assert app.docs.find_by_id(record["id"])["notes"] == "hello world!"
+    after = handle.delete(0, 6)
+    assert after["notes"] == "world!"
+    handle.delete(5, 1)
+    assert str(handle) == "world"
+    handle.insert(2, "--")
+    assert str(handle) == "wo--rld"
+    # Every edit is an update operation carrying the previous text.
+    ops = app.operations()
+    assert [o.type for o in ops] == ["insert"] + ["update"] * 6
+    assert dict(ops[-1].previous_data) == {"notes": "world"}
+    assert isinstance(dict(ops[-1].data)["notes"], bytes)
+
+
+def test_record_and_queries_show_current_text(app: App) -> None:
+    record = app.docs.insert({"title": "d"})
+    handle = app.docs.richtext(record["id"], "notes")
+    handle.insert(0, "abc")
+    assert app.docs.find_by_id(record["id"])["notes"] == "abc"
+    assert [r["notes"] for r in app.docs.where({"title": "d"}).fetch()] == ["abc"]
+    # The other rich text field is independent.
+    assert app.docs.find_by_id(record["id"])["summary"] == ""
+
+
+@pytest.mark.parametrize("text", ["héllo wörld ✓", "日本語のテキスト", "a😀b🎉c", "ascii only"])
+def test_indices_count_characters_whatever_the_text(app: App, text: str) -> None:
+    record = app.docs.insert({"title": "d"})
+    handle = app.docs.richtext(record["id"], "notes")
+    handle.insert(0, text)
+    assert str(handle) == text
+    assert len(handle) == len(text)
+    expected = text
+    for index, piece in [(3, "<X>"), (len(expected) + 3, "$"), (1, "é")]:
+        handle.insert(index, piece)
+        expected = expected[:index] + piece + expected[index:]
+        assert str(handle) == expected
+    for index, length in [(2, 3), (0, 1), (len(expected) - 6, 2)]:
+        handle.delete(index, length)
+        expected = expected[:index] + expected[index + length :]
+        assert str(handle) == expected
+    assert app.docs.find_by_id(record["id"])["notes"] == expected
+    # A non-ASCII text can be replaced as a whole, then edited again.
+    app.docs.update(record["id"], {"notes": "ünï"})
+    handle.insert(2, "-")
+    assert str(handle) == "ün-ï"
+
+
+def test_initial_non_ascii_text_then_edit(app: App) -> None:
+    record = app.docs.insert({"title": "d", "notes": "ça va"})
+    handle = app.docs.richtext(record["id"], "notes")
+    handle.insert(2, "!")
+    handle.delete(0, 1)
+    assert str(handle) == "a! va"
+
+
+@pytest.mark.parametrize("index", [-1, 4, 100])
+def test_insert_out_of_bounds(app: App, index: int) -> None:
+    record = app.docs.insert({"title": "d", "notes": "abc"})
+    handle = app.docs.richtext(record["id"], "notes")
+    with pytest.raises(OfflineError) as info:
+        handle.insert(index, "x")
+    assert info.value.code == INVALID_OPERATION
+    assert info.value.context is not None and info.value.context["field"] == "notes"
+    assert str(handle) == "abc"
+    assert len(app.operations()) == 1
+
+
+@pytest.mark.parametrize(("index", "length"), [(-1, 1), (0, 4), (2, 2), (3, 1), (0, -1)])
+def test_delete_out_of_bounds(app: App, index: int, length: int) -> None:
+    record = app.docs.insert({"title": "d", "notes": "abc"})
+    handle = app.docs.richtext(record["id"], "notes")
+    with pytest.raises(OfflineError) as info:
+        handle.delete(index, length)
+    assert info.value.code == INVALID_OPERATION
+    assert str(handle) == "abc"
+    assert len(app.operations()) == 1
+
+
+def test_empty_edits_create_no_operation(app: App) -> None:
+    record = app.docs.insert({"title": "d", "notes": "abc"})
+    handle = app.docs.richtext(record["id"], "notes")
+    handle.insert(1, "")
+    handle.delete(1, 0)
+    assert str(handle) == "abc"
+    assert len(app.operations()) == 1
+
+
+def test_insert_takes_a_string(app: App) -> None:
+    record = app.docs.insert({"title": "d"})
+    with pytest.raises(OfflineError) as info:
+        app.docs.richtext(record["id"], "notes").insert(0, 5)  # type: ignore[arg-type]
+    assert info.value.code == INVALID_OPERATION
+
+
+def test_handle_on_a_missing_record(app: App) -> None:
+    handle = app.docs.richtext("missing", "notes")
+    assert str(handle) == ""
+    with pytest.raises(OfflineError) as info:
+        handle.insert(0, "x")
+    assert info.value.code == INVALID_OPERATION
+    assert info.value.context is not None and info.value.context["reason"] == "NOT_FOUND"
+
+
+@pytest.mark.parametrize("field", ["title", "missing"])
+def test_handle_only_for_richtext_fields(app: App, field: str) -> None:
+    record = app.docs.insert({"title": "d"})
+    with pytest.raises(OfflineError) as info:
+        app.docs.richtext(record["id"], field)
+    assert info.value.code == INVALID_OPERATION
+    assert info.value.context is not None and info.value.context["field"] == field
+
+
+def test_replace_whole_text_with_update(app: App) -> None:
+    record = app.docs.insert({"title": "d", "notes": "old text"})
+    handle = app.docs.richtext(record["id"], "notes")
+    handle.insert(0, ">> ")
+    updated = app.docs.update(record["id"], {"notes": "new"})
+    assert updated["notes"] == "new"
+    assert str(handle) == "new"
+    assert dict(app.operations()[-1].previous_data) == {"notes": ">> old text"}
+    # Clearing it, and editing after a replace.
+    handle.insert(3, "er")
+    assert str(handle) == "newer"
+    assert app.docs.update(record["id"], {"notes": ""})["notes"] == ""
+    assert app.docs.update(record["id"], {"notes": None})["notes"] == ""
+    # Setting the same text again is a no-op.
+    app.docs.update(record["id"], {"notes": "x"})
+    count = len(app.operations())
+    app.docs.update(record["id"], {"notes": "x"})
+    assert len(app.operations()) == count
+
+
+def test_text_survives_restart(path: str) -> None:
+    with create_app(SCHEMA, path=path) as app:
+        record = app.docs.insert({"title": "d", "notes": "hello"})
+        handle = app.docs.richtext(record["id"], "notes")
+        handle.insert(5, " world")
+        app.docs.richtext(record["id"], "summary").insert(0, "sum")
+    with create_app(SCHEMA, path=path) as app:
+        handle = app.docs.richtext(record["id"], "notes")
+        assert str(handle) == "hello world"
+        assert app.docs.find_by_id(record["id"])["summary"] == "sum"
+        # Editing continues from the stored document.
+        handle.delete(0, 6)
+        handle.insert(5, "!")
+        assert str(handle) == "world!"
+    with create_app(SCHEMA, path=path) as app:
+        assert app.docs.find_by_id(record["id"])["notes"] == "world!"
+
+
+def test_concurrent_edits_merge(app: App, peer: App) -> None:
+    record = app.docs.insert({"title": "d", "notes": "middle"})
+    peer.apply(app.operations())
+    app.docs.richtext(record["id"], "notes").insert(0, "start ")
+    peer.docs.richtext(record["id"], "notes").insert(6, " end")
+    app.apply(peer.operations(after=app.version_vector))
+    peer.apply(app.operations(after=peer.version_vector))
+    assert app.docs.find_by_id(record["id"])["notes"] == "start middle end"
+    assert peer.docs.find_by_id(record["id"])["notes"] == "start middle end"
