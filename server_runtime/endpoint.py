@@ -176,7 +176,7 @@ async def sync_endpoint(websocket: WebSocket, service: SyncService) -> None:
 
 
 async def _receive_operations(
-    service: SyncService, session: Session, message_id: str, raw: list[object]
+    service: SyncService, session: Session, message_id: str, raw: Sequence[object]
 ) -> None:
     refused: dict[str, Refusal] = {}
     ops = []

@@ -587,7 +587,8 @@ def test_duplicate_keys() -> None:
 def test_from_dict() -> None:
     for type_, message in FULL.items():
         assert from_dict(message.to_dict()) == message, type_
-    for bad in (None, [], "x", 1):
+    bads: tuple[Any, ...] = (None, [], "x", 1)
+    for bad in bads:
         with pytest.raises(ProtocolError):
             from_dict(bad)
     d = FULL["handshake"].to_dict()
