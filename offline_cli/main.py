@@ -19,6 +19,12 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "offline_cli.commands.schema:schema",
         "Check a schema file and print its protobuf definitions.",
     ),
+    "dev": (
+        "offline_cli.commands.dev:dev",
+        "Run the project's sync server locally on SQLite, reloading on change.",
+    ),
+    "status": ("offline_cli.commands.remote:status", "Show a running server's status."),
+    "logs": ("offline_cli.commands.remote:logs", "Stream a running server's logs and events."),
 }
 
 
@@ -55,8 +61,10 @@ class LazyGroup(click.Group):
     context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
     epilog="""\b
 Examples:
+  offline dev                             serve ./server.py (or a demo) on http://127.0.0.1:3001
+  offline status --url http://localhost:3001 --token "$OFFLINE_ADMIN_TOKEN"
+  offline logs --url http://localhost:3001 --no-follow
   offline schema check schema.py          validate a schema, print collections and .proto
-  offline schema check schema.py --json   the same as JSON, for scripts
   offline --version
 """,
 )

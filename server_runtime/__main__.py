@@ -39,6 +39,11 @@ async def _main(argv: list[str]) -> int:
             loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     await server.stop()
+    # The process owns the store: close it, or aiosqlite's non-daemon worker threads keep the interpreter
+    # alive after SIGTERM (the process never exits).
+    store = getattr(server, "store", None)
+    if store is not None:
+        await store.close()
     return 0
 
 

@@ -148,6 +148,8 @@ async def sync_endpoint(websocket: WebSocket, service: SyncService) -> None:
                 await _receive_operations(service, session, message.message_id, raw)
             elif isinstance(message, p.Acknowledgment):
                 continue  # the client persists its own watermark; nothing to do here
+            elif isinstance(message, p.Handshake) and message.message_id == hello.message_id:
+                continue  # the same handshake delivered twice: a duplicate is ignored, never fatal
             else:
                 errors += 1
                 await send(

@@ -55,12 +55,19 @@ class ProductionServer:
             limits=limits if isinstance(limits, SyncLimits) else SyncLimits(**(limits or {})),
         )
         self.started_at = time.time()
+        self.version = VERSION
         self._server: Any = None
         self._task: asyncio.Task[None] | None = None
         self.url: str | None = None
         self.app = self._build_app()
 
     def _build_app(self) -> Starlette:
+        from . import dashboard
+        from .operational import Operational
+        from .static import spa_static
+
+        ops = self.operational = Operational(self)
+
         async def health(request: Request) -> JSONResponse:
             return JSONResponse(
                 {"status": "ok", "version": VERSION, "uptime": round(time.time() - self.started_at, 3)}
@@ -69,15 +76,38 @@ class ProductionServer:
         async def sync(websocket: WebSocket) -> None:
             await sync_endpoint(websocket, self.sync)
 
+        def bind(handler: Any) -> Any:
+            async def endpoint(request: Request) -> Any:
+                return await handler(request, ops)
+
+            return endpoint
+
         @contextlib.asynccontextmanager
         async def lifespan(app: Starlette) -> Any:
             await self.sync.start()
+            ops.install()
             try:
                 yield
             finally:
+                ops.uninstall()
                 await self.sync.stop()
 
-        routes: list[Any] = [Route("/health", health), WebSocketRoute(self.sync_path, sync)]
+        routes: list[Any] = [
+            Route("/health", health),
+            WebSocketRoute(self.sync_path, sync),
+            Route("/__offline/status", ops.status_endpoint),
+            Route("/__offline/metrics", ops.metrics_endpoint),
+            Route("/__offline/events", ops.events_endpoint),
+            Route("/__offline/backup/export", ops.backup_export, methods=["POST"]),
+            Route("/__offline/backup/import", ops.backup_import, methods=["POST"]),
+            Route("/__offline/login", bind(dashboard.login_page), methods=["GET"]),
+            Route("/__offline/login", bind(dashboard.login_submit), methods=["POST"]),
+            Route("/__offline/logout", bind(dashboard.logout), methods=["POST", "GET"]),
+            Route("/__offline", bind(dashboard.dashboard)),
+            Route("/__offline/", bind(dashboard.dashboard)),
+        ]
+        if self.static_dir:
+            routes.append(spa_static(self.static_dir))
         return Starlette(routes=routes, lifespan=lifespan)
 
     async def start(self) -> str:
@@ -85,6 +115,7 @@ class ProductionServer:
         import uvicorn
 
         await self.sync.start()
+        self.operational.install()
         sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((self.host, self.port))
@@ -96,8 +127,9 @@ class ProductionServer:
             ws_max_size=self.sync.limits.max_message_bytes + 1024,
             ws_ping_interval=20.0,
             ws_ping_timeout=20.0,
+            timeout_graceful_shutdown=5,
         )
-        self._server = uvicorn.Server(config)
+        self._server = _EmbeddedServer(config)
         self._task = asyncio.create_task(self._server.serve(sockets=[sock]), name="offline-server")
         while not self._server.started:
             if self._task.done():
@@ -108,6 +140,7 @@ class ProductionServer:
         return self.url
 
     async def stop(self) -> None:
+        self.operational.uninstall()
         await self.sync.stop()
         if self._server is not None:
             self._server.should_exit = True
@@ -120,6 +153,23 @@ class ProductionServer:
         await self.start()
         assert self._task is not None
         await self._task
+
+
+def _embedded_server_class() -> Any:
+    import uvicorn
+
+    class EmbeddedServer(uvicorn.Server):
+        """uvicorn without its signal handlers: the embedding program (or our __main__) owns the signals."""
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Any:
+            yield
+
+    return EmbeddedServer
+
+
+def _EmbeddedServer(config: Any) -> Any:
+    return _embedded_server_class()(config)
 
 
 def create_production_server(

@@ -38,7 +38,7 @@ from offline.core.state_machine import (
 )
 
 from . import richtext
-from .values import OpKey, element_key, fraction_to_number, normalize, op_key
+from .values import OpKey, element_key, fits, fraction_to_number, normalize, op_key
 
 log = logging.getLogger("offline.merge")
 
@@ -198,10 +198,19 @@ class MergeEngine:
             descriptor = plan.fields.get(name)
             if descriptor is None:
                 continue
-            if descriptor.type == "richtext":
+            value = thaw(value)
+            if value is None:
+                if which == "data" and descriptor.required and descriptor.type != "richtext":
+                    continue  # a required field cannot be cleared (the local store refuses it too)
+                out[name] = None
+            elif not fits(descriptor, value):
+                # A value of the wrong type (a buggy or hostile peer) is ignored, the same way on every
+                # replica, instead of corrupting the record or making the fold raise.
+                continue
+            elif descriptor.type == "richtext":
                 out[name] = value
             else:
-                out[name] = normalize(descriptor, thaw(value))
+                out[name] = normalize(descriptor, value)
         return out
 
     def transition_problem(self, op: Operation) -> tuple[str, str, list[str], str] | None:

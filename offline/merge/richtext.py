@@ -9,6 +9,7 @@ build of pycrdt can still run every other field type).
 from __future__ import annotations
 
 import base64
+import hashlib
 from typing import Any
 
 from offline.core.errors import OfflineError
@@ -52,8 +53,15 @@ def merge_update(state: str | None, update: Any) -> str:
     on stays in it as pending structs instead of being lost, so the text is the same in any delivery order.
     """
     if isinstance(update, str):
-        update = initial_update(update)
+        # Every replica must turn the same text into the same update, or concurrent texts would be
+        # ordered by a random Yjs client id (different on each replica): derive the client id from the text.
+        update = initial_update(update, client_id=_text_client_id(update))
     if not update:
+        return state or ""
+    try:
+        _pycrdt().get_state(bytes(update))
+    except ValueError:
+        # Not a Yjs update (a buggy or hostile peer): ignored alike everywhere instead of wedging the record.
         return state or ""
     current = decode_state(state)
     merged = _pycrdt().merge_updates(current, bytes(update)) if current else bytes(update)
@@ -72,9 +80,13 @@ def state_bytes(state: str | None) -> bytes:
     return decode_state(state) or b""
 
 
-def initial_update(text: str) -> bytes:
-    """A Yjs update that creates a document holding ``text``."""
-    doc = _doc(None)
+def _text_client_id(text: str) -> int:
+    return int.from_bytes(hashlib.sha256(text.encode("utf-8")).digest()[:4], "big")
+
+
+def initial_update(text: str, *, client_id: int | None = None) -> bytes:
+    """A Yjs update that creates a document holding ``text`` (as Yjs client ``client_id``, else a random one)."""
+    doc = _doc(None) if client_id is None else _pycrdt().Doc(client_id=client_id)
     t = _text(doc)
     t += text
     return bytes(doc.get_update())

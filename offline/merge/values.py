@@ -7,7 +7,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from offline.core.fields import FieldDescriptor
+from offline.core.fields import FieldDescriptor, value_problem
 from offline.core.frozen import thaw
 from offline.core.hlc import serialize_timestamp
 from offline.core.operations import Operation
@@ -54,6 +54,14 @@ def normalize(descriptor: FieldDescriptor, value: Any) -> Any:
     if isinstance(value, (Mapping, list, tuple)):
         return thaw(value)
     return value
+
+
+def fits(descriptor: FieldDescriptor, value: Any) -> bool:
+    """Does a (thawed, non-null) value from an operation fit the field? Judged from the value and schema only,
+    so every replica ignores the same values (a remote peer can send anything)."""
+    if descriptor.type == "timestamp" and isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return value_problem(descriptor, value) is None
 
 
 def element_key(value: Any) -> str:

@@ -21,6 +21,24 @@ def delivery_watermark(app: App) -> int:
         return int(app.db.get_meta("delivery_watermark") or 0)
 
 
+def adopt_delivery_server(app: App, server_node_id: str) -> bool:
+    """Record the server (database) whose delivery sequences the watermark counts.
+
+    Delivery sequences are only meaningful for the database that issued them. When another one answers (an
+    in-memory server restarted, a server database replaced or reset), the watermark is reset to 0 so the
+    replica is sent everything it may see again (duplicates are ignored by id). Returns True on a reset.
+    """
+    with app.db.lock, app.db.transaction():
+        known = app.db.get_meta("delivery_server")
+        if known == server_node_id:
+            return False
+        app.db.set_meta("delivery_server", server_node_id)
+        if known is None:
+            return False  # the first session (or a replica written before the server was recorded)
+        app.db.set_meta("delivery_watermark", "0")
+        return True
+
+
 def pending_operations(app: App) -> list[Operation]:
     """Local operations not yet acknowledged by a server, in sequence order."""
     with app.db.lock:

@@ -73,6 +73,7 @@ class SyncEngine:
         self._cursor = 0
         self._sent: set[str] = set()
         self.connections = 0
+        self._accepted = False  # whether the current session's handshake was accepted
         app.commit_listeners.append(self._on_local_commit)
 
     # -- public API ------------------------------------------------------------------------------------------
@@ -156,6 +157,9 @@ class SyncEngine:
     async def _run(self) -> None:
         attempt = 0
         while not self._stopping:
+            if self.app._closed:  # app.close() without disconnect(): nothing left to sync, stop for good
+                self.status = DISCONNECTED
+                return
             self.status = CONNECTING if attempt == 0 else OFFLINE
             try:
                 conn = await self.transport.connect(self.url)
@@ -171,9 +175,9 @@ class SyncEngine:
                 attempt += 1
                 continue
             self.connections += 1
+            self._accepted = False
             try:
                 await self._session(conn)
-                attempt = 0
             except SyncFatal as exc:
                 self.last_error = exc
                 self.status = ERROR
@@ -190,11 +194,18 @@ class SyncEngine:
                 self._emit_disconnected("client disconnect")
                 raise
             except Exception as exc:  # a bug must not kill sync for good: log, back off, retry
+                if self.app._closed:  # the app was closed under a running session: not a failure
+                    await conn.close(1000, "app closed")
+                    self._emit_disconnected("app closed")
+                    self.status = DISCONNECTED
+                    return
                 log.exception("sync session failed")
                 self._emit_disconnected(f"{type(exc).__name__}: {exc}")
                 await conn.close(1011, "client error")
             if self._synced is not None:
                 self._synced.clear()
+            if self._accepted:
+                attempt = 0  # a session was established: the backoff starts over (drops hours apart)
             if not self._stopping:
                 await self._backoff(attempt, "reconnecting")
                 attempt += 1
@@ -253,6 +264,11 @@ class SyncEngine:
         if not reply.accepted:
             reason = reply.reject_reason or "SCHEMA_MISMATCH"
             raise SyncFatal(reason, reason.split(":", 1)[0], {"url": self.url})
+        if replication.adopt_delivery_server(app, reply.node_id) and hello.last_delivery_sequence > 0:
+            # Our watermark counts another server database's deliveries (an in-memory server restarted, a
+            # database replaced): resuming from it would skip operations. Start over from delivery 0.
+            raise ConnectionLost(f"server {reply.node_id} did not issue our delivery watermark; resyncing")
+        self._accepted = True
         self.server_node_id = reply.node_id
         app.set_authoritative_nodes([reply.node_id])
         self.status = SYNCING

@@ -13,6 +13,7 @@ Two levels:
 
 from __future__ import annotations
 
+import os
 import random
 from typing import Any
 
@@ -26,7 +27,7 @@ from offline.core.hlc import HybridLogicalClock
 from offline.core.operations import Operation, create_operation
 from offline.merge import richtext
 from offline.merge.engine import MergeEngine, RecordState
-from offline.merge.values import norm_number
+from offline.merge.values import fits, norm_number
 from offline.store.app import App
 
 from ._support import (
@@ -43,13 +44,15 @@ ALL_FIELDS = list(STRATEGY_FIELDS.values())
 NODES = ["node-a", "node-b", "node-c"]  # node-a plays the server (authoritative) node
 SERVER = NODES[0]
 
+# OFFLINE_MERGE_EXAMPLES=10 multiplies the number of examples (a longer hunt for counterexamples).
+SCALE = max(1, int(os.environ.get("OFFLINE_MERGE_EXAMPLES", "1")))
 ENGINE_SETTINGS = settings(
-    max_examples=4000,
+    max_examples=25 * SCALE,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 STORE_SETTINGS = settings(
-    max_examples=400,
+    max_examples=60 * SCALE,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
@@ -177,7 +180,12 @@ class EngineReplica:
         return operation
 
 
-def random_history(data: st.DataObject, fields: list[str]) -> tuple[MergeEngine, list[EngineReplica]]:
+JUNK = [5, "abc", True, None, [1, None], ["w", 2], {"k": 1}, b"not yjs", "plain text", 1.5, -0.0]
+
+
+def random_history(
+    data: st.DataObject, fields: list[str], *, junk: bool = False
+) -> tuple[MergeEngine, list[EngineReplica]]:
     engine = MergeEngine(SCHEMA, authoritative_nodes=[SERVER])
     clock = FakeClock()
     replicas = [EngineReplica(engine, node, clock) for node in NODES]
@@ -198,6 +206,15 @@ def random_history(data: st.DataObject, fields: list[str]) -> tuple[MergeEngine,
             continue
         if data.draw(st.integers(0, 7)) == 0:
             replica.write("delete", None, None)
+            continue
+        if junk and data.draw(st.integers(0, 5)) == 0:
+            # A buggy or hostile peer: values of any type, for any field, in data and previousData.
+            names = data.draw(st.lists(st.sampled_from(ALL_FIELDS), min_size=1, max_size=4, unique=True))
+            replica.write(
+                "update",
+                {name: data.draw(st.sampled_from(JUNK)) for name in names},
+                {name: data.draw(st.sampled_from(JUNK)) for name in names},
+            )
             continue
         changes: dict[str, Any] = {}
         previous: dict[str, Any] = {}
@@ -271,11 +288,27 @@ def test_engine_fold_laws_per_strategy(strategy: str, data: st.DataObject) -> No
     check_fold_laws(data, engine, replicas)
 
 
-@settings(ENGINE_SETTINGS, max_examples=1000)
+@settings(ENGINE_SETTINGS, max_examples=60 * SCALE)
 @given(data=st.data())
 def test_engine_fold_laws_all_strategies_together(data: st.DataObject) -> None:
     engine, replicas = random_history(data, ALL_FIELDS)
     check_fold_laws(data, engine, replicas)
+
+
+@ENGINE_SETTINGS
+@given(data=st.data())
+def test_engine_ignores_ill_typed_remote_values_the_same_way_everywhere(data: st.DataObject) -> None:
+    engine, replicas = random_history(data, ALL_FIELDS, junk=True)
+    check_fold_laws(data, engine, replicas)
+    # Whatever was sent, every field of the record still has a value of its declared type.
+    record = replicas[0].record()
+    if record is not None:
+        for name, descriptor in SCHEMA.collections["items"].fields.items():
+            value = record[name]
+            if descriptor.type == "richtext":
+                assert isinstance(value, str)
+            elif value is not None:
+                assert fits(descriptor, value), (name, value)
 
 
 # ------------------------------------------------------------------------------------------ store level
@@ -339,8 +372,10 @@ def local_write(data: st.DataObject, app: App) -> None:
                         changes[name] = change[0]
             items.update(record_id, changes)
     except OfflineError as exc:
-        # Refused locally: an invalid transition under 'reject'. Nothing else may fail here.
-        assert exc.code == "INVALID_TRANSITION", exc
+        # Refused locally: an invalid transition under 'reject', or an insert reusing the id of a record this
+        # replica has history for (ids are not reused). Nothing else may fail here.
+        refused = exc.code == "INVALID_TRANSITION" or (exc.context or {}).get("reason") == "DUPLICATE_ID"
+        assert refused, exc
 
 
 def partial_exchange(data: st.DataObject, src: App, dst: App) -> None:

@@ -751,6 +751,25 @@ def test_unique_trace_names_the_constraint_and_the_winning_write(make: Factory) 
     assert trace.to_dict()["tier"] == 2
 
 
+@pytest.mark.xfail(
+    reason="App._emit_violations reads operation A after the commit, so it is the eviction the winning "
+    "write caused (input_a {'email': None}) rather than the loser's own latest write",
+    strict=False,
+)
+def test_unique_trace_operation_a_is_the_losers_write(make: Factory) -> None:
+    app = make(unique_schema("last-write-wins"))
+    loser = app.users.insert({"email": "a@x.io"})
+    loser_op = app.operations()[-1]
+    violated, _ = listen(app)
+
+    app.users.insert({"email": "a@x.io"})
+
+    [event] = violated
+    assert event.trace.operation_a == loser_op
+    assert event.trace.operation_a.record_id == loser["id"]
+    assert event.trace.input_a == {"email": "a@x.io"}
+
+
 def test_capacity_trace_is_tier_two_and_names_the_constraint(make: Factory) -> None:
     app = make(capacity_schema("last-write-wins"))
     app.members.insert({"team": "red", "name": "a"})

@@ -302,7 +302,12 @@ def test_a_backfill_sees_and_writes_the_field_names_of_its_own_version(db: Path)
 
 def test_a_fresh_database_on_a_later_version_runs_no_migration(tmp_path: Path) -> None:
     calls: list[Any] = []
-    app = open_app(v2(lambda record: calls.append(record) or {}), tmp_path / "fresh.db")
+
+    def counting(record: dict[str, Any]) -> dict[str, Any]:
+        calls.append(record)
+        return {}
+
+    app = open_app(v2(counting), tmp_path / "fresh.db")
     try:
         assert app.todos.count() == 0
         assert app.operations() == []

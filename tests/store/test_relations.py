@@ -44,7 +44,9 @@ def blog(
         "collections": {
             "users": {"fields": {"name": t.string()}},
             "tags": {"fields": {"label": t.string()}},
-            "posts": {"fields": {"title": t.string(), "authorId": author, "tagIds": t.array(t.string()).optional()}},
+            "posts": {
+                "fields": {"title": t.string(), "authorId": author, "tagIds": t.array(t.string()).optional()}
+            },
             "comments": {"fields": {"body": t.string(), "postId": post_ref}},
         },
         "relations": {

@@ -756,7 +756,7 @@ def test_fuzz_arbitrary_frames(frame: str | bytes) -> None:
     decode_or_refuse(frame)
 
 
-@fuzz(500)
+@fuzz(400)
 @given(hostile_json, st.booleans())
 def test_fuzz_json_structures(value: Any, ascii_only: bool) -> None:
     try:
@@ -774,7 +774,7 @@ mutations = st.lists(
 )
 
 
-@fuzz(400)
+@fuzz(300)
 @given(messages, mutations)
 def test_fuzz_mutated_messages(message: Message, changes: list[tuple[str, str, Any]]) -> None:
     d: dict[str, Any] = message.to_dict()
@@ -957,7 +957,7 @@ def test_one_bad_operation_does_not_spoil_its_batch() -> None:
     reject_op(batch.operations[2], INVALID_OPERATION)
 
 
-@fuzz(300)
+@fuzz(250)
 @given(
     st.lists(
         st.tuples(st.sampled_from([*wire_op(), "data.title", "timestamp.logical", "x"]), hostile_json),

@@ -1,0 +1,882 @@
+"""Sync figures (issue 4) with real server processes (`python -m server_runtime`) on loopback, SQLite store.
+
+1. ``initial_sync``: a fresh client's ``connect()`` until ``wait_until_synced()`` returns and every record
+   is visible, against a server holding 100,000 operations. The server's SQLite file is seeded directly
+   through its store (``SQLiteServerStore`` writer: ``append`` + ``save_rows``, rows folded with the same
+   ``MergeEngine``), not through the sync pipeline, which is far slower (see ``seed_*`` figures).
+2. ``fanout``: one writer, 10 subscriber *processes*, one server process. Each subscriber records when it
+   applied how many operations (``sync:received``, fired after the local commit, so the records are
+   visible); the figure is the operations each applied per second during the writer's window, and until it
+   had them all. Two writers in turn: ``app_writer`` (a real client inserting in ``app.batch()`` chunks as
+   fast as it can) and ``raw_writer`` (pre-built operations pushed over the protocol, at most a few batches
+   unacknowledged, so the client's own write cost is out of the picture).
+3. ``latency``: client A (a process) inserts one record every 2 ms (500 operations/s), stamping
+   ``time.time()`` into it; client B (another process) computes ``time.time() - stamp`` when it has applied
+   the record.
+4. ``websocket_echo``: a bare `websockets` echo server process and a client here, with frames the size of one
+   operation message and of one 500-operation batch: the loopback/CPU ceiling the figures above compare to.
+
+Every wait is bounded; a measurement that runs out of time reports what it got (``timed_out``).
+Run: ``python -m bench sync`` (or ``python -m bench.sync`` for this suite alone).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from offline import create_app, define_schema, t
+
+ROOT = Path(__file__).resolve().parents[1]
+
+SCHEMA = define_schema(
+    {
+        "version": 1,
+        "collections": {
+            "todos": {
+                "fields": {
+                    "title": t.string(),
+                    "n": t.number().default(0),
+                    "sent": t.number().optional(),  # time.time() at the write, for the latency test
+                },
+            }
+        },
+    }
+)
+
+# The server entry: the server process imports this module for the schema.
+ENTRY_SOURCE = "from bench.sync import SCHEMA as schema  # noqa: F401\n"
+
+INITIAL_OPERATIONS = 100_000
+INITIAL_SYNC_TIMEOUT_S = 30.0
+SUBSCRIBERS = 10
+WRITE_BATCH = 500
+FANOUT_WINDOW_S = 5.0
+FANOUT_DRAIN_S = 10.0
+LATENCY_RATE = 500
+LATENCY_WINDOW_S = 5.0
+
+TARGETS = {
+    "initial_sync_100k_s": 4.0,
+    "fanout_ops_per_s_each": 10_000,
+    "latency_p50_ms": 5,
+    "latency_p99_ms": 30,
+}
+
+
+def _log(message: str) -> None:
+    print(f"[bench sync] {message}", file=sys.stderr, flush=True)
+
+
+def _stats_ms(values: list[float]) -> dict[str, float | int]:
+    if not values:
+        return {"count": 0}
+    ordered = sorted(values)
+
+    def pct(q: float) -> float:
+        return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000, 2)
+
+    return {
+        "count": len(ordered),
+        "p50_ms": pct(0.50),
+        "p90_ms": pct(0.90),
+        "p99_ms": pct(0.99),
+        "max_ms": round(ordered[-1] * 1000, 2),
+        "mean_ms": round(statistics.fmean(ordered) * 1000, 2),
+    }
+
+
+def _spread(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {}
+    return {"min": round(min(values)), "median": round(statistics.median(values)), "max": round(max(values))}
+
+
+# =============================================================================================== workers
+# `python -m bench.sync worker <role> <json args>`: one JSON object per stdout line; commands on stdin.
+
+
+def _emit(obj: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+def _stdin_commands(loop: asyncio.AbstractEventLoop) -> asyncio.Queue[dict[str, Any]]:
+    queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+
+    def read() -> None:
+        for line in sys.stdin:
+            if line.strip():
+                loop.call_soon_threadsafe(queue.put_nowait, json.loads(line))
+        loop.call_soon_threadsafe(queue.put_nowait, {"cmd": "quit"})  # parent gone: stop
+
+    threading.Thread(target=read, daemon=True).start()
+    return queue
+
+
+async def _next_command(queue: asyncio.Queue[dict[str, Any]], timeout: float = 150.0) -> dict[str, Any]:
+    try:
+        return await asyncio.wait_for(queue.get(), timeout)
+    except TimeoutError:
+        return {"cmd": "quit"}
+
+
+async def _worker_subscriber(args: dict[str, Any]) -> None:
+    """Connect, catch up, then record (wall time, operations applied) for every batch applied."""
+    app = create_app(SCHEMA, path=args["db"], sync={"url": args["url"]})
+    events: list[tuple[float, int]] = []
+    latencies: list[float] = []
+    applied = 0
+
+    def on_received(event: Any) -> None:
+        nonlocal applied
+        now = time.time()
+        ops = event.get("operations") or []
+        applied += len(ops)
+        events.append((now, len(ops)))
+        for op in ops:
+            sent = (op.data or {}).get("sent")
+            if sent is not None:
+                latencies.append(now - float(sent))
+
+    app.events.on("sync:received", on_received)
+    queue = _stdin_commands(asyncio.get_running_loop())
+    await app.sync.connect(timeout=60)
+    await app.sync.wait_until_synced(timeout=60)
+    events.clear()
+    applied = 0
+    _emit({"ready": True})
+    while True:
+        command = await _next_command(queue)
+        if command["cmd"] == "expect":  # wait until `total` operations were applied since ready, bounded
+            deadline = time.monotonic() + float(command["timeout"])
+            while applied < int(command["total"]) and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            _emit({"applied": applied, "events": events, "latencies": latencies})
+            events = []
+            latencies.clear()
+        else:
+            break
+    await app.sync.disconnect()
+    app.close()
+
+
+async def _worker_app_writer(args: dict[str, Any]) -> None:
+    """A real client. ``go`` with mode 'flood' (batches of ``batch`` as fast as it can) or 'paced'."""
+    app = create_app(SCHEMA, path=args["db"], sync={"url": args["url"]})
+    queue = _stdin_commands(asyncio.get_running_loop())
+    sent_ops = 0
+
+    def on_sent(event: Any) -> None:
+        nonlocal sent_ops
+        sent_ops += int(event.get("batchSize") or 0)
+
+    app.events.on("sync:sent", on_sent)
+    await app.sync.connect(timeout=60)
+    await app.sync.wait_until_synced(timeout=60)
+    _emit({"ready": True})
+    while True:
+        command = await _next_command(queue)
+        if command["cmd"] != "go":
+            break
+        duration = float(command["duration"])
+        written = 0
+        sent_ops = 0
+        start = time.time()
+        if command["mode"] == "flood":
+            batch = int(command["batch"])
+            while time.time() - start < duration:
+                with app.batch():
+                    for _ in range(batch):
+                        app.todos.insert({"title": f"todo {written}", "n": written})
+                        written += 1
+                await asyncio.sleep(0)  # let the sync engine stream what is pending
+        else:  # paced: one durable insert every 1/rate s, stamped with time.time()
+            interval = 1.0 / float(command["rate"])
+            count = int(duration / interval)
+            base = time.monotonic()
+            for i in range(count):
+                if time.monotonic() - base > 2 * duration:
+                    break  # the writer cannot keep the pace: stop anyway (the achieved rate is reported)
+                delay = base + i * interval - time.monotonic()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                else:
+                    await asyncio.sleep(0)
+                app.todos.insert({"title": f"paced {i}", "n": i, "sent": time.time()})
+                written += 1
+        end = time.time()
+        timed_out = False
+        try:
+            await app.sync.wait_until_synced(timeout=float(command.get("ack_timeout", 20)))
+        except Exception:
+            timed_out = True
+        _emit(
+            {
+                "start": start,
+                "end": end,
+                "written": written,
+                "acked_at": time.time(),
+                "ack_timed_out": timed_out,
+                "pending": app.sync.pending,
+                "sent": sent_ops,  # more than written: batches were sent again (no ack in ack_timeout)
+            }
+        )
+    await app.sync.disconnect()
+    app.close()
+
+
+async def _worker_raw_writer(args: dict[str, Any]) -> None:
+    """Pre-builds operations, then on ``go`` pushes them in protocol batches, ``window`` unacknowledged."""
+    import websockets
+
+    from offline import HybridLogicalClock, create_operation, generate_uuid_v7
+    from offline.sync import protocol as p
+
+    node = generate_uuid_v7()
+    clock = HybridLogicalClock(node)
+    wires = [
+        create_operation(
+            {
+                "node_id": node,
+                "type": "insert",
+                "collection": "todos",
+                "record_id": generate_uuid_v7(),
+                "data": {"title": f"raw {i}", "n": i},
+                "timestamp": clock.now(),
+                "sequence_number": i + 1,
+                "schema_version": SCHEMA.version,
+            }
+        ).to_wire()
+        for i in range(int(args["count"]))
+    ]
+    queue = _stdin_commands(asyncio.get_running_loop())
+    _emit({"ready": True})
+    command = await _next_command(queue)
+    if command["cmd"] != "go":
+        return
+    duration, batch, window = float(command["duration"]), int(command["batch"]), int(command["window"])
+    async with websockets.connect(args["url"], max_size=None) as ws:
+        hello = p.Handshake(
+            message_id=p.new_message_id(),
+            node_id=node,
+            version_vector={},
+            schema_version=SCHEMA.version,
+            last_delivery_sequence=int(command.get("after", 0)),  # skip what the log already holds
+        )
+        await ws.send(p.encode(hello))
+        reply = p.decode(await asyncio.wait_for(ws.recv(), 15))
+        assert isinstance(reply, p.HandshakeResponse) and reply.accepted, reply
+        in_flight: dict[str, int] = {}
+        slots = asyncio.Semaphore(window)
+        acked = 0
+        rejected = 0
+
+        async def reader() -> None:
+            nonlocal acked, rejected
+            async for frame in ws:
+                message = p.decode(frame, max_batch=100_000, max_bytes=1 << 30)
+                if isinstance(message, p.Acknowledgment):
+                    acked += in_flight.pop(message.acknowledged_message_id, 0)
+                    slots.release()
+                elif isinstance(message, p.OperationRejected):
+                    rejected += 1
+
+        reading = asyncio.create_task(reader())
+        start = time.time()
+        sent = 0
+        index = 0
+        while sent < len(wires) and time.time() - start < duration:
+            await slots.acquire()
+            chunk = wires[sent : sent + batch]
+            message = p.OperationBatch(
+                message_id=p.new_message_id(), operations=tuple(chunk), is_final=True, batch_index=index
+            )
+            in_flight[message.message_id] = len(chunk)
+            await ws.send(p.encode(message))
+            sent += len(chunk)
+            index += 1
+        end = time.time()
+        deadline = time.monotonic() + 20
+        while in_flight and not reading.done() and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)
+        acked_at = time.time()
+        reading.cancel()
+        _emit(
+            {
+                "start": start,
+                "end": end,
+                "written": sent,
+                "acked": acked,
+                "acked_at": acked_at,
+                "rejected": rejected,
+                "prebuilt": len(wires),
+            }
+        )
+    await _next_command(queue, 30)
+
+
+async def _worker_echo_server(args: dict[str, Any]) -> None:
+    from websockets.asyncio.server import serve
+
+    async def echo(ws: Any) -> None:
+        async for message in ws:
+            await ws.send(message)
+
+    compression = "deflate" if args.get("compression", True) else None
+    queue = _stdin_commands(asyncio.get_running_loop())
+    async with serve(echo, "127.0.0.1", 0, max_size=None, compression=compression) as server:
+        port = next(iter(server.sockets)).getsockname()[1]
+        _emit({"ready": True, "port": port})
+        await _next_command(queue, 120)
+
+
+WORKERS = {
+    "subscriber": _worker_subscriber,
+    "app-writer": _worker_app_writer,
+    "raw-writer": _worker_raw_writer,
+    "echo-server": _worker_echo_server,
+}
+
+
+# =============================================================================================== parent side
+
+
+class Worker:
+    """One worker process, driven over stdin/stdout JSON lines."""
+
+    def __init__(self, role: str, args: dict[str, Any], log_path: Path) -> None:
+        self.role = role
+        self.args = args
+        self.log_path = log_path
+        self.proc: asyncio.subprocess.Process | None = None
+
+    async def start(self) -> Worker:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+        self.proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "bench.sync",
+            "worker",
+            self.role,
+            json.dumps(self.args),
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=self._log,
+            cwd=str(ROOT),
+            limit=1 << 26,
+        )
+        return self
+
+    async def read(self, timeout: float) -> dict[str, Any]:
+        assert self.proc is not None and self.proc.stdout is not None
+        line = await asyncio.wait_for(self.proc.stdout.readline(), timeout)
+        if not line:
+            await asyncio.sleep(0.2)
+            tail = self.log_path.read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"worker {self.role} exited ({self.proc.returncode}):\n{tail}")
+        return json.loads(line)  # type: ignore[no-any-return]
+
+    def send(self, command: dict[str, Any]) -> None:
+        assert self.proc is not None and self.proc.stdin is not None
+        self.proc.stdin.write((json.dumps(command) + "\n").encode())
+
+    async def stop(self, timeout: float = 10.0) -> None:
+        proc = self.proc
+        if proc is None:
+            return
+        if proc.returncode is None:
+            with contextlib.suppress(Exception):
+                self.send({"cmd": "quit"})
+                assert proc.stdin is not None
+                proc.stdin.close()
+            try:
+                await asyncio.wait_for(proc.wait(), timeout)
+            except TimeoutError:
+                proc.kill()
+                await proc.wait()
+        self._log.close()
+
+
+async def _stop_all(workers: list[Worker]) -> None:
+    await asyncio.gather(*(w.stop() for w in workers), return_exceptions=True)
+
+
+def _server(folder: Path, db: Path) -> Any:
+    from tests.support.servers import ServerProcess
+
+    entry = folder / "server.py"
+    if not entry.exists():
+        entry.write_text(ENTRY_SOURCE)
+    return ServerProcess(entry, store="sqlite", db=str(db), log_path=folder / f"server-{db.stem}.log")
+
+
+# ------------------------------------------------------------------------------------------ 1. initial sync
+
+
+async def _seed_store(db: Path, n: int) -> dict[str, Any]:
+    """Write ``n`` insert operations (and their folded rows) straight into a server SQLite store."""
+    from offline import HybridLogicalClock, create_operation, generate_uuid_v7
+    from offline.merge.engine import MergeEngine, RecordState
+    from server_runtime.stores import create_sqlite_server_store
+    from server_runtime.stores.base import RecordRow
+
+    store = create_sqlite_server_store(str(db))
+    await store.set_schema(SCHEMA)
+    engine = MergeEngine(SCHEMA)
+    node = generate_uuid_v7()
+    clock = HybridLogicalClock(node)
+    start = time.perf_counter()
+    build_s = 0.0
+    chunk = 10_000
+    for first in range(0, n, chunk):
+        t0 = time.perf_counter()
+        ops = [
+            create_operation(
+                {
+                    "node_id": node,
+                    "type": "insert",
+                    "collection": "todos",
+                    "record_id": generate_uuid_v7(),
+                    "data": {"title": f"todo {i}", "n": i},
+                    "timestamp": clock.now(),
+                    "sequence_number": i + 1,
+                    "schema_version": SCHEMA.version,
+                }
+            )
+            for i in range(first, min(n, first + chunk))
+        ]
+        rows = []
+        for op in ops:
+            state = RecordState()
+            engine.apply(state, op)
+            rows.append(
+                RecordRow(
+                    op.collection, op.record_id, state, engine.materialize(op.collection, op.record_id, state)
+                )
+            )
+        build_s += time.perf_counter() - t0
+        async with store.writer() as writer:
+            await writer.append([(op, None) for op in ops])
+            await writer.save_rows(rows)
+    total = time.perf_counter() - start
+    await store.close()
+    return {"seed_direct_s": round(total, 2), "seed_build_ops_s": round(build_s, 2)}
+
+
+async def _seed_pipeline_rate(folder: Path, n: int) -> float:
+    """Operations/s the server's write pipeline (`SyncService.commit`, 500 per batch) accepts, in process."""
+    from offline import HybridLogicalClock, create_operation, generate_uuid_v7
+    from server_runtime.stores import create_sqlite_server_store
+    from server_runtime.sync import SyncService
+
+    store = create_sqlite_server_store(str(folder / "pipeline.db"))
+    await store.set_schema(SCHEMA)
+    service = SyncService(store)
+    await service.start()
+    node = generate_uuid_v7()
+    clock = HybridLogicalClock(node)
+    ops = [
+        create_operation(
+            {
+                "node_id": node,
+                "type": "insert",
+                "collection": "todos",
+                "record_id": generate_uuid_v7(),
+                "data": {"title": f"todo {i}", "n": i},
+                "timestamp": clock.now(),
+                "sequence_number": i + 1,
+                "schema_version": SCHEMA.version,
+            }
+        )
+        for i in range(n)
+    ]
+    start = time.perf_counter()
+    for first in range(0, n, WRITE_BATCH):
+        await service.commit(None, ops[first : first + WRITE_BATCH])
+    elapsed = time.perf_counter() - start
+    await service.stop()
+    await store.close()
+    return n / elapsed
+
+
+async def _initial_sync(folder: Path, n: int, timeout: float) -> dict[str, Any]:
+    db = folder / "initial.db"
+    _log(f"initial sync: seeding the server store with {n} operations")
+    figures: dict[str, Any] = {"operations": n}
+    figures.update(await _seed_store(db, n))
+    figures["server_pipeline_ops_per_s"] = round(await _seed_pipeline_rate(folder, 3_000))
+    server = _server(folder, db)
+    t0 = time.perf_counter()
+    server.start(timeout=120)
+    figures["server_start_s"] = round(time.perf_counter() - t0, 2)
+    try:
+        app = create_app(SCHEMA, path=str(folder / "fresh-client.db"), sync={"url": server.sync_url})
+        marks: list[tuple[float, int]] = []
+        app.events.on(
+            "sync:received", lambda e: marks.append((time.perf_counter(), len(e.get("operations") or [])))
+        )
+        stalls: list[float] = []
+
+        async def ticker() -> None:  # how long the client's event loop goes without running other tasks
+            last = time.perf_counter()
+            while True:
+                await asyncio.sleep(0.01)
+                now = time.perf_counter()
+                stalls.append(now - last - 0.01)
+                last = now
+
+        ticking = asyncio.create_task(ticker())
+        _log("initial sync: fresh client connecting")
+        start = time.perf_counter()
+        await app.sync.connect(timeout=30)
+        connected = time.perf_counter()
+        timed_out = False
+        try:
+            await app.sync.wait_until_synced(timeout=timeout)
+        except Exception as exc:
+            timed_out = True
+            _log(f"initial sync: not synced within {timeout} s ({exc})")
+        visible = app.todos.count()
+        elapsed = time.perf_counter() - start
+        ticking.cancel()
+        await app.sync.disconnect()
+        app.close()
+    finally:
+        server.terminate()
+    figures.update(
+        {
+            "initial_sync_s": round(elapsed, 3),
+            "handshake_s": round(connected - start, 3),
+            "first_batch_applied_s": round(marks[0][0] - start, 3) if marks else None,
+            "records_visible": visible,
+            "ops_per_s": round(visible / elapsed),
+            "timed_out": timed_out or visible < n,
+            "client_event_loop_max_stall_ms": round(max(stalls, default=0.0) * 1000),
+        }
+    )
+    if figures["timed_out"] and visible:
+        figures["projected_s"] = round(n * elapsed / visible, 1)
+    figures.update(_rate_profile(marks, start))
+    return figures
+
+
+def _rate_profile(marks: list[tuple[float, int]], start: float) -> dict[str, Any]:
+    """Operations/s applied over the first and the last fifth of the operations (does it slow down?)."""
+    total = sum(n for _, n in marks)
+    if total < 10:
+        return {}
+    fifth = total / 5
+    seen = 0
+    first_end = last_start = None
+    previous = start
+    for ts, n in marks:
+        if first_end is None and seen + n >= fifth:
+            first_end = (ts, seen + n)
+        if last_start is None and seen + n >= total - fifth:
+            last_start = (previous, seen)
+        seen += n
+        previous = ts
+    out: dict[str, Any] = {}
+    if first_end is not None:
+        out["ops_per_s_first_fifth"] = round(first_end[1] / max(first_end[0] - start, 1e-9))
+    if last_start is not None:
+        out["ops_per_s_last_fifth"] = round((total - last_start[1]) / max(marks[-1][0] - last_start[0], 1e-9))
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ 2. fan-out
+
+
+def _fanout_figures(writer: dict[str, Any], reports: list[dict[str, Any]], expected: int) -> dict[str, Any]:
+    start, end = writer["start"], writer["end"]
+    window = max(end - start, 1e-9)
+    in_window: list[float] = []
+    until_all: list[float] = []
+    lags: list[float] = []
+    short = 0
+    for report in reports:
+        events = report["events"]
+        got = sum(n for _, n in events)
+        in_window.append(sum(n for ts, n in events if start <= ts <= end) / window)
+        last = max((ts for ts, n in events if n), default=end)
+        until_all.append(got / max(last - start, 1e-9))
+        lags.append(max(0.0, last - end))
+        if got < expected:
+            short += 1
+    return {
+        "writer_ops": writer["written"],
+        "writer_window_s": round(window, 2),
+        "writer_ops_per_s": round(writer["written"] / window),
+        "server_acked_all_after_s": round(writer["acked_at"] - start, 2),
+        "each_in_window_ops_per_s": _spread(in_window),
+        "each_until_complete_ops_per_s": _spread(until_all),
+        "each_last_op_after_window_end_s": {k: round(v, 2) for k, v in _spread_f(lags).items()},
+        "subscribers_incomplete": short,
+    }
+
+
+def _spread_f(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {}
+    return {"min": min(values), "median": statistics.median(values), "max": max(values)}
+
+
+async def _fanout(folder: Path) -> dict[str, Any]:
+    server = _server(folder, folder / "fanout.db")
+    server.start(timeout=60)
+    workers: list[Worker] = []
+    try:
+        subs = [
+            Worker(
+                "subscriber",
+                {"url": server.sync_url, "db": str(folder / f"sub{i}.db")},
+                folder / f"sub{i}.log",
+            )
+            for i in range(SUBSCRIBERS)
+        ]
+        writer = Worker(
+            "app-writer", {"url": server.sync_url, "db": str(folder / "writer.db")}, folder / "writer.log"
+        )
+        raw = Worker("raw-writer", {"url": server.sync_url, "count": 40_000}, folder / "raw.log")
+        workers = [*subs, writer, raw]
+        _log(f"fan-out: starting {SUBSCRIBERS} subscriber processes and 2 writer processes")
+        await asyncio.gather(*(w.start() for w in workers))
+        await asyncio.gather(*(w.read(90) for w in workers))  # every one ready
+        figures: dict[str, Any] = {
+            "subscribers": SUBSCRIBERS,
+            "method": "subscribers, writers and server are separate processes",
+        }
+
+        total = 0
+        _log(f"fan-out: app writer floods for {FANOUT_WINDOW_S} s")
+        writer.send(
+            {
+                "cmd": "go",
+                "mode": "flood",
+                "duration": FANOUT_WINDOW_S,
+                "batch": WRITE_BATCH,
+                "ack_timeout": FANOUT_DRAIN_S,
+            }
+        )
+        result = await writer.read(FANOUT_WINDOW_S + FANOUT_DRAIN_S + 30)
+        total += result["written"]
+        for sub in subs:
+            sub.send({"cmd": "expect", "total": total, "timeout": FANOUT_DRAIN_S})
+        reports = await asyncio.gather(*(s.read(FANOUT_DRAIN_S + 30) for s in subs))
+        figures["app_writer"] = _fanout_figures(result, reports, result["written"])
+        figures["app_writer"]["writer_pending_at_end"] = result["pending"]
+        figures["app_writer"]["writer_ops_sent_incl_resends"] = result["sent"]
+        await writer.stop()
+
+        _log(f"fan-out: raw protocol writer pushes for up to {FANOUT_WINDOW_S} s")
+        raw.send(
+            {"cmd": "go", "duration": FANOUT_WINDOW_S, "batch": WRITE_BATCH, "window": 4, "after": total}
+        )
+        result = await raw.read(FANOUT_WINDOW_S + 60)
+        total += result["written"]
+        for sub in subs:
+            sub.send({"cmd": "expect", "total": total, "timeout": FANOUT_DRAIN_S})
+        reports = await asyncio.gather(*(s.read(FANOUT_DRAIN_S + 30) for s in subs))
+        figures["raw_writer"] = _fanout_figures(result, reports, result["written"])
+        figures["raw_writer"]["server_acked"] = result["acked"]
+        return figures
+    finally:
+        await _stop_all(workers)
+        server.terminate()
+
+
+# ------------------------------------------------------------------------------------------------ 3. latency
+
+
+async def _latency(folder: Path) -> dict[str, Any]:
+    server = _server(folder, folder / "latency.db")
+    server.start(timeout=60)
+    workers: list[Worker] = []
+    try:
+        b = Worker(
+            "subscriber", {"url": server.sync_url, "db": str(folder / "lat-b.db")}, folder / "lat-b.log"
+        )
+        a = Worker(
+            "app-writer", {"url": server.sync_url, "db": str(folder / "lat-a.db")}, folder / "lat-a.log"
+        )
+        workers = [a, b]
+        await asyncio.gather(a.start(), b.start())
+        await asyncio.gather(a.read(60), b.read(60))
+        figures: dict[str, Any] = {"method": "A and B are client processes; B: time.time() - stamp on apply"}
+        total = 0
+        # The target's rate, then a light load for reference (latency without queueing in A).
+        for key, rate, duration in (
+            ("at_500_ops_per_s", LATENCY_RATE, LATENCY_WINDOW_S),
+            ("at_50_ops_per_s", 50, 3.0),
+        ):
+            _log(f"latency: A writes {rate} op/s for {duration} s; B measures")
+            a.send({"cmd": "go", "mode": "paced", "rate": rate, "duration": duration, "ack_timeout": 10})
+            result = await a.read(2 * duration + 40)
+            total += result["written"]
+            b.send({"cmd": "expect", "total": total, "timeout": 10})
+            report = await b.read(40)
+            window = result["end"] - result["start"]
+            figures[key] = {
+                "written": result["written"],
+                "achieved_ops_per_s": round(result["written"] / window),
+                "visible_on_b": sum(n for _, n in report["events"]),
+                "batches_b_applied": len(report["events"]),
+                **_stats_ms(report["latencies"]),
+            }
+        return figures
+    finally:
+        await _stop_all(workers)
+        server.terminate()
+
+
+# ------------------------------------------------------------------------------------------- 4. echo ceiling
+
+
+def _sample_frames() -> tuple[str, str]:
+    from offline import HybridLogicalClock, create_operation, generate_uuid_v7
+    from offline.sync import protocol as p
+
+    node = generate_uuid_v7()
+    clock = HybridLogicalClock(node)
+    wires = [
+        create_operation(
+            {
+                "node_id": node,
+                "type": "insert",
+                "collection": "todos",
+                "record_id": generate_uuid_v7(),
+                "data": {"title": f"todo {i}", "n": i},
+                "timestamp": clock.now(),
+                "sequence_number": i + 1,
+                "schema_version": 1,
+            }
+        ).to_wire()
+        for i in range(WRITE_BATCH)
+    ]
+    one = p.encode(p.OperationMessage(p.new_message_id(), wires[0], 1))
+    batch = p.encode(p.OperationBatch(p.new_message_id(), tuple(wires), True, 0, 0, WRITE_BATCH))
+    return one, batch
+
+
+async def _echo_rates(
+    url: str, frame: str, seconds: float, max_messages: int, compression: bool
+) -> dict[str, Any]:
+    import websockets
+
+    out: dict[str, Any] = {}
+    async with websockets.connect(url, max_size=None, compression="deflate" if compression else None) as ws:
+        # Round trips, one message in flight.
+        count = 0
+        start = time.perf_counter()
+        while count < max_messages and time.perf_counter() - start < seconds:
+            await ws.send(frame)
+            await ws.recv()
+            count += 1
+        out["round_trips_per_s"] = round(count / (time.perf_counter() - start))
+        # Pipelined: send as fast as the socket takes them while a reader counts the echoes.
+        received = 0
+        sent = 0
+
+        async def reader() -> None:
+            nonlocal received
+            while True:
+                await ws.recv()
+                received += 1
+
+        reading = asyncio.create_task(reader())
+        start = time.perf_counter()
+        while sent < max_messages and time.perf_counter() - start < seconds:
+            await ws.send(frame)
+            sent += 1
+        deadline = time.monotonic() + 20
+        while received < sent and not reading.done() and time.monotonic() < deadline:
+            await asyncio.sleep(0.001)
+        elapsed = time.perf_counter() - start
+        reading.cancel()
+        with contextlib.suppress(BaseException):
+            await reading
+        out["pipelined_messages_per_s"] = round(received / elapsed)
+    return out
+
+
+async def _echo(folder: Path) -> dict[str, Any]:
+    one, batch = _sample_frames()
+    figures: dict[str, Any] = {"operation_frame_bytes": len(one), "batch_frame_bytes": len(batch)}
+    for compression in (True, False):
+        server = Worker("echo-server", {"compression": compression}, folder / f"echo-{compression}.log")
+        await server.start()
+        try:
+            port = (await server.read(30))["port"]
+            url = f"ws://127.0.0.1:{port}"
+            label = "deflate" if compression else "uncompressed"
+            _log(f"echo: {label}")
+            single = await _echo_rates(url, one, 1.0, 50_000, compression)
+            many = await _echo_rates(url, batch, 1.0, 2_000, compression)
+            many["pipelined_ops_per_s_equivalent"] = many["pipelined_messages_per_s"] * WRITE_BATCH
+            figures[label] = {"operation_frame": single, "batch_frame": many}
+        finally:
+            await server.stop()
+    return figures
+
+
+# ---------------------------------------------------------------------------------------------------- run
+
+
+async def _run_all(full: bool) -> dict[str, Any]:
+    figures: dict[str, Any] = {
+        "cpus": os.cpu_count(),
+        "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
+    }
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="bench-sync-") as name:
+        folder = Path(name)
+        steps: list[tuple[str, Callable[[], Awaitable[dict[str, Any]]]]] = [
+            (
+                "initial_sync",
+                lambda: _initial_sync(folder, INITIAL_OPERATIONS if full else 10_000, INITIAL_SYNC_TIMEOUT_S),
+            ),
+            ("fanout", lambda: _fanout(folder)),
+            ("latency", lambda: _latency(folder)),
+            ("websocket_echo", lambda: _echo(folder)),
+        ]
+        for key, step in steps:
+            t0 = time.perf_counter()
+            try:
+                figures[key] = await step()
+            except Exception as exc:  # report the failure, keep measuring the rest
+                _log(f"{key} failed: {type(exc).__name__}: {exc}")
+                figures[key] = {"error": f"{type(exc).__name__}: {exc}"}
+            figures[key]["step_s"] = round(time.perf_counter() - t0, 1)
+    figures["suite_s"] = round(time.perf_counter() - started, 1)
+    figures["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
+    figures["targets"] = TARGETS
+    return figures
+
+
+def run(full: bool = True) -> dict[str, Any]:
+    return asyncio.run(_run_all(full))
+
+
+def _main(argv: list[str]) -> None:
+    if len(argv) >= 3 and argv[0] == "worker":
+        asyncio.run(WORKERS[argv[1]](json.loads(argv[2])))
+        return
+    json.dump(run(), sys.stdout, indent=2)
+    sys.stdout.write("\n")
+
+
+if __name__ == "__main__":
+    _main(sys.argv[1:])

@@ -1,0 +1,147 @@
+"""`offline dev`: run a project's sync server locally on SQLite, restarting it when Python files change."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import click
+
+from ..environment import current_environment
+
+IGNORED_DIRS = {".venv", "venv", "node_modules", ".offline", ".git", "__pycache__", "dist", "build"}
+
+
+def _snapshot(root: Path) -> dict[str, float]:
+    seen: dict[str, float] = {}
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = [d for d in dirs if d not in IGNORED_DIRS and not d.startswith(".")]
+        for name in files:
+            if name.endswith(".py"):
+                path = os.path.join(folder, name)
+                try:
+                    seen[path] = os.stat(path).st_mtime
+                except OSError:
+                    continue
+    return seen
+
+
+def _entry(project: Path) -> tuple[Path, bool]:
+    from server_runtime.environment import find_entry
+
+    found = find_entry(project)
+    if found is not None:
+        return found, False
+    return Path(__file__).resolve().parent.parent / "demo_server.py", True
+
+
+def _wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            return False
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=1) as response:
+                if response.status == 200:
+                    return True
+        except OSError:
+            time.sleep(0.1)
+    return False
+
+
+@click.command(
+    epilog="""\b
+Examples:
+  offline dev                      serve ./server.py (or a built-in demo) on http://127.0.0.1:3001
+  offline dev my-app --port 4000   another project folder and port
+  offline dev --no-reload          do not restart when files change
+"""
+)
+@click.argument("project", type=click.Path(file_okay=False, path_type=Path), default=".")
+@click.option("--port", type=int, default=None, help="Port (default: $PORT or 3001).")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Interface to listen on.")
+@click.option(
+    "--db",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="SQLite file (default: $OFFLINE_SERVER_DB or ./offline-server.db in the project).",
+)
+@click.option("--reload/--no-reload", default=True, show_default=True, help="Restart when .py files change.")
+@click.option("--exit-after", type=float, default=None, hidden=True, help="Stop after N seconds (tests).")
+def dev(
+    project: Path, port: int | None, host: str, db: str | None, reload: bool, exit_after: float | None
+) -> None:
+    """Run the project's sync server (server.py, src/server.py, or a demo) on SQLite for development."""
+    env = current_environment()
+    project = project.resolve()
+    if not project.is_dir():
+        raise click.ClickException(f"{project} is not a folder; pass your project folder")
+    entry, is_demo = _entry(project)
+    port = port or int(env.getenv("PORT") or 3001)
+    database = db or env.getenv("OFFLINE_SERVER_DB") or str(project / "offline-server.db")
+    child_env = dict(env.env)
+    child_env.update({"PORT": str(port), "HOST": host, "OFFLINE_SERVER_DB": database})
+    child_env.pop("DATABASE_URL", None)  # dev always runs on the embedded SQLite store
+    if (project / "dist" / "index.html").is_file():
+        child_env["OFFLINE_STATIC_DIR"] = str(project / "dist")
+    shown = "127.0.0.1" if host in ("0.0.0.0", "") else host
+    base = f"http://{shown}:{port}"
+    err = env.err
+    if is_demo:
+        err.print(f"[yellow]no server.py in {project}: serving the built-in demo schema[/yellow]")
+
+    def start() -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            [sys.executable, "-m", "server_runtime", str(entry)], env=child_env, cwd=str(project)
+        )
+
+    proc = start()
+    if not _wait_healthy(base, proc, 30):
+        code = proc.poll()
+        proc.kill()
+        raise click.ClickException(
+            f"the server did not start (exit code {code}); see the output above. Is port {port} free? (--port)"
+        )
+    env.stdout.write(f"app:       {base}\nsync:      ws://{shown}:{port}/offline-sync\n")
+    env.stdout.write(f"dashboard: {base}/__offline\nhealth:    {base}/health\n")
+    env.stdout.flush()
+    err.print(f"serving {entry} with SQLite at {database}" + (" · watching for changes" if reload else ""))
+    started = time.monotonic()
+    snapshot = _snapshot(project) if reload else {}
+    try:
+        while True:
+            time.sleep(0.5)
+            if exit_after is not None and time.monotonic() - started > exit_after:
+                break
+            if proc.poll() is not None and not reload:
+                raise click.ClickException(f"the server stopped with exit code {proc.returncode}")
+            if reload:
+                current = _snapshot(project)
+                if current != snapshot:
+                    snapshot = current
+                    err.print("[cyan]change detected: restarting the server[/cyan]")
+                    _stop(proc)
+                    proc = start()
+                    if _wait_healthy(base, proc, 30):
+                        err.print(f"[green]server restarted[/green] on {base}")
+                    else:
+                        err.print("[red]the server failed to start; fix the error and save again[/red]")
+    except KeyboardInterrupt:
+        pass
+    finally:
+        _stop(proc)
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)

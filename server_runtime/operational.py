@@ -1,0 +1,457 @@
+"""Operational endpoints (DESIGN.md section 5): status, Prometheus metrics, live events, backup.
+
+Token rules: `/__offline/status`, `/__offline/events` and the dashboard take the admin token; metrics take
+the metrics token (the admin token only when no metrics token is set); backup takes the backup token (the
+admin token only when no backup token is set). A token that is not configured leaves its endpoint open,
+which the server logs at start. Tokens travel as `Authorization: Bearer`; the dashboard's browser session
+uses an HttpOnly cookie holding a value derived from the admin token, never the token itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import hmac
+import json
+import logging
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+
+from offline.core.operations import Operation
+
+if TYPE_CHECKING:
+    from .server import ProductionServer
+
+log = logging.getLogger("offline.server")
+
+COOKIE = "offline_dashboard"
+CLOSE = "__close__"
+STATUS_INTERVAL = 5.0
+
+
+def _token_of(request: Request) -> str | None:
+    header = request.headers.get("authorization", "")
+    scheme, _, value = header.partition(" ")
+    if scheme.lower() == "bearer" and value.strip():
+        return value.strip()
+    return None
+
+
+def _same(a: str, b: str) -> bool:
+    return hmac.compare_digest(a.encode("utf-8"), b.encode("utf-8"))
+
+
+class OperationalAuth:
+    def __init__(self, config: Mapping[str, Any]) -> None:
+        def pick(camel: str, snake: str) -> str | None:
+            value = config.get(camel, config.get(snake))
+            return str(value) if value else None
+
+        self.admin = pick("adminToken", "admin_token")
+        self.metrics = pick("metricsToken", "metrics_token")
+        self.backup = pick("backupToken", "backup_token")
+
+    def warn_open(self) -> None:
+        if not self.admin:
+            log.warning(
+                "OFFLINE_ADMIN_TOKEN is not set: /__offline/status, events and the dashboard are open"
+            )
+        if not self.metrics and not self.admin:
+            log.warning("no metrics or admin token is set: /__offline/metrics is open")
+        if not self.backup and not self.admin:
+            log.warning("no backup or admin token is set: /__offline/backup is open")
+
+    def expected(self, kind: str) -> str | None:
+        if kind == "metrics":
+            return self.metrics or self.admin
+        if kind == "backup":
+            return self.backup or self.admin
+        return self.admin
+
+    def session_value(self) -> str | None:
+        """What the dashboard cookie holds: an HMAC of the admin token, so the cookie never is the token."""
+        if not self.admin:
+            return None
+        return hmac.new(self.admin.encode("utf-8"), b"offline-dashboard-session", hashlib.sha256).hexdigest()
+
+    def allowed(self, request: Request, kind: str, *, cookie_ok: bool = False) -> bool:
+        expected = self.expected(kind)
+        if expected is None:
+            return True
+        token = _token_of(request)
+        if token is not None and _same(token, expected):
+            return True
+        if cookie_ok:
+            session = self.session_value()
+            cookie = request.cookies.get(COOKIE)
+            if session is not None and cookie is not None and _same(cookie, session):
+                return True
+        return False
+
+
+def unauthorized(kind: str) -> Response:
+    return JSONResponse(
+        {"error": "unauthorized", "message": f"send the {kind} token as 'Authorization: Bearer <token>'"},
+        status_code=401,
+        headers={"WWW-Authenticate": 'Bearer realm="offline"'},
+    )
+
+
+class EventHub:
+    """Fan-out of live events to SSE subscribers; a slow subscriber loses events, never slows the server."""
+
+    def __init__(self, size: int = 1000) -> None:
+        self.size = size
+        self.subscribers: set[asyncio.Queue[tuple[str, dict[str, Any]]]] = set()
+        self.recent: dict[str, deque[dict[str, Any]]] = {
+            "conflict": deque(maxlen=50),
+            "rejected": deque(maxlen=50),
+            "connection": deque(maxlen=50),
+            "log": deque(maxlen=200),
+        }
+
+    def publish(self, kind: str, data: dict[str, Any]) -> None:
+        data = {**data, "time": time.time()}
+        if kind in self.recent:
+            self.recent[kind].append(data)
+        for queue in list(self.subscribers):
+            with contextlib.suppress(asyncio.QueueFull):
+                queue.put_nowait((kind, data))
+
+    def subscribe(self) -> asyncio.Queue[tuple[str, dict[str, Any]]]:
+        queue: asyncio.Queue[tuple[str, dict[str, Any]]] = asyncio.Queue(maxsize=self.size)
+        self.subscribers.add(queue)
+        return queue
+
+    def unsubscribe(self, queue: asyncio.Queue[tuple[str, dict[str, Any]]]) -> None:
+        self.subscribers.discard(queue)
+
+    def close(self) -> None:
+        """End every live stream (server shutdown): they must not hold the server open."""
+        for queue in list(self.subscribers):
+            with contextlib.suppress(asyncio.QueueFull):
+                queue.put_nowait((CLOSE, {}))
+
+
+class HubLogHandler(logging.Handler):
+    """Structured log records of the `offline` loggers, as `log` events on the live stream."""
+
+    def __init__(self, hub: EventHub, secrets: list[str]) -> None:
+        super().__init__(level=logging.INFO)
+        self.hub = hub
+        self.secrets = [s for s in secrets if s]
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            message = record.getMessage()
+            for secret in self.secrets:  # a configured secret never leaves the process in a log event
+                message = message.replace(secret, "[redacted]")
+            self.hub.publish(
+                "log", {"level": record.levelname.lower(), "logger": record.name, "message": message}
+            )
+        except Exception:
+            self.handleError(record)
+
+
+class _SyncCollector:
+    """Reads the sync service's counters at scrape time (no double bookkeeping)."""
+
+    def __init__(self, server: ProductionServer) -> None:
+        self.server = server
+
+    def collect(self) -> Any:
+        sync = self.server.sync
+        counters = sync.counters
+        yield GaugeMetricFamily("offline_connections", "Connected sync sessions", value=len(sync.sessions))
+        received = CounterMetricFamily("offline_operations_received", "Operations received from clients")
+        received.add_metric([], counters["received"])
+        yield received
+        accepted = CounterMetricFamily("offline_operations_accepted", "Operations accepted and stored")
+        accepted.add_metric([], counters["accepted"])
+        yield accepted
+        duplicates = CounterMetricFamily(
+            "offline_operations_duplicate", "Operations received again and ignored"
+        )
+        duplicates.add_metric([], counters["duplicates"])
+        yield duplicates
+        sent = CounterMetricFamily("offline_operations_sent", "Operations sent to clients")
+        sent.add_metric([], counters["sent"])
+        yield sent
+        server_ops = CounterMetricFamily("offline_server_operations", "Operations the server wrote itself")
+        server_ops.add_metric([], counters["server_ops"])
+        yield server_ops
+        rejected = CounterMetricFamily(
+            "offline_operations_rejected", "Operations refused, by code", labels=["code"]
+        )
+        for code, count in sorted(sync.rejections.items()):
+            rejected.add_metric([code], count)
+        yield rejected
+        conflicts = CounterMetricFamily(
+            "offline_conflicts", "Conflicts resolved, by strategy", labels=["strategy"]
+        )
+        for strategy, count in sorted(sync.conflicts.items()):
+            conflicts.add_metric([strategy], count)
+        yield conflicts
+        watermark = sync.watermark
+        lag = max((watermark - s.cursor for s in sync.sessions), default=0)
+        yield GaugeMetricFamily(
+            "offline_sync_lag_operations", "Largest delivery backlog of a session", value=lag
+        )
+        yield GaugeMetricFamily(
+            "offline_delivery_sequence", "Highest committed delivery sequence", value=watermark
+        )
+        yield GaugeMetricFamily(
+            "offline_uptime_seconds",
+            "Seconds since the server started",
+            value=time.time() - self.server.started_at,
+        )
+
+
+class Operational:
+    def __init__(self, server: ProductionServer) -> None:
+        self.server = server
+        self.auth = OperationalAuth(server.operational_auth)
+        self.hub = EventHub()
+        self.registry = CollectorRegistry(auto_describe=True)  # one per server: tests run several
+        self.registry.register(_SyncCollector(server))  # type: ignore[arg-type]
+        self.commit_seconds = Histogram(
+            "offline_store_commit_seconds",
+            "Time to judge and durably store one incoming batch",
+            registry=self.registry,
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+        )
+        secrets = [t for t in (self.auth.admin, self.auth.metrics, self.auth.backup) if t]
+        self.log_handler = HubLogHandler(self.hub, secrets)
+        server.sync.listeners.append(self._on_sync_event)
+
+    def install(self) -> None:
+        logging.getLogger("offline").addHandler(self.log_handler)
+        self.auth.warn_open()
+
+    def uninstall(self) -> None:
+        logging.getLogger("offline").removeHandler(self.log_handler)
+        self.hub.close()
+
+    def _on_sync_event(self, kind: str, payload: dict[str, Any]) -> None:
+        if kind == "commit":
+            self.commit_seconds.observe(float(payload.get("seconds", 0.0)))
+            return
+        self.hub.publish(kind, payload)
+
+    # -- payloads -----------------------------------------------------------------------------------------
+
+    async def status(self) -> dict[str, Any]:
+        server = self.server
+        sync = server.sync
+        stats = await server.store.stats()
+        return {
+            "status": "ok",
+            "version": server.version,
+            "uptime": round(time.time() - server.started_at, 3),
+            "store": server.store.kind,
+            "schemaVersion": sync.schema.version,
+            "serverNodeId": getattr(sync, "node_id", None),
+            "deliverySequence": sync.watermark,
+            "operations": {
+                "stored": stats.get("operations", 0),
+                "received": sync.counters["received"],
+                "accepted": sync.counters["accepted"],
+                "sent": sync.counters["sent"],
+                "rejected": dict(sync.rejections),
+            },
+            "records": stats.get("records", {}),
+            "conflicts": dict(sync.conflicts),
+            "connectedClients": len(sync.sessions),
+            "clients": [
+                {
+                    "nodeId": s.node_id,
+                    "connectedAt": s.connected_at,
+                    "cursor": s.cursor,
+                    "received": s.received,
+                    "rejected": s.rejected,
+                    "scope": s.filters,
+                }
+                for s in sorted(sync.sessions, key=lambda s: s.connected_at)
+            ],
+        }
+
+    # -- endpoints -------------------------------------------------------------------------------------------
+
+    async def status_endpoint(self, request: Request) -> Response:
+        if not self.auth.allowed(request, "admin", cookie_ok=True):
+            return unauthorized("admin")
+        return JSONResponse(await self.status())
+
+    async def metrics_endpoint(self, request: Request) -> Response:
+        if not self.auth.allowed(request, "metrics"):
+            return unauthorized("metrics")
+        return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)
+
+    async def events_endpoint(self, request: Request) -> Response:
+        if not self.auth.allowed(request, "admin", cookie_ok=True):
+            return unauthorized("admin")
+        queue = self.hub.subscribe()
+
+        async def stream() -> AsyncIterator[str]:
+            try:
+                yield _sse("status", await self.status())
+                for kind in ("connection", "conflict", "rejected", "log"):
+                    for item in list(self.hub.recent[kind])[-20:]:
+                        yield _sse(kind, {**item, "replay": True})
+                yield _sse("ready", {"replayed": True})  # history ends here; live events follow
+                next_status = time.monotonic() + STATUS_INTERVAL
+                while True:
+                    timeout = max(0.0, next_status - time.monotonic())
+                    try:
+                        kind, data = await asyncio.wait_for(queue.get(), timeout)
+                        if kind == CLOSE:
+                            return
+                        yield _sse(kind, data)
+                    except TimeoutError:
+                        yield _sse("status", await self.status())
+                        next_status = time.monotonic() + STATUS_INTERVAL
+            finally:
+                self.hub.unsubscribe(queue)
+
+        return StreamingResponse(
+            stream(),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+        )
+
+    async def backup_export(self, request: Request) -> Response:
+        if not self.auth.allowed(request, "backup"):
+            return unauthorized("backup")
+        store = self.server.store
+        sync = self.server.sync
+        count = (await store.stats()).get("operations", 0)
+        manifest = {
+            "type": "manifest",
+            "format": "offline-backup",
+            "version": 1,
+            "schemaVersion": sync.schema.version,
+            "serverNodeId": getattr(sync, "node_id", None),
+            "operations": count,
+            "createdAt": int(time.time() * 1000),
+            "store": store.kind,
+        }
+
+        async def lines() -> AsyncIterator[bytes]:
+            digest = hashlib.sha256()
+            first = (json.dumps(manifest, separators=(",", ":")) + "\n").encode("utf-8")
+            digest.update(first)
+            yield first
+            written = 0
+            async for stored in store.export_operations():
+                line = {
+                    "type": "operation",
+                    "delivery": stored.delivery,
+                    "operation": stored.operation.to_wire(),
+                    "scope": stored.scope,
+                }
+                data = (json.dumps(line, separators=(",", ":"), ensure_ascii=False) + "\n").encode("utf-8")
+                digest.update(data)
+                written += 1
+                yield data
+            tail = {
+                "type": "checksum",
+                "algorithm": "sha256",
+                "sha256": digest.hexdigest(),
+                "operations": written,
+            }
+            yield (json.dumps(tail, separators=(",", ":")) + "\n").encode("utf-8")
+
+        return StreamingResponse(
+            lines(),
+            media_type="application/x-ndjson",
+            headers={"Content-Disposition": 'attachment; filename="offline-backup.ndjson"'},
+        )
+
+    async def backup_import(self, request: Request) -> Response:
+        if not self.auth.allowed(request, "backup"):
+            return unauthorized("backup")
+        body = await request.body()
+        try:
+            manifest, ops = parse_backup(body)
+        except ValueError as exc:
+            return JSONResponse({"error": "invalid_backup", "message": str(exc)}, status_code=400)
+        sync = self.server.sync
+        if manifest.get("schemaVersion", 0) > sync.schema.version:
+            return JSONResponse(
+                {
+                    "error": "schema_mismatch",
+                    "message": f"the backup is of schema version {manifest['schemaVersion']}, newer than the "
+                    f"server's {sync.schema.version}; upgrade the server first",
+                },
+                status_code=409,
+            )
+        source_node = manifest.get("serverNodeId")
+        if source_node and sync.watermark == 0:
+            # A fresh server adopts the backed-up server's identity, so its writes stay authoritative.
+            await sync.adopt_node_id(str(source_node))
+        imported = duplicates = 0
+        refused: dict[str, str] = {}
+        for start in range(0, len(ops), 500):
+            results = await sync.commit(None, ops[start : start + 500])
+            for op_id, value in results.items():
+                if value is None:
+                    duplicates += 1
+                elif isinstance(value, int):
+                    imported += 1
+                else:
+                    refused[op_id] = f"{value.code}: {value.message}"
+        status = 200 if not refused else 207
+        return JSONResponse(
+            {"imported": imported, "duplicates": duplicates, "refused": refused, "operations": len(ops)},
+            status_code=status,
+        )
+
+
+def parse_backup(body: bytes) -> tuple[dict[str, Any], list[Operation]]:
+    """Validate an NDJSON backup: manifest first, checksum last and matching, every operation verified."""
+    lines = body.splitlines(keepends=True)
+    if len(lines) < 2:
+        raise ValueError("a backup has at least a manifest line and a checksum line")
+    try:
+        manifest = json.loads(lines[0])
+        tail = json.loads(lines[-1])
+    except ValueError as exc:
+        raise ValueError(f"the backup is not NDJSON: {exc}") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != "offline-backup":
+        raise ValueError("the first line is not an offline backup manifest")
+    if not isinstance(tail, dict) or tail.get("type") != "checksum":
+        raise ValueError("the last line is not the checksum line; the backup may be truncated")
+    digest = hashlib.sha256()
+    for line in lines[:-1]:
+        digest.update(line if line.endswith(b"\n") else line + b"\n")
+    if not hmac.compare_digest(digest.hexdigest(), str(tail.get("sha256", ""))):
+        raise ValueError("checksum mismatch: the backup was altered or damaged")
+    ops: list[Operation] = []
+    for number, line in enumerate(lines[1:-1], start=2):
+        try:
+            item = json.loads(line)
+            ops.append(Operation.from_wire(item["operation"], verify=True))
+        except Exception as exc:
+            raise ValueError(f"line {number}: not a valid operation ({exc})") from None
+    if tail.get("operations") != len(ops):
+        raise ValueError(
+            f"the checksum line counts {tail.get('operations')} operations, the file has {len(ops)}"
+        )
+    return manifest, ops
+
+
+def _sse(kind: str, data: Any) -> str:
+    return f"event: {kind}\ndata: {json.dumps(data, separators=(',', ':'), default=str)}\n\n"
+
+
+def plain(text: str, status: int = 200) -> PlainTextResponse:
+    return PlainTextResponse(text, status_code=status)

@@ -1,0 +1,362 @@
+"""Chaos: many clients, random writes, a lossy network and a server that crashes (DESIGN.md sections 3-4).
+
+A real server process on the SQLite store sits behind `ChaosProxy`, which drops 10 % of the protocol frames,
+duplicates 5 % and reorders some, in both directions. Ten client apps (one event loop, one database file each)
+make random inserts, lww updates, counter increments, add-wins array edits and deletes on a shared pool of
+record ids (so they conflict), while the server is SIGKILLed and restarted a few times. Then the proxy calms
+down and the test waits until every client reports synced and the records stop changing. It checks:
+
+- every client holds the same records, and so does a fresh client that syncs everything straight from the
+  server (that is how "what the server holds" is observed: through the protocol, folded by the same code);
+- every operation the server ever acknowledged (as seen on the wire by the proxy) is in the server's SQLite
+  file after the crashes, and so is every operation any client wrote.
+
+``OFFLINE_CHAOS_SCALE`` (default 1.0) scales the number of operations per client (1,000 at 1.0) for local
+iteration; ``OFFLINE_CHAOS_SEED`` changes the seed. The run prints its figures (``pytest -s`` shows them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import random
+import sqlite3
+import re
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from offline import OfflineError, create_app, op
+from offline.store import App
+from tests.support.chaos_proxy import ChaosProxy
+from tests.support.servers import ServerProcess, write_entry
+
+pytestmark = pytest.mark.slow
+
+SCALE = float(os.environ.get("OFFLINE_CHAOS_SCALE", "1") or 1)
+SEED = int(os.environ.get("OFFLINE_CHAOS_SEED", "20250101") or 20250101)
+CLIENTS = 10
+OPS_PER_CLIENT = max(20, round(1000 * SCALE))
+POOL = 150  # shared record ids every client may insert, so concurrent inserts of one id happen
+KILLS = 3  # SIGKILL + restart of the server during the writes
+MIN_UPTIME = 2.0  # seconds a (re)started server runs before the next crash
+PAUSE = 0.004  # mean pause between one client's writes, so writes interleave with sync and crashes
+SETTLE_TIMEOUT = 120.0
+TRACE = bool(os.environ.get("OFFLINE_CHAOS_TRACE"))  # print every client's connects and disconnects
+TAGS = [f"t{i}" for i in range(12)]
+
+SCHEMA_SOURCE = """
+from offline import define_schema, t
+
+schema = define_schema(
+    {
+        "version": 1,
+        "collections": {
+            "items": {
+                "fields": {
+                    "title": t.string().default(""),
+                    "done": t.boolean().default(False),
+                    "count": t.number().merge("counter").default(0),
+                    "tags": t.array(t.string()).merge("union").default([]),
+                }
+            }
+        },
+    }
+)
+"""
+
+
+def load_schema() -> Any:
+    namespace: dict[str, Any] = {}
+    exec(SCHEMA_SOURCE, namespace)
+    return namespace["schema"]
+
+
+def client_config(url: str) -> dict[str, Any]:
+    return {
+        "url": url,
+        "backoff_initial": 0.05,
+        "backoff_max": 1.0,
+        "ack_timeout": 1.0,
+        "handshake_timeout": 1.0,
+    }
+
+
+def random_record_id(app: App, rng: random.Random) -> str | None:
+    """A random live record of this replica (read straight from its table: cheap at any size)."""
+    items = app.collection("items")
+    count = items.count()  # flushes pending rows first, like every read
+    if not count:
+        return None
+    with app.db.lock:
+        row = app.db.conn.execute(
+            f'SELECT "id" FROM {items.codec.table} ORDER BY "id" LIMIT 1 OFFSET ?', (rng.randrange(count),)
+        ).fetchone()
+    return str(row[0])
+
+
+def snapshot(app: App) -> str:
+    """The records of one replica, canonically (one JSON text, so replicas compare byte for byte)."""
+    records = sorted(app.collection("items").all().fetch(), key=lambda r: r["id"])
+    return json.dumps(records, sort_keys=True)
+
+
+def random_write(app: App, rng: random.Random, counts: dict[str, int]) -> None:
+    """One random local write (retrying with another kind when the chosen one does not apply here)."""
+    items = app.collection("items")
+    roll = rng.random()
+    record_id = None if roll < 0.15 else random_record_id(app, rng)
+    if record_id is None:
+        record_id = f"pool-{rng.randrange(POOL)}"
+        values: dict[str, Any] = {
+            "title": f"title-{rng.randrange(10_000)}",
+            "count": rng.randrange(10),
+            "tags": rng.sample(TAGS, rng.randrange(3)),
+        }
+        if app.cached_state("items", record_id) is None:  # ids are never reused, even after a delete
+            items.insert({"id": record_id, **values})
+            counts["insert_shared"] += 1
+        else:
+            items.insert(values)
+            counts["insert_fresh"] += 1
+        return
+    if roll < 0.40:
+        if rng.random() < 0.7:
+            items.update(record_id, {"title": f"title-{rng.randrange(10_000)}"})
+        else:
+            items.update(record_id, {"done": rng.random() < 0.5})
+        counts["update_lww"] += 1
+    elif roll < 0.65:
+        items.update(record_id, {"count": op.increment(rng.choice([1, 1, 2, 5, -1, -3]))})
+        counts["update_counter"] += 1
+    elif roll < 0.90:
+        current = items.find_by_id(record_id) or {}
+        tag = rng.choice(TAGS)
+        if rng.random() < 0.1:
+            items.update(record_id, {"tags": rng.sample(TAGS, rng.randrange(4))})
+        elif tag in (current.get("tags") or []):
+            items.update(record_id, {"tags": op.remove(tag)})
+        else:
+            items.update(record_id, {"tags": op.append(tag)})
+        counts["update_array"] += 1
+    elif roll < 0.92:
+        items.update(
+            record_id,
+            {
+                "title": f"title-{rng.randrange(10_000)}",
+                "count": op.increment(rng.randrange(1, 4)),
+                "tags": op.append(rng.choice(TAGS)),
+            },
+        )
+        counts["update_multi"] += 1
+    else:
+        items.delete(record_id)
+        counts["delete"] += 1
+
+
+def server_operation_ids(db: Path) -> set[str]:
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        return {row[0] for row in conn.execute("SELECT id FROM offline_operations")}
+    finally:
+        conn.close()
+
+
+def own_operation_ids(app: App) -> set[str]:
+    with app.db.lock:
+        rows = app.db.conn.execute("SELECT id FROM _offline_ops WHERE node_id = ?", (app.node_id,))
+        return {row[0] for row in rows}
+
+
+def describe(apps: list[App]) -> str:
+    lines = []
+    for i, app in enumerate(apps):
+        engine = app.sync
+        lines.append(
+            f"client {i}: status={engine.status} pending={engine.pending} "
+            f"connections={engine.connections} records={app.collection('items').count()} "
+            f"watermark={app.db.get_meta('delivery_watermark')}"
+        )
+    return "\n".join(lines)
+
+
+async def settle(apps: list[App], timeout: float) -> float:
+    """Wait until every client is synced and no record changes for a while; returns the seconds it took."""
+    started = time.monotonic()
+    deadline = started + timeout
+    previous: list[str] | None = None
+    stable = 0
+    while True:
+        remaining = deadline - time.monotonic()
+        try:
+            for i, app in enumerate(apps):
+                t0 = time.monotonic()
+                await app.sync.wait_until_synced(timeout=max(remaining, 0.1))
+                if TRACE and time.monotonic() - t0 > 0.5:
+                    print(f"settle: client {i} took {time.monotonic() - t0:.2f}s to report synced")
+        except OfflineError as exc:
+            raise AssertionError(f"clients did not sync: {exc}\n{describe(apps)}") from exc
+        current = [snapshot(app) for app in apps]
+        if TRACE:
+            print(f"settle {time.monotonic() - started:6.2f}s: {len(set(current))} distinct states")
+        stable = stable + 1 if current == previous else 0
+        previous = current
+        if stable >= 3 and len(set(current)) == 1:
+            return time.monotonic() - started
+        if time.monotonic() > deadline:
+            distinct = len(set(current))
+            raise AssertionError(
+                f"records did not converge within {timeout} s ({distinct} distinct replica states)\n"
+                f"{describe(apps)}"
+            )
+        await asyncio.sleep(0.5)
+
+
+async def run_chaos(tmp_path: Path) -> dict[str, Any]:
+    schema = load_schema()
+    rng = random.Random(SEED)
+    figures: dict[str, Any] = {"clients": CLIENTS, "ops_per_client": OPS_PER_CLIENT, "seed": SEED}
+    started = time.monotonic()
+
+    server_dir = tmp_path / "server"
+    server_dir.mkdir()
+    server_db = server_dir / "server.db"
+    server = ServerProcess(write_entry(server_dir, SCHEMA_SOURCE), store="sqlite", db=str(server_db))
+    await asyncio.to_thread(server.start)
+    proxy = await ChaosProxy(f"ws://127.0.0.1:{server.port}", seed=SEED).start()
+    sync_path = "/offline-sync"
+
+    apps = [
+        create_app(schema, sync=client_config(proxy.url + sync_path), path=str(tmp_path / f"client{i}.db"))
+        for i in range(CLIENTS)
+    ]
+    fresh: App | None = None
+    counts: dict[str, int] = dict.fromkeys(
+        [
+            "insert_shared",
+            "insert_fresh",
+            "update_lww",
+            "update_counter",
+            "update_array",
+            "update_multi",
+            "delete",
+        ],
+        0,
+    )
+    done = 0
+    reasons: Counter[str] = Counter()
+
+    def watch(index: int, app: App) -> None:
+        def on_event(event: Any) -> None:
+            reason = event.get("reason")
+            if reason is not None:
+                # Group by the kind of reason ("delivery gap", "TimeoutError", close codes...), not its numbers.
+                reasons[re.sub(r"\d+", "N", str(reason))[:60]] += 1
+            if TRACE:
+                print(f"{time.monotonic() - started:8.3f} client {index} {event.type} {reason or ''}")
+
+        app.events.on("sync:connected", on_event)
+        app.events.on("sync:disconnected", on_event)
+
+    try:
+        for index, app in enumerate(apps):
+            watch(index, app)
+            await app.sync.connect(wait=False)
+
+        async def writer(index: int) -> None:
+            nonlocal done
+            local = random.Random(SEED * 1000 + index)
+            app = apps[index]
+            written = 0
+            while written < OPS_PER_CLIENT:
+                before = app.version_vector.get(app.node_id, 0)
+                random_write(app, local, counts)
+                # A write that changes nothing (the value was already there) makes no operation.
+                if app.version_vector.get(app.node_id, 0) > before:
+                    written += 1
+                    done += 1
+                await asyncio.sleep(local.uniform(0, 2 * PAUSE))
+
+        async def crasher() -> None:
+            total = CLIENTS * OPS_PER_CLIENT
+            # One crash at a random point of each of KILLS equal stretches of the writes.
+            marks = [(k + rng.uniform(0.15, 0.85)) / KILLS * total for k in range(KILLS)]
+            figures["kills_at_ops"] = []
+            downtime = []
+            up_since = time.monotonic()
+            for mark in marks:
+                # Also let each restarted server serve for a moment, so its clients come back in between.
+                while done < mark or time.monotonic() - up_since < MIN_UPTIME:
+                    await asyncio.sleep(0.01)
+                figures["kills_at_ops"].append(done)
+                await asyncio.to_thread(server.kill)
+                if TRACE:
+                    print(f"{time.monotonic() - started:8.3f} server killed after {done} operations")
+                pause = rng.uniform(0.2, 1.5)
+                await asyncio.sleep(pause)
+                t0 = time.monotonic()
+                await asyncio.to_thread(server.start)
+                if TRACE:
+                    print(f"{time.monotonic() - started:8.3f} server restarted")
+                up_since = time.monotonic()
+                downtime.append(round(pause + up_since - t0, 2))
+            figures["server_downtime_s"] = downtime
+
+        await asyncio.gather(crasher(), *(writer(i) for i in range(CLIENTS)))
+        figures["write_phase_s"] = round(time.monotonic() - started, 1)
+        figures["operations"] = dict(counts)
+
+        proxy.calm()
+        figures["settle_s"] = round(await settle(apps, SETTLE_TIMEOUT), 1)
+
+        # What the server holds, observed through the protocol: a new replica synced straight from it.
+        fresh = create_app(schema, sync=client_config(server.sync_url), path=str(tmp_path / "fresh.db"))
+        await fresh.sync.connect(timeout=30)
+        await fresh.sync.wait_until_synced(timeout=60)
+        expected = snapshot(fresh)
+        for i, app in enumerate(apps):
+            assert snapshot(app) == expected, f"client {i} differs from what the server holds"
+        figures["records"] = len(json.loads(expected))
+        figures["client_connections"] = [app.sync.connections for app in apps]
+        written: set[str] = set()
+        for app in apps:
+            written |= own_operation_ids(app)
+    finally:
+        for app in [*apps, *([fresh] if fresh is not None else [])]:
+            with contextlib.suppress(Exception):
+                await app.sync.disconnect()
+            app.close()
+        await proxy.stop()
+        await asyncio.to_thread(server.terminate)
+
+    stored = server_operation_ids(server_db)
+    figures["proxy"] = proxy.summary
+    figures["disconnect_reasons"] = dict(reasons.most_common())
+    figures["acknowledged_ops"] = len(proxy.acknowledged)
+    figures["server_ops"] = len(stored)
+    figures["total_s"] = round(time.monotonic() - started, 1)
+    assert not proxy.rejected, f"the server refused {len(proxy.rejected)} operations"
+    lost = proxy.acknowledged - stored
+    assert not lost, f"{len(lost)} acknowledged operations are missing from the server store"
+    assert written == stored, (
+        f"{len(written - stored)} client operations never reached the server; "
+        f"{len(stored - written)} server operations no client wrote"
+    )
+    assert len(written) == CLIENTS * OPS_PER_CLIENT
+    return figures
+
+
+def test_chaos_convergence_and_durability(tmp_path: Path) -> None:
+    figures = asyncio.run(run_chaos(tmp_path))
+    print("\nchaos figures:", json.dumps(figures, indent=1))
+    proxy = figures["proxy"]
+    # The run must actually have been chaotic: frames lost, doubled and reordered, the server crashed.
+    assert proxy.get("dropped", 0) > 0
+    assert proxy.get("duplicated", 0) > 0
+    assert proxy.get("reordered", 0) > 0
+    assert len(figures["server_downtime_s"]) == KILLS

@@ -1,0 +1,784 @@
+"""Sync end to end: real server processes (`python -m server_runtime`) on loopback, real WebSocket clients.
+
+Every test runs against the three server stores (memory, SQLite, PostgreSQL via the ``postgres_url`` fixture,
+skipped when PostgreSQL is unreachable). Nothing sleeps and hopes: every wait polls a condition with a
+deadline and fails with what it saw.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from websockets.asyncio.client import connect as ws_connect
+
+from offline import HLCTimestamp, HybridLogicalClock, OfflineError, create_app, create_operation, op
+from offline.core.schema import SchemaDefinition
+from offline.core.uuid7 import generate_uuid_v7
+from offline.store import App
+from offline.store.database import ACKED, PENDING, REJECTED
+from offline.store.replication import delivery_watermark
+from offline.sync import protocol as p
+from offline.sync.transport import WebSocketTransport
+from server_runtime.stores import create_relational_server_store, create_sqlite_server_store
+from tests.support.servers import ServerProcess, write_entry
+
+# -- schemas: the server process and the clients build theirs from the same source ------------------------------
+
+GENERAL_SOURCE = """
+from offline import define_schema, t
+
+schema = define_schema(
+    {
+        "version": 1,
+        "collections": {
+            "items": {
+                "fields": {
+                    "title": t.string(),
+                    "done": t.boolean().default(False),
+                    "count": t.number().merge("counter").default(0),
+                    "tags": t.array(t.string()).default([]),
+                }
+            },
+            "notes": {"fields": {"body": t.string(), "rank": t.number().optional()}},
+        },
+    }
+)
+"""
+
+SCOPED_SOURCE = """
+from offline import define_schema, t
+
+schema = define_schema(
+    {
+        "version": 1,
+        "collections": {"todos": {"fields": {"ownerId": t.string(), "title": t.string()}}},
+        "sync": {"todos": {"where": {"ownerId": "userId"}}},
+    }
+)
+"""
+
+
+def load_schema(source: str) -> SchemaDefinition:
+    namespace: dict[str, Any] = {}
+    exec(source, namespace)
+    schema = namespace["schema"]
+    assert isinstance(schema, SchemaDefinition)
+    return schema
+
+
+GENERAL = load_schema(GENERAL_SOURCE)
+GENERAL_V2 = load_schema(GENERAL_SOURCE.replace('"version": 1', '"version": 2'))
+SCOPED = load_schema(SCOPED_SOURCE)
+assert GENERAL_V2.version == 2
+
+# Reconnect fast: a test must not wait out a production backoff.
+FAST = {"backoff_initial": 0.05, "backoff_max": 0.4, "ack_timeout": 2.0, "handshake_timeout": 10.0}
+TIMEOUT = 30.0
+
+# -- server processes --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Backend:
+    """One server store (kind + where its data lives) and the server processes started on it."""
+
+    kind: str  # memory | sqlite | postgres
+    db: str | None
+    folder: Path
+    processes: list[ServerProcess] = field(default_factory=list)
+
+    @property
+    def durable(self) -> bool:
+        return self.kind != "memory"
+
+    def server(self, source: str = GENERAL_SOURCE, name: str = "general") -> ServerProcess:
+        folder = self.folder / f"server-{name}"
+        folder.mkdir(exist_ok=True)
+        entry = folder / "server.py"
+        if not entry.exists():
+            write_entry(folder, source)
+        process = ServerProcess(entry, store=self.kind, db=self.db)
+        self.processes.append(process)
+        return process.start()
+
+    def stop_all(self) -> None:
+        """SIGTERM every process still running; each must shut down cleanly (exit status 0) in time."""
+        running = [p for p in self.processes if p.proc is not None and p.proc.poll() is None]
+        codes = [p.terminate(timeout=10) for p in running]
+        assert codes == [0] * len(running), f"server exit statuses after SIGTERM: {codes}"
+
+    async def stored_operation_ids(self) -> set[str]:
+        """The operation ids in the server's database, read directly (the server process must be down)."""
+        assert self.db is not None
+        if self.kind == "sqlite":
+            store: Any = create_sqlite_server_store(self.db)
+        else:
+            store = await create_relational_server_store(self.db)
+        try:
+            return {stored.operation.id for stored in await store.operations_since(0)}
+        finally:
+            await store.close()
+
+
+@pytest.fixture(params=["memory", "sqlite", "postgres"])
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
+    kind = request.param
+    db: str | None = None
+    if kind == "sqlite":
+        db = str(tmp_path / "server.db")
+    elif kind == "postgres":
+        db = request.getfixturevalue("postgres_url")
+    backend = Backend(kind, db, tmp_path)
+    try:
+        yield backend
+    finally:
+        backend.stop_all()
+
+
+@pytest.fixture
+def memory_backend(tmp_path: Path) -> Iterator[Backend]:
+    """For tests of client behaviour that does not depend on the server's store."""
+    backend = Backend("memory", None, tmp_path)
+    try:
+        yield backend
+    finally:
+        backend.stop_all()
+
+
+# -- clients -----------------------------------------------------------------------------------------------------
+
+
+def client(tmp_path: Path, name: str, url: str, schema: SchemaDefinition = GENERAL, **options: Any) -> App:
+    return create_app(schema, sync={"url": url, **FAST, **options}, path=str(tmp_path / f"{name}.db"))
+
+
+async def shutdown(*apps: App) -> None:
+    for app in apps:
+        with contextlib.suppress(Exception):
+            await app.sync.disconnect()
+        app.close()
+
+
+@contextlib.asynccontextmanager
+async def clients(*apps: App) -> Any:
+    try:
+        yield apps
+    finally:
+        await shutdown(*apps)
+
+
+def snapshot(app: App) -> dict[str, list[dict[str, Any]]]:
+    """Every record of every collection, sorted by id."""
+    return {
+        name: sorted(app.collection(name).all().fetch(), key=lambda r: str(r["id"]))
+        for name in app.schema.collections
+    }
+
+
+def log_rows(app: App) -> list[tuple[str, str, int]]:
+    """(operation id, node id, status) of every operation in the app's log."""
+    with app.db.lock:
+        rows = app.db.conn.execute("SELECT id, node_id, status FROM _offline_ops").fetchall()
+    return [(str(r[0]), str(r[1]), int(r[2])) for r in rows]
+
+
+def own_ids(app: App, status: int | None = None) -> set[str]:
+    return {i for i, node, st in log_rows(app) if node == app.node_id and (status is None or st == status)}
+
+
+def all_ids(app: App) -> set[str]:
+    return {i for i, _, st in log_rows(app) if st != REJECTED}
+
+
+async def wait_for(
+    condition: Callable[[], bool], what: Callable[[], str] | str, timeout: float = TIMEOUT
+) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(
+                f"timed out after {timeout} s waiting for: {what if isinstance(what, str) else what()}"
+            )
+        await asyncio.sleep(0.02)
+
+
+async def converge(*apps: App, timeout: float = TIMEOUT) -> dict[str, list[dict[str, Any]]]:
+    """Wait until every app holds the same records (and nothing is left to send); return them."""
+    for app in apps:
+        await app.sync.wait_until_synced(timeout)
+
+    def same() -> bool:
+        first = snapshot(apps[0])
+        return all(snapshot(other) == first for other in apps[1:]) and all(a.sync.pending == 0 for a in apps)
+
+    await wait_for(
+        same, lambda: "convergence: " + json.dumps([snapshot(a) for a in apps], default=str)[:2000], timeout
+    )
+    return snapshot(apps[0])
+
+
+def collect(app: App, event: str) -> list[Any]:
+    seen: list[Any] = []
+    app.events.on(event, seen.append)
+    return seen
+
+
+# -- 1. convergence ---------------------------------------------------------------------------------------------
+
+
+def test_two_clients_converge(backend: Backend, tmp_path: Path) -> None:
+    server = backend.server()
+
+    async def scenario() -> None:
+        a = client(tmp_path, "a", server.sync_url)
+        b = client(tmp_path, "b", server.sync_url)
+        async with clients(a, b):
+            await a.sync.connect()
+            await b.sync.connect()
+            x = a.items.insert({"title": "x", "tags": ["a", "b", "c", "d"]})
+            y = a.items.insert({"title": "y"})
+            z = b.items.insert({"title": "z", "count": 10})
+            w = b.items.insert({"title": "w"})
+            n = a.notes.insert({"body": "hello", "rank": 1})
+            base = await converge(a, b)
+            assert {r["title"] for r in base["items"]} == {"x", "y", "z", "w"}
+
+            # Concurrent edits: both sides offline, then back.
+            await a.sync.disconnect()
+            await b.sync.disconnect()
+            a.items.update(x["id"], {"title": "x by a", "count": op.increment(2)})
+            b.items.update(x["id"], {"title": "x by b", "count": op.increment(5)})
+            a.items.update(x["id"], {"tags": ["a", "c", "e"]})  # removes b, d; adds e
+            b.items.update(x["id"], {"tags": ["a", "b", "f"]})  # removes c, d; adds f
+            a.items.update(z["id"], {"count": op.increment(1)})
+            b.items.update(z["id"], {"count": op.decrement(4), "done": True})
+            a.items.delete(y["id"])
+            b.items.delete(w["id"])
+            b.notes.update(n["id"], {"body": "edited by b"})
+            v = b.notes.insert({"body": "second"})
+            await a.sync.connect()
+            await b.sync.connect()
+            final = await converge(a, b)
+
+            items = {r["id"]: r for r in final["items"]}
+            assert set(items) == {x["id"], z["id"]}  # y and w deleted on one side only: gone everywhere
+            assert items[x["id"]]["count"] == 7  # both increments count
+            assert items[x["id"]]["title"] in {"x by a", "x by b"}
+            assert sorted(items[x["id"]]["tags"]) == ["a", "e", "f"]  # add-wins, each removal honoured
+            assert items[z["id"]]["count"] == 7
+            assert items[z["id"]]["done"] is True
+            notes = {r["id"]: r for r in final["notes"]}
+            assert notes == {
+                n["id"]: {"id": n["id"], "body": "edited by b", "rank": 1},
+                v["id"]: {"id": v["id"], "body": "second", "rank": None},
+            }
+
+            # A newcomer rebuilds the same state from the server alone.
+            c = client(tmp_path, "c", server.sync_url)
+            async with clients(c):
+                await c.sync.connect()
+                assert await converge(a, b, c) == final
+
+    asyncio.run(scenario())
+
+
+# -- 2. offline for 1,000 writes ----------------------------------------------------------------------------------
+
+
+def test_offline_client_catches_up_after_1000_writes(backend: Backend, tmp_path: Path) -> None:
+    server = backend.server()
+
+    async def scenario() -> None:
+        a = client(tmp_path, "a", server.sync_url)
+        b = client(tmp_path, "b", server.sync_url)
+        async with clients(a, b):
+            await a.sync.connect()
+            await b.sync.connect()
+            shared = [b.items.insert({"title": f"shared {i}"}) for i in range(10)]
+            await converge(a, b)
+
+            await a.sync.disconnect()
+            before = own_ids(a)
+            created = []
+            for i in range(700):  # 700 inserts + 200 updates + 100 deletes = 1,000 writes
+                created.append(a.items.insert({"title": f"offline {i}", "tags": [f"t{i % 7}"]}))
+            for i in range(190):
+                a.items.update(created[i]["id"], {"done": True, "count": op.increment(i)})
+            for record in shared:
+                a.items.update(record["id"], {"title": record["title"] + " (edited offline)"})
+            for i in range(100):
+                a.items.delete(created[600 + i]["id"])
+            offline_ids = own_ids(a) - before
+            assert len(offline_ids) == 1000
+            assert a.sync.pending == 1000
+            assert b.items.count() == 10  # nothing leaked while offline
+
+            await a.sync.connect()
+            final = await converge(a, b, timeout=60)
+            assert offline_ids <= all_ids(b)  # the other client holds every one of the 1,000 operations
+            assert a.sync.pending == 0
+            items = {r["id"]: r for r in final["items"]}
+            assert len(items) == 10 + 600
+            assert items[created[5]["id"]] == {**created[5], "done": True, "count": 5}
+            assert items[shared[3]["id"]]["title"] == "shared 3 (edited offline)"
+            assert created[650]["id"] not in items
+
+    asyncio.run(scenario())
+
+
+# -- 3. restart in the middle of the initial catch-up ---------------------------------------------------------------
+
+
+class StallingTransport:
+    """Delivers the first ``batches`` non-empty operation batches from the server, then no frame ever again."""
+
+    def __init__(self, batches: int) -> None:
+        self.limit = batches
+        self.delivered = 0
+        self.stalled = False
+        self.inner = WebSocketTransport()
+
+    async def connect(self, url: str) -> Any:
+        return _StallingConnection(await self.inner.connect(url), self)
+
+
+class _StallingConnection:
+    def __init__(self, inner: Any, owner: StallingTransport) -> None:
+        self.inner = inner
+        self.owner = owner
+
+    async def send(self, text: str) -> None:
+        await self.inner.send(text)
+
+    async def recv(self) -> str:
+        frame: str = await self.inner.recv()
+        message = json.loads(frame)
+        if message.get("type") == "operation-batch" and message.get("operations"):
+            if self.owner.delivered >= self.owner.limit:
+                self.owner.stalled = True
+                await asyncio.Event().wait()  # until cancelled
+            self.owner.delivered += 1
+        return frame
+
+    async def close(self, code: int = 1000, reason: str = "") -> None:
+        await self.inner.close(code, reason)
+
+
+def test_restart_mid_catch_up_resumes_from_watermark(backend: Backend, tmp_path: Path) -> None:
+    server = backend.server()
+    total = 2000
+
+    async def scenario() -> None:
+        seeder = client(tmp_path, "seeder", server.sync_url, batch_size=1000)
+        async with clients(seeder):
+            for start in range(0, total, 500):
+                with seeder.batch():
+                    for i in range(start, start + 500):
+                        seeder.items.insert({"title": f"item {i}"})
+            await seeder.sync.connect()
+            await seeder.sync.wait_until_synced(60)
+            expected = snapshot(seeder)
+        assert len(expected["items"]) == total
+
+        # First run: the server streams 500-operation batches; this client applies two, then hangs and is closed
+        # (the app goes away mid-catch-up, the way a killed process or a closed tab does).
+        path = tmp_path / "late.db"
+        stall = StallingTransport(batches=2)
+        late = create_app(GENERAL, sync={"url": server.sync_url, **FAST, "transport": stall}, path=str(path))
+        try:
+            await late.sync.connect()
+            await wait_for(lambda: stall.stalled, "the third batch")
+            watermark = delivery_watermark(late)
+            held = len(log_rows(late))
+        finally:
+            await shutdown(late)
+        assert 0 < held < total
+        assert held == 1000  # exactly the two delivered batches
+        assert watermark > 0
+
+        # Reopened with the same path: resumes after its watermark and receives only what it lacks.
+        again = client(tmp_path, "late", server.sync_url)
+        received = collect(again, "sync:received")
+        async with clients(again):
+            assert delivery_watermark(again) == watermark
+            assert len(log_rows(again)) == held
+            await again.sync.connect()
+            await again.sync.wait_until_synced(60)
+            await wait_for(lambda: again.items.count() == total, lambda: f"{again.items.count()} items")
+            assert sum(e.batchSize for e in received) == total - held  # nothing delivered twice
+            rows = log_rows(again)
+            assert len(rows) == total == len({r[0] for r in rows})
+            assert snapshot(again) == expected
+            assert delivery_watermark(again) > watermark
+
+    asyncio.run(scenario())
+
+
+# -- 4. a connection dropped while a client streams ------------------------------------------------------------------
+
+
+def test_dropped_connection_mid_stream_loses_nothing(backend: Backend, tmp_path: Path) -> None:
+    server = backend.server()
+
+    async def scenario() -> None:
+        a = client(tmp_path, "a", server.sync_url, batch_size=10)
+        b = client(tmp_path, "b", server.sync_url)
+        async with clients(a, b):
+            await a.sync.connect()
+            await b.sync.connect()
+            written: list[dict[str, Any]] = []
+
+            async def write(count: int) -> None:
+                for _ in range(count):
+                    written.append(a.items.insert({"title": f"w{len(written)}"}))
+                    await asyncio.sleep(0.001)  # let the engine stream while we write
+
+            await write(100)
+            await wait_for(lambda: len(own_ids(a, ACKED)) >= 50, "some acknowledgements")
+            await write(50)  # no wait: batches are in flight when the connection goes
+
+            if backend.durable:
+                server.kill()  # SIGKILL: no shutdown code runs
+                await wait_for(lambda: a.sync.status == "offline", lambda: f"a noticed ({a.sync.status})")
+                await write(50)  # still writing while the server is down
+                acked = own_ids(a, ACKED)
+                pending = own_ids(a, PENDING)
+                assert acked and pending
+                stored = await backend.stored_operation_ids()
+                assert acked <= stored, f"{len(acked - stored)} acknowledged operations lost"
+                server.start()  # same port, same data; both clients reconnect on their own
+            else:
+                await a.sync.disconnect()
+                pending = own_ids(a, PENDING)
+                assert pending
+                await write(50)
+                await a.sync.connect()
+                await write(25)
+
+            final = await converge(a, b)
+            assert {r["id"] for r in final["items"]} == {r["id"] for r in written}
+            assert pending <= all_ids(b)  # what was unacknowledged was resent
+            assert own_ids(a) == own_ids(a, ACKED)
+            c = client(tmp_path, "c", server.sync_url)
+            async with clients(c):
+                await c.sync.connect()
+                assert await converge(a, b, c) == final
+                assert own_ids(a) <= all_ids(c)
+
+    asyncio.run(scenario())
+
+
+# -- 5. schema-version mismatch ---------------------------------------------------------------------------------------
+
+
+def test_schema_mismatch_is_refused_and_local_data_kept(backend: Backend, tmp_path: Path) -> None:
+    server = backend.server()
+
+    async def scenario() -> None:
+        newer = client(tmp_path, "newer", server.sync_url, schema=GENERAL_V2)
+        async with clients(newer):
+            newer.items.insert({"title": "one"})
+            newer.notes.insert({"body": "two"})
+            before = snapshot(newer)
+            log_before = sorted(log_rows(newer))
+            with pytest.raises(OfflineError) as refused:
+                await newer.sync.connect()
+            assert refused.value.code == "SCHEMA_MISMATCH"
+            assert newer.sync.status == "error"
+            assert newer.sync.last_error is not None
+            assert newer.sync.last_error.code == "SCHEMA_MISMATCH"
+            with pytest.raises(OfflineError) as waited:
+                await newer.sync.wait_until_synced(5)
+            assert waited.value.code == "SCHEMA_MISMATCH"
+            assert snapshot(newer) == before
+            assert sorted(log_rows(newer)) == log_before  # still pending, nothing marked or dropped
+            assert newer.sync.pending == 2
+            assert delivery_watermark(newer) == 0
+            # The local store keeps working.
+            newer.items.insert({"title": "three"})
+            assert newer.items.count() == 2
+
+            # The server took nothing from it.
+            current = client(tmp_path, "current", server.sync_url)
+            async with clients(current):
+                await current.sync.connect()
+                await current.sync.wait_until_synced(TIMEOUT)
+                assert snapshot(current) == {"items": [], "notes": []}
+
+    asyncio.run(scenario())
+
+
+# -- 6. scoped clients -------------------------------------------------------------------------------------------------
+
+
+def test_scoped_clients_see_only_their_records(backend: Backend, tmp_path: Path) -> None:
+    server = backend.server(SCOPED_SOURCE, "scoped")
+
+    async def scenario() -> None:
+        admin = client(tmp_path, "admin", server.sync_url, schema=SCOPED)  # no scope: sees everything
+        a = client(tmp_path, "a", server.sync_url, schema=SCOPED, scope={"userId": "a"})
+        b = client(tmp_path, "b", server.sync_url, schema=SCOPED, scope={"userId": "b"})
+        async with clients(admin, a, b):
+            await admin.sync.connect()
+            for owner in ("a", "b", "c"):
+                for i in range(3):
+                    admin.todos.insert({"ownerId": owner, "title": f"{owner}{i} by admin"})
+            await admin.sync.wait_until_synced(TIMEOUT)
+
+            # A writes offline: two own records and one for b, sent together in its first batch.
+            a1 = a.todos.insert({"ownerId": "a", "title": "a1"})
+            forged = a.todos.insert({"ownerId": "b", "title": "not mine"})
+            a2 = a.todos.insert({"ownerId": "a", "title": "a2"})
+            rejected = collect(a, "sync:rejected")
+            await a.sync.connect()
+            await b.sync.connect()
+            await a.sync.wait_until_synced(TIMEOUT)
+            await b.sync.wait_until_synced(TIMEOUT)
+            await wait_for(lambda: len(rejected) == 1, lambda: f"{len(rejected)} rejections")
+            assert rejected[0].code == "SCOPE_VIOLATION"
+            assert rejected[0].operation.record_id == forged["id"]
+            assert a.todos.find_by_id(forged["id"]) is None  # dropped locally
+            assert a.todos.find_by_id(a1["id"]) is not None
+
+            # An update that would move an own record out of scope is refused too, and undone locally.
+            a.todos.update(a1["id"], {"ownerId": "b"})
+            await wait_for(lambda: len(rejected) == 2, lambda: f"{len(rejected)} rejections")
+            assert rejected[1].code == "SCOPE_VIOLATION"
+            assert a.todos.find_by_id(a1["id"]) == a1
+
+            # The rest of A's batch was stored: the unscoped client gets it, without the refused write.
+            await wait_for(
+                lambda: admin.todos.find_by_id(a2["id"]) is not None, "the admin receives A's records"
+            )
+            # Markers written last: once a client has its own, it has seen every earlier delivery.
+            markers = {o: admin.todos.insert({"ownerId": o, "title": "marker"})["id"] for o in ("a", "b")}
+            await wait_for(lambda: a.todos.find_by_id(markers["a"]) is not None, "A's marker")
+            await wait_for(lambda: b.todos.find_by_id(markers["b"]) is not None, "B's marker")
+            await admin.sync.wait_until_synced(TIMEOUT)
+
+            everything = {r["id"]: r for r in admin.todos.all().fetch()}
+            assert forged["id"] not in everything
+            assert everything[a1["id"]]["ownerId"] == "a"
+            for app, owner in ((a, "a"), (b, "b")):
+                records = app.todos.all().fetch()
+                assert records, owner
+                assert all(r["ownerId"] == owner for r in records), records
+                assert {r["id"] for r in records} == {
+                    i for i, r in everything.items() if r["ownerId"] == owner
+                }
+                # Not even an operation of someone else's record reached it.
+                with app.db.lock:
+                    touched = {
+                        str(row[0])
+                        for row in app.db.conn.execute(
+                            "SELECT record_id FROM _offline_ops WHERE status != ?", (REJECTED,)
+                        )
+                    }
+                assert touched <= {i for i, r in everything.items() if r["ownerId"] == owner}
+
+    asyncio.run(scenario())
+
+
+# -- 7. hostile input over a raw WebSocket --------------------------------------------------------------------------------
+
+
+async def receive_until(ws: Any, done: Callable[[p.Message], bool], timeout: float = 10.0) -> list[p.Message]:
+    seen: list[p.Message] = []
+    deadline = time.monotonic() + timeout
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise AssertionError(f"timed out; received {seen}")
+        message = p.decode(await asyncio.wait_for(ws.recv(), remaining))
+        seen.append(message)
+        if done(message):
+            return seen
+
+
+def test_hostile_operations_are_refused_one_by_one(backend: Backend, tmp_path: Path) -> None:
+    server = backend.server()
+
+    async def scenario() -> None:
+        node = generate_uuid_v7()
+        clock = HybridLogicalClock(node)
+        sequence = iter(range(1, 100))
+
+        def operation(title: Any, *, timestamp: HLCTimestamp | None = None) -> Any:
+            return create_operation(
+                {
+                    "node_id": node,
+                    "type": "insert",
+                    "collection": "items",
+                    "record_id": generate_uuid_v7(),
+                    "data": {"title": title, "done": False, "count": 0, "tags": []},
+                    "timestamp": timestamp or clock.now(),
+                    "sequence_number": next(sequence),
+                    "schema_version": 1,
+                }
+            )
+
+        good1 = operation("good 1")
+        forged = operation("forged").to_wire()
+        forged["id"] = "f" * 64
+        wrong_type = operation(12345)
+        future = operation(
+            "from the future", timestamp=HLCTimestamp(int(time.time() * 1000) + 3_600_000, 0, node)
+        )
+        good2 = operation("good 2")
+        good3 = operation("good 3")
+
+        async with ws_connect(server.sync_url) as ws:
+            hello = p.Handshake(p.new_message_id(), node, {}, 1, 0)
+            await ws.send(p.encode(hello))
+            reply = p.decode(await ws.recv())
+            assert isinstance(reply, p.HandshakeResponse) and reply.accepted
+            await receive_until(ws, lambda m: isinstance(m, p.OperationBatch) and m.is_final)
+
+            batch = p.OperationBatch(
+                p.new_message_id(),
+                (good1.to_wire(), forged, wrong_type.to_wire(), future.to_wire(), good2.to_wire()),
+                True,
+                0,
+            )
+            await ws.send(p.encode(batch))
+            answers = await receive_until(
+                ws,
+                lambda m: isinstance(m, p.Acknowledgment) and m.acknowledged_message_id == batch.message_id,
+            )
+            refusals = {m.operation_id: m.code for m in answers if isinstance(m, p.OperationRejected)}
+            assert refusals == {
+                forged["id"]: p.HASH_MISMATCH,
+                wrong_type.id: p.INVALID_OPERATION,
+                future.id: p.CLOCK_DRIFT,
+            }
+            assert not any(isinstance(m, p.ErrorMessage) for m in answers)
+            ack = answers[-1]
+            assert isinstance(ack, p.Acknowledgment) and ack.delivery_sequence is not None
+
+            # Malformed JSON: an error message, and the connection keeps working.
+            await ws.send('{"type": "operation-batch", "operations": [')
+            error = await receive_until(ws, lambda m: isinstance(m, p.ErrorMessage))
+            assert isinstance(error[-1], p.ErrorMessage) and error[-1].code == p.MALFORMED_MESSAGE
+            single = p.OperationMessage(p.new_message_id(), good3.to_wire())
+            await ws.send(p.encode(single))
+            answers = await receive_until(
+                ws,
+                lambda m: isinstance(m, p.Acknowledgment) and m.acknowledged_message_id == single.message_id,
+            )
+            assert not any(isinstance(m, p.OperationRejected | p.ErrorMessage) for m in answers)
+
+        observer = client(tmp_path, "observer", server.sync_url)
+        async with clients(observer):
+            await observer.sync.connect()
+            await observer.sync.wait_until_synced(TIMEOUT)
+            await wait_for(lambda: observer.items.count() == 3, lambda: f"{observer.items.count()} items")
+            assert sorted(r["title"] for r in observer.items.all().fetch()) == ["good 1", "good 2", "good 3"]
+            assert all_ids(observer) == {good1.id, good2.id, good3.id}
+
+    asyncio.run(scenario())
+
+
+# -- reconnecting: backoff, and a server that lost its data ------------------------------------------------------------
+
+
+class RecordingTransport(WebSocketTransport):
+    """The real transport, keeping the last connection so a test can break it."""
+
+    last: Any = None
+
+    async def connect(self, url: str) -> Any:
+        self.last = await super().connect(url)
+        return self.last
+
+
+def test_backoff_starts_over_after_each_established_session(memory_backend: Backend, tmp_path: Path) -> None:
+    server = memory_backend.server()
+
+    async def scenario() -> None:
+        transport = RecordingTransport()
+        options = {"transport": transport, "backoff_initial": 0.05, "backoff_max": 10.0}
+        a = create_app(GENERAL, sync={"url": server.sync_url, **options}, path=str(tmp_path / "a.db"))
+        async with clients(a):
+            await a.sync.connect()
+            await a.sync.wait_until_synced(TIMEOUT)
+            for drop in range(8):  # with a backoff that never resets, the 8th reconnect waits 3 s or more
+                before = a.sync.connections
+                started = time.monotonic()
+                await transport.last.close(1011, "dropped by the test")
+                await wait_for(
+                    lambda n=before: a.sync.connections > n and a.sync.status == "connected",  # type: ignore[misc]
+                    f"reconnect {drop}",
+                )
+                assert time.monotonic() - started < 1.5, f"reconnect {drop} backed off too long"
+            a.items.insert({"title": "after the drops"})
+            await a.sync.wait_until_synced(TIMEOUT)
+            assert own_ids(a) == own_ids(a, ACKED) != set()
+
+    asyncio.run(scenario())
+
+
+def test_client_resyncs_from_a_server_that_lost_its_data(memory_backend: Backend, tmp_path: Path) -> None:
+    """A restarted in-memory server numbers deliveries from 1 again: an old watermark must not skip any."""
+    server = memory_backend.server()
+
+    async def scenario() -> None:
+        w = client(tmp_path, "w", server.sync_url)
+        b = client(tmp_path, "b", server.sync_url)
+        c = client(tmp_path, "c", server.sync_url)
+        async with clients(w, b, c):
+            for i in range(60):
+                w.items.insert({"title": f"w{i}"})
+            await w.sync.connect()
+            await b.sync.connect()
+            await converge(w, b)
+            old_watermark = delivery_watermark(b)
+            assert old_watermark > 0
+            await b.sync.disconnect()
+
+            server.kill()
+            server.start()  # empty: same port, new server node, deliveries from 1 again
+            for i in range(30):
+                c.items.insert({"title": f"c{i}"})
+            await c.sync.connect()  # C's 30 operations take deliveries 1..30 of the new server
+            await c.sync.wait_until_synced(TIMEOUT)
+            await converge(w, c)  # W re-sends its 60; the new server's watermark passes B's old one
+
+            await b.sync.connect()
+            final = await converge(w, b, c)
+            assert len(final["items"]) == 90
+            assert b.sync.server_node_id == w.sync.server_node_id == c.sync.server_node_id
+
+    asyncio.run(scenario())
+
+
+def test_closing_an_app_stops_its_sync(
+    memory_backend: Backend, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`app.close()` without `disconnect()` ends the session instead of reconnecting to a closed database."""
+    server = memory_backend.server()
+
+    async def scenario() -> None:
+        a = client(tmp_path, "a", server.sync_url)
+        w = client(tmp_path, "w", server.sync_url)
+        async with clients(w):
+            await a.sync.connect()
+            await w.sync.connect()
+            a.close()
+            for i in range(5):  # the server now streams to a closed app
+                w.items.insert({"title": f"w{i}"})
+            await w.sync.wait_until_synced(TIMEOUT)
+            await wait_for(lambda: a.sync.status == "disconnected", lambda: f"status {a.sync.status}", 10)
+            assert a.sync.connections == 1
+            await a.sync.disconnect()
+
+    with caplog.at_level("ERROR", logger="offline.sync"):
+        asyncio.run(scenario())
+    assert not [r for r in caplog.records if r.levelname == "ERROR"], caplog.text
