@@ -61,8 +61,8 @@ INITIAL_OPERATIONS = 100_000
 INITIAL_SYNC_TIMEOUT_S = 30.0
 SUBSCRIBERS = 10
 WRITE_BATCH = 500
-FANOUT_WINDOW_S = 5.0
-FANOUT_DRAIN_S = 10.0
+FANOUT_WINDOW_S = 4.0
+FANOUT_DRAIN_S = 8.0
 LATENCY_RATE = 500
 LATENCY_WINDOW_S = 5.0
 
@@ -236,16 +236,10 @@ async def _worker_app_writer(args: dict[str, Any]) -> None:
     app.close()
 
 
-async def _worker_raw_writer(args: dict[str, Any]) -> None:
-    """Pre-builds operations, then on ``go`` pushes them in protocol batches, ``window`` unacknowledged."""
-    import websockets
+def _build_wires(node: str, clock: Any, first: int, count: int) -> list[dict[str, Any]]:
+    from offline import create_operation, generate_uuid_v7
 
-    from offline import HybridLogicalClock, create_operation, generate_uuid_v7
-    from offline.sync import protocol as p
-
-    node = generate_uuid_v7()
-    clock = HybridLogicalClock(node)
-    wires = [
+    return [
         create_operation(
             {
                 "node_id": node,
@@ -258,72 +252,151 @@ async def _worker_raw_writer(args: dict[str, Any]) -> None:
                 "schema_version": SCHEMA.version,
             }
         ).to_wire()
-        for i in range(int(args["count"]))
+        for i in range(first, first + count)
     ]
+
+
+async def _handshake(ws: Any, node: str, after: int) -> None:
+    from offline.sync import protocol as p
+
+    hello = p.Handshake(
+        message_id=p.new_message_id(),
+        node_id=node,
+        version_vector={},
+        schema_version=SCHEMA.version,
+        last_delivery_sequence=after,  # skip what the log already holds
+    )
+    await ws.send(p.encode(hello))
+    reply = p.decode(await asyncio.wait_for(ws.recv(), 15))
+    assert isinstance(reply, p.HandshakeResponse) and reply.accepted, reply
+
+
+async def _worker_raw_writer(args: dict[str, Any]) -> None:
+    """Pre-builds operations (between rounds, never while pushing); each ``go`` opens a session and pushes
+    them in protocol batches, at most ``window`` unacknowledged, for ``duration`` s or until the stock ends."""
+    import websockets
+
+    from offline import HybridLogicalClock, generate_uuid_v7
+
+    node = generate_uuid_v7()
+    clock = HybridLogicalClock(node)
+    stock = int(args["count"])
+    wires = _build_wires(node, clock, 0, stock)
+    offset = 0  # wires before this were pushed in earlier rounds
+    queue = _stdin_commands(asyncio.get_running_loop())
+    _emit({"ready": True})
+    while True:
+        command = await _next_command(queue)
+        if command["cmd"] != "go":
+            return
+        if len(wires) - offset < stock:
+            wires.extend(_build_wires(node, clock, len(wires), stock - (len(wires) - offset)))
+        duration, batch, window = float(command["duration"]), int(command["batch"]), int(command["window"])
+        async with websockets.connect(args["url"], max_size=None) as ws:
+            await _handshake(ws, node, int(command.get("after", 0)))
+            report = await _push(ws, wires[offset:], duration, batch, window)
+        offset += report["written"]
+        report["stock_ran_out"] = offset >= len(wires)
+        _emit(report)
+
+
+async def _push(
+    ws: Any, wires: list[dict[str, Any]], duration: float, batch: int, window: int
+) -> dict[str, Any]:
+    from offline.sync import protocol as p
+
+    in_flight: dict[str, int] = {}
+    slots = asyncio.Semaphore(window)
+    acked = 0
+    rejected = 0
+
+    async def reader() -> None:
+        nonlocal acked, rejected
+        async for frame in ws:
+            message = p.decode(frame, max_batch=100_000, max_bytes=1 << 30)
+            if isinstance(message, p.Acknowledgment):
+                acked += in_flight.pop(message.acknowledged_message_id, 0)
+                slots.release()
+            elif isinstance(message, p.OperationRejected):
+                rejected += 1
+
+    reading = asyncio.create_task(reader())
+    start = time.time()
+    sent = 0
+    index = 0
+    while sent < len(wires) and time.time() - start < duration:
+        await slots.acquire()
+        chunk = wires[sent : sent + batch]
+        message = p.OperationBatch(
+            message_id=p.new_message_id(), operations=tuple(chunk), is_final=True, batch_index=index
+        )
+        in_flight[message.message_id] = len(chunk)
+        await ws.send(p.encode(message))
+        sent += len(chunk)
+        index += 1
+    end = time.time()
+    deadline = time.monotonic() + 20
+    while in_flight and not reading.done() and time.monotonic() < deadline:
+        await asyncio.sleep(0.005)
+    acked_at = time.time()
+    reading.cancel()
+    return {
+        "start": start,
+        "end": end,
+        "written": sent,
+        "acked": acked,
+        "acked_at": acked_at,
+        "rejected": rejected,
+    }
+
+
+async def _worker_raw_subscribers(args: dict[str, Any]) -> None:
+    """``count`` sessions in this one process that only count what they get (no decoding, no store):
+    what the server itself can fan out. Counts come from each batch's delivery range (every operation is
+    visible to them, so max - base = operations in the batch)."""
+    import re
+
+    import websockets
+
+    from offline import generate_uuid_v7
+
+    pattern = re.compile(r'"(baseDeliverySequence|maxDeliverySequence)":(\d+)')
     queue = _stdin_commands(asyncio.get_running_loop())
     _emit({"ready": True})
     command = await _next_command(queue)
-    if command["cmd"] != "go":
+    if command["cmd"] != "connect":
         return
-    duration, batch, window = float(command["duration"]), int(command["batch"]), int(command["window"])
-    async with websockets.connect(args["url"], max_size=None) as ws:
-        hello = p.Handshake(
-            message_id=p.new_message_id(),
-            node_id=node,
-            version_vector={},
-            schema_version=SCHEMA.version,
-            last_delivery_sequence=int(command.get("after", 0)),  # skip what the log already holds
-        )
-        await ws.send(p.encode(hello))
-        reply = p.decode(await asyncio.wait_for(ws.recv(), 15))
-        assert isinstance(reply, p.HandshakeResponse) and reply.accepted, reply
-        in_flight: dict[str, int] = {}
-        slots = asyncio.Semaphore(window)
-        acked = 0
-        rejected = 0
+    n = int(args["count"])
+    events: list[list[tuple[float, int]]] = [[] for _ in range(n)]
+    counts = [0] * n
+    sockets = [await websockets.connect(args["url"], max_size=None) for _ in range(n)]
+    for ws in sockets:
+        await _handshake(ws, generate_uuid_v7(), int(command["after"]))
 
-        async def reader() -> None:
-            nonlocal acked, rejected
-            async for frame in ws:
-                message = p.decode(frame, max_batch=100_000, max_bytes=1 << 30)
-                if isinstance(message, p.Acknowledgment):
-                    acked += in_flight.pop(message.acknowledged_message_id, 0)
-                    slots.release()
-                elif isinstance(message, p.OperationRejected):
-                    rejected += 1
+    async def reader(i: int, ws: Any) -> None:
+        async for frame in ws:
+            if isinstance(frame, bytes):
+                frame = frame.decode()
+            found = dict(pattern.findall(frame[-200:]))
+            if "maxDeliverySequence" in found and "baseDeliverySequence" in found:
+                got = int(found["maxDeliverySequence"]) - int(found["baseDeliverySequence"])
+                if got:
+                    counts[i] += got
+                    events[i].append((time.time(), got))
 
-        reading = asyncio.create_task(reader())
-        start = time.time()
-        sent = 0
-        index = 0
-        while sent < len(wires) and time.time() - start < duration:
-            await slots.acquire()
-            chunk = wires[sent : sent + batch]
-            message = p.OperationBatch(
-                message_id=p.new_message_id(), operations=tuple(chunk), is_final=True, batch_index=index
-            )
-            in_flight[message.message_id] = len(chunk)
-            await ws.send(p.encode(message))
-            sent += len(chunk)
-            index += 1
-        end = time.time()
-        deadline = time.monotonic() + 20
-        while in_flight and not reading.done() and time.monotonic() < deadline:
-            await asyncio.sleep(0.005)
-        acked_at = time.time()
-        reading.cancel()
-        _emit(
-            {
-                "start": start,
-                "end": end,
-                "written": sent,
-                "acked": acked,
-                "acked_at": acked_at,
-                "rejected": rejected,
-                "prebuilt": len(wires),
-            }
-        )
-    await _next_command(queue, 30)
+    tasks = [asyncio.create_task(reader(i, ws)) for i, ws in enumerate(sockets)]
+    _emit({"ready": True})
+    command = await _next_command(queue)
+    if command["cmd"] == "expect":
+        deadline = time.monotonic() + float(command["timeout"])
+        while min(counts) < int(command["total"]) and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        _emit({"reports": [{"events": e} for e in events]})
+    for task in tasks:
+        task.cancel()
+    for ws in sockets:
+        with contextlib.suppress(Exception):
+            await ws.close()
 
 
 async def _worker_echo_server(args: dict[str, Any]) -> None:
@@ -345,6 +418,7 @@ WORKERS = {
     "subscriber": _worker_subscriber,
     "app-writer": _worker_app_writer,
     "raw-writer": _worker_raw_writer,
+    "raw-subscribers": _worker_raw_subscribers,
     "echo-server": _worker_echo_server,
 }
 
@@ -650,7 +724,7 @@ async def _fanout(folder: Path) -> dict[str, Any]:
         writer = Worker(
             "app-writer", {"url": server.sync_url, "db": str(folder / "writer.db")}, folder / "writer.log"
         )
-        raw = Worker("raw-writer", {"url": server.sync_url, "count": 40_000}, folder / "raw.log")
+        raw = Worker("raw-writer", {"url": server.sync_url, "count": 30_000}, folder / "raw.log")
         workers = [*subs, writer, raw]
         _log(f"fan-out: starting {SUBSCRIBERS} subscriber processes and 2 writer processes")
         await asyncio.gather(*(w.start() for w in workers))
@@ -685,13 +759,34 @@ async def _fanout(folder: Path) -> dict[str, Any]:
         raw.send(
             {"cmd": "go", "duration": FANOUT_WINDOW_S, "batch": WRITE_BATCH, "window": 4, "after": total}
         )
-        result = await raw.read(FANOUT_WINDOW_S + 60)
+        result = await raw.read(2 * FANOUT_WINDOW_S + 60)
         total += result["written"]
         for sub in subs:
             sub.send({"cmd": "expect", "total": total, "timeout": FANOUT_DRAIN_S})
         reports = await asyncio.gather(*(s.read(FANOUT_DRAIN_S + 30) for s in subs))
         figures["raw_writer"] = _fanout_figures(result, reports, result["written"])
         figures["raw_writer"]["server_acked"] = result["acked"]
+
+        # The server alone: the same raw writer, 10 sessions that only count (one process, no store).
+        await _stop_all(subs)
+        _log(f"fan-out: raw writer to {SUBSCRIBERS} counting-only sessions (server capacity)")
+        counting = Worker(
+            "raw-subscribers", {"url": server.sync_url, "count": SUBSCRIBERS}, folder / "cnt.log"
+        )
+        workers.append(counting)
+        await counting.start()
+        await counting.read(60)
+        counting.send({"cmd": "connect", "after": total})
+        await counting.read(60)
+        raw.send(
+            {"cmd": "go", "duration": FANOUT_WINDOW_S, "batch": WRITE_BATCH, "window": 4, "after": total}
+        )
+        result = await raw.read(2 * FANOUT_WINDOW_S + 60)
+        counting.send({"cmd": "expect", "total": result["written"], "timeout": FANOUT_DRAIN_S})
+        reports = (await counting.read(FANOUT_DRAIN_S + 30))["reports"]
+        figures["raw_writer_counting_sessions"] = _fanout_figures(result, reports, result["written"])
+        figures["raw_writer_counting_sessions"]["server_acked"] = result["acked"]
+        figures["raw_writer_counting_sessions"]["writer_stock_ran_out"] = result["stock_ran_out"]
         return figures
     finally:
         await _stop_all(workers)

@@ -3,12 +3,13 @@ admin token and follows `/__offline/events` live."""
 
 from __future__ import annotations
 
+import urllib.parse
 from typing import TYPE_CHECKING
 
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 
-from .operational import COOKIE
+from .operational import COOKIE, _same
 
 if TYPE_CHECKING:
     from .operational import Operational
@@ -110,15 +111,32 @@ async def dashboard(request: Request, ops: Operational) -> Response:
     )
 
 
+MAX_FORM_BYTES = 8192
+
+
+async def _form_token(request: Request) -> str:
+    """The `token` field of the sign-in form (application/x-www-form-urlencoded), read with the standard
+    library: Starlette's `request.form()` needs python-multipart, which the server does not depend on."""
+    body = b""
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_FORM_BYTES:
+            return ""
+    try:
+        fields = urllib.parse.parse_qs(body.decode("utf-8"), max_num_fields=16)
+    except (UnicodeDecodeError, ValueError):
+        return ""
+    values = fields.get("token") or [""]
+    return values[0]
+
+
 async def login_page(request: Request, ops: Operational) -> Response:
     return _html(LOGIN_PAGE.replace("__ERROR__", ""))
 
 
 async def login_submit(request: Request, ops: Operational) -> Response:
-    form = await request.form()
-    token = str(form.get("token", ""))
+    token = await _form_token(request)
     expected = ops.auth.admin
-    from .operational import _same
 
     if expected is None:
         return RedirectResponse("/__offline", status_code=303, headers=SECURITY_HEADERS)

@@ -131,8 +131,7 @@ class SyncService:
         schema = self.schema
         node_id = await self.store.get_meta("server_node_id")
         if node_id is None:
-            node_id = generate_uuid_v7()
-            await self.store.set_meta("server_node_id", node_id)
+            node_id = await self._create_node_id()
         self.node_id: str = node_id
         self.clock = HybridLogicalClock(node_id, now=self._now)
         self.engine = MergeEngine(schema, authoritative_nodes=(node_id,))
@@ -149,6 +148,20 @@ class SyncService:
         self.supported_schema = (max(1, min_version), schema.version)
         await self.store.listen(self._on_remote_commit)
         self.started = True
+
+    async def _create_node_id(self) -> str:
+        """Give a new database its server node id, once: processes starting together must agree on it."""
+        candidate = generate_uuid_v7()
+        if self.store.kind != "postgresql":  # one process owns a memory or SQLite store
+            await self.store.set_meta("server_node_id", candidate)
+            return candidate
+        # Decide under the cross-process write lock; a process that got there first has committed its id.
+        async with self.store.writer() as writer:
+            existing = await self.store.get_meta("server_node_id")
+            if existing is not None:
+                return existing
+            await writer.set_meta("server_node_id", candidate)
+        return candidate
 
     async def stop(self) -> None:
         self.started = False

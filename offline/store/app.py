@@ -60,6 +60,8 @@ class _Batch:
     results: list[tuple[Operation, dict[str, Any] | None]] = field(default_factory=list)
     traces: list[tuple[Operation, Conflict]] = field(default_factory=list)
     violations: list[Violation] = field(default_factory=list)
+    # Staged records changed since the batch's last flush: a read inside the batch writes only those rows.
+    unflushed: set[tuple[str, str]] = field(default_factory=set)
 
 
 class Ready:
@@ -250,7 +252,8 @@ class App:
         with self.db.lock:
             # Inside app.batch(), the batch's own writes are materialised too (read-your-writes, and
             # materialized_sequence must not claim operations whose rows were not written).
-            staged = self._batch.staged if self._batch is not None else {}
+            batch = self._batch
+            staged = {key: batch.staged[key] for key in batch.unflushed} if batch is not None else {}
             if not self._dirty and not staged:
                 return
             # Nested in an outer transaction (a batch), these rows roll back with it: keep the dirty set.
@@ -258,6 +261,8 @@ class App:
             with self.db.transaction():
                 self._persist_many({**self._dirty, **staged})
                 self.db.set_meta("materialized_sequence", str(self._seq))
+            if batch is not None:
+                batch.unflushed.clear()
             if not nested:
                 self._dirty.clear()
 
@@ -408,6 +413,7 @@ class App:
             if batch is not None:
                 # Inside app.batch(): nothing is visible or announced until the batch commits.
                 batch.results.extend(results)
+                batch.unflushed.update((w.collection, w.record_id) for w in writes)
                 batch.traces.extend(traces)
                 batch.violations.extend(violations or ())
                 return results

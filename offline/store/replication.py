@@ -4,7 +4,7 @@ delivery watermark. Kept apart from app.py so the write path stays small."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Container, Iterable
 from typing import TYPE_CHECKING
 
 from offline.core.operations import Operation
@@ -39,14 +39,18 @@ def adopt_delivery_server(app: App, server_node_id: str) -> bool:
         return True
 
 
-def pending_operations(app: App) -> list[Operation]:
-    """Local operations not yet acknowledged by a server, in sequence order."""
+def pending_operations(app: App, exclude: Container[str] = ()) -> list[Operation]:
+    """Local operations not yet acknowledged by a server, in sequence order, except the ids in ``exclude``.
+
+    The sync engine asks after every local write and excludes what it already sent: decoding only the new
+    ones keeps that cheap when many operations wait for their acknowledgement.
+    """
     with app.db.lock:
         rows = app.db.conn.execute(
-            "SELECT wire FROM _offline_ops WHERE node_id = ? AND status = ? ORDER BY sequence_number",
+            "SELECT id, wire FROM _offline_ops WHERE node_id = ? AND status = ? ORDER BY sequence_number",
             (app.node_id, PENDING),
         ).fetchall()
-    return [Operation.from_wire(json.loads(r[0]), verify=False) for r in rows]
+    return [Operation.from_wire(json.loads(w), verify=False) for i, w in rows if i not in exclude]
 
 
 def pending_count(app: App) -> int:

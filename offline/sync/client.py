@@ -287,7 +287,7 @@ class SyncEngine:
             while True:
                 self._wake.clear()
                 self._expire_in_flight()
-                await self._send_ops(conn, replication.pending_operations(app))
+                await self._send_ops(conn, replication.pending_operations(app, exclude=self._sent))
                 waiter = asyncio.create_task(self._wake.wait())
                 done, _ = await asyncio.wait(
                     {waiter, reader}, timeout=self.ack_timeout / 2, return_when=asyncio.FIRST_COMPLETED
@@ -301,8 +301,10 @@ class SyncEngine:
         finally:
             if not reader.done():
                 reader.cancel()
-                with contextlib.suppress(BaseException):
-                    await reader
+            # Also when the reader already failed (the send side noticed first): retrieve its exception,
+            # or asyncio logs "Task exception was never retrieved" on every dropped connection.
+            with contextlib.suppress(BaseException):
+                await reader
 
     def _expire_in_flight(self) -> None:
         """Forget batches unacknowledged for too long, so their operations are sent again."""

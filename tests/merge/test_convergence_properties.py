@@ -68,7 +68,9 @@ TEXTS = ["A", "B", "xy", " ", "héllo"]
 # ------------------------------------------------------------------------------------------ value drawing
 
 
-def draw_change(data: st.DataObject, name: str, current: Any, text_state: str | None) -> tuple[Any, Any] | None:
+def draw_change(
+    data: st.DataObject, name: str, current: Any, text_state: str | None
+) -> tuple[Any, Any] | None:
     """A realistic (value, previous) change of one field, as a replica seeing ``current`` would write it."""
     if name == "title":
         return data.draw(st.sampled_from([*WORDS, None])), current
@@ -264,7 +266,7 @@ def check_fold_laws(data: st.DataObject, engine: MergeEngine, replicas: list[Eng
         start = max(start, cut)
     assert canonical(engine.materialize("items", "r1", chunked)) == reference
 
-    # fold(A) then B == fold(B) then A == fold(A ∪ B), for overlapping A and B.
+    # fold(A) then B == fold(B) then A == fold(A + B), for overlapping A and B.
     a = data.draw(st.lists(st.sampled_from(ops), unique_by=lambda o: o.id)) if ops else []
     a_ids = {o.id for o in a}
     b = [o for o in ops if o.id not in a_ids or data.draw(st.booleans())]
@@ -365,7 +367,9 @@ def local_write(data: st.DataObject, app: App) -> None:
                     changes[name] = data.draw(st.sampled_from(["new text", "", "hello world"]))
                 elif name in ("status", "phase"):
                     # Any target: invalid ones raise ('reject') or are silently kept ('last-valid-state').
-                    changes[name] = data.draw(st.sampled_from(["todo", "doing", "done"] if name == "status" else ["a", "b", "c"]))
+                    changes[name] = data.draw(
+                        st.sampled_from(["todo", "doing", "done"] if name == "status" else ["a", "b", "c"])
+                    )
                 else:
                     change = draw_change(data, name, current[name], None)
                     if change is not None:

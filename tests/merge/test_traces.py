@@ -39,8 +39,10 @@ def clock() -> FakeClock:
 
 @pytest.fixture
 def pair(clock: FakeClock) -> Any:
-    a, b = apps = new_apps(2, clock=clock)
-    a.items.insert({"id": "r1", "title": "base", "notes": "n0", "tags": ["a"], "count": 10, "body": "hello", "hi": 1})
+    a, _ = apps = new_apps(2, clock=clock)
+    a.items.insert(
+        {"id": "r1", "title": "base", "notes": "n0", "tags": ["a"], "count": 10, "body": "hello", "hi": 1}
+    )
     exchange_all(apps)
     clock.advance()
     yield apps
@@ -48,15 +50,13 @@ def pair(clock: FakeClock) -> Any:
         app.close()
 
 
-def last_op(app: App) -> Operation:
-    return app.operations(after={})[-1] if app.node_id else app.operations()[-1]
-
-
 def own_ops(app: App) -> list[Operation]:
     return [o for o in app.operations() if o.node_id == app.node_id]
 
 
-def concurrent_updates(pair: list[App], clock: FakeClock, first: dict[str, Any], second: dict[str, Any]) -> tuple[Operation, Operation]:
+def concurrent_updates(
+    pair: list[App], clock: FakeClock, first: dict[str, Any], second: dict[str, Any]
+) -> tuple[Operation, Operation]:
     """A writes ``first``, then (later HLC, without having seen it) B writes ``second``."""
     a, b = pair
     a.items.update("r1", first)
