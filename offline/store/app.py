@@ -431,18 +431,37 @@ class App:
             self.events.has_listeners("constraint:violated") or self.events.has_listeners("merge:conflict")
         ):
             return
-        winner = ops[0]
+        committed = {op.id for op in ops}
         for violation in violations:
+            # B: the write that won, i.e. this commit's operation on the record that was judged.
+            winner = next(
+                (
+                    o
+                    for o in ops
+                    if o.collection == violation.collection and o.record_id == violation.record_id
+                ),
+                ops[0],
+            )
             for loser_id in violation.losers or [violation.record_id]:
                 self.flush()
                 state = self.db.load_state(violation.collection, loser_id)
-                heads = [self.db.load_operation(h) for h in (state.heads() if state else [])]
+                # A: the loser's own latest write of the constrained fields, from before this commit (the
+                # eviction written now is the resolution, not an input).
+                earlier = [
+                    o
+                    for o in (
+                        self.db.load_operation(i)
+                        for i in (state.graph if state else {})
+                        if i not in committed
+                    )
+                    if o is not None and any(f in (o.data or {}) for f in violation.fields)
+                ]
                 latest = max(
-                    (o for o in heads if o is not None),
+                    earlier,
                     key=lambda o: (o.timestamp.wall_time, o.timestamp.logical, o.timestamp.node_id, o.id),
                     default=None,
                 )
-                other = latest if latest is not None and latest.id != winner.id else winner
+                other = latest if latest is not None else winner
                 strategy = (
                     "unique-constraint" if violation.type == "unique" else f"{violation.type}-constraint"
                 )

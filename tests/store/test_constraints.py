@@ -751,11 +751,6 @@ def test_unique_trace_names_the_constraint_and_the_winning_write(make: Factory) 
     assert trace.to_dict()["tier"] == 2
 
 
-@pytest.mark.xfail(
-    reason="App._emit_violations reads operation A after the commit, so it is the eviction the winning "
-    "write caused (input_a {'email': None}) rather than the loser's own latest write",
-    strict=False,
-)
 def test_unique_trace_operation_a_is_the_losers_write(make: Factory) -> None:
     app = make(unique_schema("last-write-wins"))
     loser = app.users.insert({"email": "a@x.io"})

@@ -4,6 +4,7 @@ client on one process and a client on the other converge (DESIGN.md section 4, l
 from __future__ import annotations
 
 import asyncio
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from offline import op
@@ -26,17 +27,18 @@ from tests.sync.test_integration import (
 
 def test_clients_on_two_processes_converge(postgres_url: str, tmp_path: Path) -> None:
     entry = write_entry(tmp_path, GENERAL_SOURCE)
-    first = ServerProcess(entry, store="postgres", db=postgres_url).start()
-    second: ServerProcess | None = None
+    first = ServerProcess(entry, store="postgres", db=postgres_url)
+    second = ServerProcess(entry, store="postgres", db=postgres_url)
     try:
-        second = ServerProcess(entry, store="postgres", db=postgres_url).start()
+        # Started together on an empty database: they race to create the tables and the server identity.
+        with ThreadPoolExecutor(2) as pool:
+            list(pool.map(ServerProcess.start, (first, second)))
         asyncio.run(_scenario(tmp_path, first.sync_url, second.sync_url))
         # Both shut down cleanly on SIGTERM (their LISTEN connections and pools closed).
         assert [second.terminate(timeout=10), first.terminate(timeout=10)] == [0, 0]
     finally:
-        for process in (second, first):
-            if process is not None:
-                process.terminate(timeout=10)
+        second.terminate(timeout=10)
+        first.terminate(timeout=10)
 
 
 async def burst(app: App, label: str, shared_id: str, count: int = 20) -> None:
@@ -53,6 +55,9 @@ async def _scenario(tmp_path: Path, url1: str, url2: str) -> None:
     async with clients(a, b):
         await a.sync.connect()
         await b.sync.connect()
+        # One database, one server identity (server-authoritative fields and delivery watermarks depend on it).
+        assert a.sync.server_node_id is not None
+        assert a.sync.server_node_id == b.sync.server_node_id
         shared = a.items.insert({"title": "shared"})
         await wait_for(lambda: b.items.find_by_id(shared["id"]) is not None, "B sees A's first write")
 
