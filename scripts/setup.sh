@@ -58,6 +58,8 @@ if [ "$want_test" = 1 ]; then
   missing=()
   command -v node >/dev/null 2>&1 || missing+=(nodejs)
   command -v npm >/dev/null 2>&1 || missing+=(npm)
+  # The dashboard browser test drives Debian's chromium with Playwright (no browser download).
+  [ -x /usr/bin/chromium ] || command -v chromium >/dev/null 2>&1 || missing+=(chromium)
   if [ ${#missing[@]} -gt 0 ]; then apt_install "${missing[@]}"; fi
   if command -v npm >/dev/null 2>&1; then
     if [ ! -d tests/js/node_modules ] || [ tests/js/package-lock.json -nt tests/js/node_modules ]; then

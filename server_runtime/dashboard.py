@@ -83,15 +83,23 @@ td,th{padding:.4rem .6rem;text-align:left;border-bottom:1px solid #334155}th{col
     (s.clients || []).forEach(c => { const tr = document.createElement('tr');
       [cell(c.nodeId, true), cell(new Date(c.connectedAt * 1000).toLocaleTimeString()), cell(c.received), cell(c.rejected)].forEach(td => tr.appendChild(td)); rows.appendChild(tr); });
   }
+  // Per-client counts come with the status snapshot: fetch one soon after activity (at most once a second)
+  // instead of waiting for the next periodic status event.
+  let refreshTimer = null;
+  function refresh(delay) {
+    if (refreshTimer !== null) return;
+    refreshTimer = setTimeout(() => { refreshTimer = null;
+      fetch('/__offline/status').then(r => r.ok ? r.json() : null).then(s => s && renderStatus(s)).catch(() => {}); }, delay);
+  }
   const es = new EventSource('/__offline/events');
   es.onopen = () => { $('conn').textContent = '● live'; $('conn').className = 'live'; };
   es.onerror = () => { $('conn').textContent = '● reconnecting'; $('conn').className = 'dead'; };
   es.addEventListener('status', (e) => renderStatus(JSON.parse(e.data)));
   es.addEventListener('operation', (e) => { const d = JSON.parse(e.data); const op = d.operation; stored += 1; $('ops').textContent = stored;
-    arrivals.push(Date.now()); prepend($('opRows'), [cell(d.delivery), cell(op.type), cell(op.collection), cell(op.recordId, true), cell(op.nodeId, true)], 50); });
+    arrivals.push(Date.now()); prepend($('opRows'), [cell(d.delivery), cell(op.type), cell(op.collection), cell(op.recordId, true), cell(op.nodeId, true)], 50); refresh(1000); });
   es.addEventListener('conflict', (e) => { const d = JSON.parse(e.data); prepend($('conflictRows'), [cell(d.collection), cell(d.field), cell(d.strategy), cell(d.tier)], 20); });
-  es.addEventListener('rejected', (e) => { const d = JSON.parse(e.data); prepend($('rejectRows'), [cell(d.operationId, true), cell(d.code), cell(d.message)], 20); });
-  es.addEventListener('connection', (e) => { const d = JSON.parse(e.data); if (!d.replay) fetch('/__offline/status').then(r => r.ok ? r.json() : null).then(s => s && renderStatus(s)); });
+  es.addEventListener('rejected', (e) => { const d = JSON.parse(e.data); prepend($('rejectRows'), [cell(d.operationId, true), cell(d.code), cell(d.message)], 20); refresh(1000); });
+  es.addEventListener('connection', (e) => { const d = JSON.parse(e.data); if (!d.replay) refresh(0); });
   setInterval(() => { const now = Date.now(); arrivals = arrivals.filter(t => now - t < 5000); $('rate').textContent = (arrivals.length / 5).toFixed(1); }, 1000);
 })();
 </script></body></html>"""

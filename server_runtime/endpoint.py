@@ -147,7 +147,8 @@ async def sync_endpoint(websocket: WebSocket, service: SyncService) -> None:
                 )
                 await _receive_operations(service, session, message.message_id, raw)
             elif isinstance(message, p.Acknowledgment):
-                continue  # the client persists its own watermark; nothing to do here
+                # The client persists its own watermark; the relay only needs to know the batch arrived.
+                session.acknowledged(message.acknowledged_message_id)
             elif isinstance(message, p.Handshake) and message.message_id == hello.message_id:
                 continue  # the same handshake delivered twice: a duplicate is ignored, never fatal
             else:

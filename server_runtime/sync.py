@@ -11,6 +11,7 @@ Relay reads the committed log (delivery order = commit order) and filters it by 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import deque
@@ -61,6 +62,21 @@ class Session:
     received: int = 0
     rejected: int = 0
     connected_at: float = field(default_factory=time.time)
+    # Relay batches the client has not acknowledged yet: message id -> (monotonic send time, base), oldest
+    # first; and when it last acknowledged one. See SyncService.relay.
+    unacked: dict[str, tuple[float, int]] = field(default_factory=dict)
+    last_ack: float = field(default_factory=time.monotonic)
+
+    def acknowledged(self, message_id: str) -> None:
+        """The client applied relay batch ``message_id``, and so every batch sent before it (it applies them
+        in order, and drops the connection at a gap)."""
+        if message_id not in self.unacked:
+            return
+        for sent in list(self.unacked):
+            del self.unacked[sent]
+            if sent == message_id:
+                break
+        self.last_ack = time.monotonic()
 
     def matches(self, collection: str, values: Mapping[str, Any] | None) -> bool:
         filt = self.filters.get(collection)
@@ -79,6 +95,8 @@ class SyncLimits:
     handshake_timeout: float = 15.0
     max_protocol_errors: int = 20
     recent_operations: int = 20_000
+    # Relay batches unacknowledged this long, with no acknowledgement at all meanwhile, are streamed again.
+    ack_timeout: float = 5.0
 
 
 class SyncService:
@@ -501,6 +519,7 @@ class SyncService:
                         base_delivery_sequence=last_sent,
                         max_delivery_sequence=top,
                     )
+                    session.unacked[message.message_id] = (time.monotonic(), last_sent)
                     await session.send(p.encode(message))
                     self.counters["sent"] += len(visible)
                     last_sent = top
@@ -518,9 +537,25 @@ class SyncService:
                     base_delivery_sequence=last_sent,
                     max_delivery_sequence=session.cursor,
                 )
+                session.unacked[message.message_id] = (time.monotonic(), last_sent)
                 await session.send(p.encode(message))
                 initial = False
-            await session.wake.wait()
+            if not session.unacked:
+                await session.wake.wait()
+                continue
+            # A batch lost on the way is noticed by the client only when a later one arrives; when none
+            # does, only the missing acknowledgement tells. Once the client has acknowledged nothing for
+            # ack_timeout, stream again from the start of the oldest unacknowledged batch (the client skips
+            # what it already has, and acknowledges it).
+            sent_at, base = next(iter(session.unacked.values()))
+            wait = max(sent_at, session.last_ack) + self.limits.ack_timeout - time.monotonic()
+            if wait > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(session.wake.wait(), wait)
+                continue
+            session.unacked.clear()
+            session.cursor = last_sent = base
+            initial = True
 
 
 def _bindings(schema: SchemaDefinition) -> dict[str, dict[str, Any]]:

@@ -72,6 +72,10 @@ class SyncEngine:
         self._in_flight: dict[str, tuple[float, list[str]]] = {}
         self._cursor = 0
         self._sent: set[str] = set()
+        # Acknowledgement timing, for deciding when an unacknowledged batch is lost (see _expire_in_flight).
+        self._last_ack = 0.0  # when the server last acknowledged one of our batches
+        self._acked_upto = 0.0  # send time of the latest-sent batch the server acknowledged
+        self._ack_rtt = 0.0  # smoothed time from sending a batch to its acknowledgement
         self.connections = 0
         self._accepted = False  # whether the current session's handshake was accepted
         app.commit_listeners.append(self._on_local_commit)
@@ -274,6 +278,8 @@ class SyncEngine:
         self.status = SYNCING
         self._in_flight.clear()
         self._sent.clear()
+        self._last_ack = time.monotonic()
+        self._acked_upto = 0.0
         self._cursor = replication.delivery_watermark(app)
         if app.events.has_listeners("sync:connected"):
             app.events.emit("sync:connected", nodeId=reply.node_id)
@@ -307,10 +313,19 @@ class SyncEngine:
                 await reader
 
     def _expire_in_flight(self) -> None:
-        """Forget batches unacknowledged for too long, so their operations are sent again."""
+        """Forget batches that look lost, so their operations are sent again.
+
+        The server handles one connection's batches in order, so a batch older than the ack timeout is
+        presumed lost when a batch sent after it was acknowledged (it was overtaken) or when the server has
+        acknowledged nothing for that long. The timeout stretches with the observed acknowledgement time: a
+        busy server still working through the queue must not be sent the same operations again, which
+        would only make it slower (each resend of a backlog is a whole backlog more to check).
+        """
         now = time.monotonic()
+        timeout = max(self.ack_timeout, 2 * self._ack_rtt)
+        silent = now - self._last_ack > timeout
         for message_id, (sent_at, ids) in list(self._in_flight.items()):
-            if now - sent_at > self.ack_timeout:
+            if now - sent_at > timeout and (silent or sent_at < self._acked_upto):
                 del self._in_flight[message_id]
                 self._sent.difference_update(ids)
 
@@ -338,7 +353,16 @@ class SyncEngine:
                 base = message.base_delivery_sequence
                 top = message.max_delivery_sequence
                 if top is not None and top <= self._cursor and message.operations:
-                    continue  # a duplicate of a batch already applied
+                    # A batch already applied (a duplicate, or re-sent): acknowledge it again, as the server
+                    # re-sends what it does not see acknowledged (the first acknowledgement may have been lost).
+                    ack = p.Acknowledgment(
+                        message_id=p.new_message_id(),
+                        acknowledged_message_id=message.message_id,
+                        last_sequence_number=0,
+                        delivery_sequence=top,
+                    )
+                    await conn.send(p.encode(ack))
+                    continue
                 if base is not None and base > self._cursor:
                     # A batch before this one never arrived (lost or reordered): resume from what is applied.
                     raise ConnectionLost(
@@ -353,8 +377,15 @@ class SyncEngine:
             elif isinstance(message, p.OperationMessage):
                 await self._receive(conn, message.message_id, [message.operation], message.delivery_sequence)
             elif isinstance(message, p.Acknowledgment):
-                _, ids = self._in_flight.pop(message.acknowledged_message_id, (0.0, []))
-                replication.mark_acknowledged(app, ids)
+                entry = self._in_flight.pop(message.acknowledged_message_id, None)
+                if entry is not None:
+                    sent_at, ids = entry
+                    now = time.monotonic()
+                    rtt = now - sent_at
+                    self._ack_rtt = 0.8 * self._ack_rtt + 0.2 * rtt if self._ack_rtt else rtt
+                    self._last_ack = now
+                    self._acked_upto = max(self._acked_upto, sent_at)
+                    replication.mark_acknowledged(app, ids)
                 if app.events.has_listeners("sync:acknowledged"):
                     app.events.emit("sync:acknowledged", sequenceNumber=message.last_sequence_number)
             elif isinstance(message, p.OperationRejected):

@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import os
 import random
+import tempfile
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from offline import op
+from offline import create_app, op
 from offline.core.errors import OfflineError
 from offline.core.hlc import HybridLogicalClock
 from offline.core.operations import Operation, create_operation
@@ -404,16 +405,25 @@ def snapshot(app: App) -> tuple[list[dict[str, Any]], str]:
 @given(data=st.data())
 def test_store_replicas_converge(data: st.DataObject) -> None:
     clock = FakeClock()
-    apps = new_apps(3, clock=clock)
+    workdir = tempfile.TemporaryDirectory()
+    # Two in-memory replicas and one on an SQLite file, which sometimes restarts (close, reopen).
+    path = os.path.join(workdir.name, "replica.db")
+    apps = [*new_apps(2, clock=clock), create_app(SCHEMA, path=path, now=clock)]
     try:
         for app in apps:
             app.set_authoritative_nodes([apps[0].node_id])
         steps = data.draw(st.integers(4, 24), label="steps")
         for _ in range(steps):
             clock.advance(data.draw(st.sampled_from([0, 0, 1, 7])))
-            if data.draw(st.integers(0, 2)) == 0:
+            action = data.draw(st.integers(0, 6))
+            if action <= 1:
                 src, dst = data.draw(st.permutations(apps))[:2]
                 partial_exchange(data, src, dst)
+            elif action == 2 and data.draw(st.booleans()):
+                before = snapshot(apps[2])
+                apps[2].close()
+                apps[2] = create_app(SCHEMA, path=path, now=clock)
+                assert snapshot(apps[2]) == before  # every write was durable
             else:
                 local_write(data, data.draw(st.sampled_from(apps)))
 
@@ -448,3 +458,4 @@ def test_store_replicas_converge(data: st.DataObject) -> None:
     finally:
         for app in apps:
             app.close()
+        workdir.cleanup()

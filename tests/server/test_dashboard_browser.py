@@ -67,7 +67,7 @@ def chromium_path() -> str | None:
     return None
 
 
-def require_browser() -> str:
+def require_chromium() -> str:
     """The Chromium executable; a missing browser or Playwright skips the test, or fails it in CI."""
     problems = []
     if importlib.util.find_spec("playwright") is None:
@@ -76,7 +76,11 @@ def require_browser() -> str:
     if executable is None:
         problems.append("Debian's chromium is not installed at /usr/bin/chromium (apt-get install chromium)")
     if problems:
-        reason = "dashboard browser test needs " + "; ".join(problems) + " - run scripts/setup.sh --test as root"
+        reason = (
+            "cannot run the dashboard browser test: "
+            + "; ".join(problems)
+            + " - run scripts/setup.sh --test as root to install both"
+        )
         if os.environ.get("CI"):
             pytest.fail(f"{reason} (CI must run this test)", pytrace=False)
         print(f"SKIPPED: {reason}", file=sys.stderr)
@@ -104,8 +108,8 @@ class ServerThread:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
 
-@pytest.fixture
-def live_server(tmp_path: Path) -> Iterator[ServerThread]:
+@contextlib.contextmanager
+def running_server(tmp_path: Path) -> Iterator[ServerThread]:
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, name="dashboard-test-server", daemon=True)
     thread.start()
@@ -141,10 +145,11 @@ def live_server(tmp_path: Path) -> Iterator[ServerThread]:
 # -- the test ------------------------------------------------------------------------------------------------------
 
 
-def test_dashboard_signs_in_and_follows_a_client_live(live_server: ServerThread, tmp_path: Path) -> None:
-    executable = require_browser()
+def test_dashboard_signs_in_and_follows_a_client_live(tmp_path: Path) -> None:
+    executable = require_chromium()  # first: a missing browser skips (fails in CI) before any server starts
     started = time.monotonic()
-    asyncio.run(_scenario(live_server, executable, tmp_path))
+    with running_server(tmp_path) as live:
+        asyncio.run(_scenario(live, executable, tmp_path))
     print(f"dashboard browser test took {time.monotonic() - started:.1f} s", file=sys.stderr)
 
 
@@ -230,7 +235,10 @@ async def _scenario(live: ServerThread, executable: str, tmp_path: Path) -> None
             # A marker in the page's JavaScript world: it survives only if the page never reloads.
             await page.evaluate("window.__dashboardTestMarker = 'still the same page'")
             navigations: list[str] = []
-            page.on("framenavigated", lambda frame: navigations.append(frame.url) if frame == page.main_frame else None)
+            page.on(
+                "framenavigated",
+                lambda frame: navigations.append(frame.url) if frame == page.main_frame else None,
+            )
 
             # 4. A real client connects: it appears in the clients table without a reload.
             app = create_app(SCHEMA, sync={"url": live.ws_url, **FAST}, path=str(tmp_path / "client.db"))

@@ -65,6 +65,7 @@ class ChaosProxy:
         self.sent_batches: dict[str, list[str]] = {}
         self.acknowledged: set[str] = set()
         self.rejected: set[str] = set()
+        self._targeted: Counter[tuple[str, str]] = Counter()  # (direction, message type) -> frames to drop
         self._server: Server | None = None
         self._links: set[tuple[ServerConnection, ClientConnection]] = set()
 
@@ -103,6 +104,11 @@ class ChaosProxy:
     def calm(self) -> None:
         """Stop misbehaving: from now on every frame is forwarded once, in order (held frames still go out)."""
         self.chaotic = False
+
+    def drop_next(self, direction: str, kind: str, count: int = 1) -> None:
+        """Drop the next ``count`` frames of message type ``kind`` going ``direction`` (C2S or S2C), whatever
+        ``calm()`` says: a targeted loss for a deterministic test."""
+        self._targeted[(direction, kind)] += count
 
     async def reset(self) -> None:
         """Close every proxied connection at once (both sides), as a network outage would."""
@@ -166,12 +172,16 @@ class ChaosProxy:
                         continue
                 else:
                     frame = await source.recv()
-                self._observe(direction, frame)
+                kind = self._observe(direction, frame)
                 self.counts[f"frames_{direction}"] += 1
+                if self._targeted[(direction, kind)] > 0:
+                    self._targeted[(direction, kind)] -= 1
+                    self.counts["dropped_on_request"] += 1
+                    continue
                 chaotic = self.chaotic
                 if chaotic and self.rng.random() < self.drop:
                     self.counts["dropped"] += 1
-                    self.counts[f"dropped_{direction}_{_kind(frame)}"] += 1
+                    self.counts[f"dropped_{direction}_{kind}"] += 1
                     continue
                 copies = [frame]
                 if chaotic and self.rng.random() < self.duplicate:
@@ -193,14 +203,15 @@ class ChaosProxy:
 
     # -- bookkeeping ------------------------------------------------------------------------------------------
 
-    def _observe(self, direction: str, frame: str | bytes) -> None:
+    def _observe(self, direction: str, frame: str | bytes) -> str:
+        """Keep the books on one frame; returns its message type."""
         try:
             message = json.loads(frame)
         except ValueError:
-            return
+            return "other"
         if not isinstance(message, dict):
-            return
-        kind = message.get("type")
+            return "other"
+        kind = str(message.get("type"))
         if direction == C2S:
             if kind == "operation-batch":
                 ops = message.get("operations") or []
@@ -220,14 +231,7 @@ class ChaosProxy:
                 self.acknowledged.update(ids)
         elif kind == "operation-rejected":
             self.rejected.add(str(message.get("operationId")))
-
-
-def _kind(frame: str | bytes) -> str:
-    try:
-        kind = json.loads(frame).get("type")
-    except (ValueError, AttributeError):
-        return "other"
-    return str(kind)
+        return kind
 
 
 async def _close(ws: Any, code: int, reason: str) -> None:

@@ -22,8 +22,8 @@ import contextlib
 import json
 import os
 import random
-import sqlite3
 import re
+import sqlite3
 import time
 from collections import Counter
 from pathlib import Path
@@ -33,7 +33,7 @@ import pytest
 
 from offline import OfflineError, create_app, op
 from offline.store import App
-from tests.support.chaos_proxy import ChaosProxy
+from tests.support.chaos_proxy import S2C, ChaosProxy
 from tests.support.servers import ServerProcess, write_entry
 
 pytestmark = pytest.mark.slow
@@ -360,3 +360,48 @@ def test_chaos_convergence_and_durability(tmp_path: Path) -> None:
     assert proxy.get("duplicated", 0) > 0
     assert proxy.get("reordered", 0) > 0
     assert len(figures["server_downtime_s"]) == KILLS
+
+
+async def run_lost_batches(tmp_path: Path) -> dict[str, float]:
+    """Server batches lost with nothing after them: the client cannot see a gap, the server must resend."""
+    schema = load_schema()
+    server_dir = tmp_path / "server"
+    server_dir.mkdir()
+    server = ServerProcess(write_entry(server_dir, SCHEMA_SOURCE), store="sqlite", db=str(server_dir / "s.db"))
+    await asyncio.to_thread(server.start)
+    proxy = await ChaosProxy(f"ws://127.0.0.1:{server.port}", drop=0, duplicate=0, reorder=0).start()
+    url = proxy.url + "/offline-sync"
+    writer = create_app(schema, sync=client_config(url), path=str(tmp_path / "writer.db"))
+    reader = create_app(schema, sync=client_config(url), path=str(tmp_path / "reader.db"))
+    took: dict[str, float] = {}
+    try:
+        await writer.sync.connect()
+        await writer.sync.wait_until_synced()
+        # The reader's first (empty, final) catch-up batch is lost: without a resend it never gets synced.
+        proxy.drop_next(S2C, "operation-batch")
+        t0 = time.monotonic()
+        await reader.sync.connect()
+        await reader.sync.wait_until_synced(timeout=30)
+        took["initial_batch"] = time.monotonic() - t0
+        # A live batch is lost and nothing follows it: the reader stays "synced" but misses the record.
+        proxy.drop_next(S2C, "operation-batch")
+        t0 = time.monotonic()
+        writer.collection("items").insert({"id": "lost", "title": "found again"})
+        await writer.sync.wait_until_synced()
+        while reader.collection("items").find_by_id("lost") is None:
+            assert time.monotonic() - t0 < 30, "the lost batch was never resent"
+            await asyncio.sleep(0.05)
+        took["live_batch"] = time.monotonic() - t0
+        assert proxy.counts["dropped_on_request"] == 2
+    finally:
+        for app in (writer, reader):
+            await app.sync.disconnect()
+            app.close()
+        await proxy.stop()
+        await asyncio.to_thread(server.terminate)
+    return took
+
+
+def test_lost_server_batches_are_resent(tmp_path: Path) -> None:
+    took = asyncio.run(run_lost_batches(tmp_path))
+    print("\nlost batches recovered after (s):", {k: round(v, 2) for k, v in took.items()})
