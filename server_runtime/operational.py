@@ -420,16 +420,21 @@ def parse_backup(body: bytes) -> tuple[dict[str, Any], list[Operation]]:
     """Validate an NDJSON backup: manifest first, checksum last and matching, every operation verified."""
     lines = body.splitlines(keepends=True)
     if len(lines) < 2:
-        raise ValueError("a backup has at least a manifest line and a checksum line")
+        raise ValueError(
+            "the backup is empty or truncated: it needs a manifest line first and a checksum line last"
+        )
     try:
         manifest = json.loads(lines[0])
-        tail = json.loads(lines[-1])
     except ValueError as exc:
-        raise ValueError(f"the backup is not NDJSON: {exc}") from None
+        raise ValueError(f"the backup is not NDJSON: its first line is not JSON ({exc})") from None
+    try:
+        tail = json.loads(lines[-1])
+    except ValueError:
+        tail = None  # a file cut off mid-line (an interrupted download) ends in half a JSON line
     if not isinstance(manifest, dict) or manifest.get("format") != "offline-backup":
         raise ValueError("the first line is not an offline backup manifest")
     if not isinstance(tail, dict) or tail.get("type") != "checksum":
-        raise ValueError("the last line is not the checksum line; the backup may be truncated")
+        raise ValueError("the last line is not the checksum line: the backup is truncated")
     digest = hashlib.sha256()
     for line in lines[:-1]:
         digest.update(line if line.endswith(b"\n") else line + b"\n")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 from collections import deque
@@ -118,6 +119,7 @@ class SyncService:
         self.started = False
         self._lock = asyncio.Lock()
         self._recent: deque[StoredOperation] = deque(maxlen=self.limits.recent_operations)
+        self._wire_cache: dict[int, str] = {}
         self.watermark = 0
         self.counters: dict[str, int] = {
             "received": 0,
@@ -484,6 +486,16 @@ class SyncService:
         for session in self.sessions:
             session.wake.set()
 
+    def _wire_json(self, stored: StoredOperation) -> str:
+        """An operation's wire JSON, encoded once and shared by every session it is relayed to."""
+        text = self._wire_cache.get(stored.delivery)
+        if text is None:
+            text = json.dumps(stored.operation.to_wire(), separators=(",", ":"), ensure_ascii=False)
+            if len(self._wire_cache) >= self.limits.recent_operations:
+                self._wire_cache.pop(next(iter(self._wire_cache)))
+            self._wire_cache[stored.delivery] = text
+        return text
+
     async def read_since(self, cursor: int, limit: int) -> list[StoredOperation]:
         recent = self._recent
         if recent and recent[0].delivery <= cursor + 1:
@@ -503,7 +515,7 @@ class SyncService:
             session.wake.clear()
             batch = await self.read_since(session.cursor, limit)
             visible = [
-                s.operation.to_wire()
+                self._wire_json(s)
                 for s in batch
                 if s.operation.node_id != session.node_id and session.matches(s.operation.collection, s.scope)
             ]
@@ -511,16 +523,9 @@ class SyncService:
             if batch:
                 top = batch[-1].delivery
                 if visible or (initial and final):
-                    message = p.OperationBatch(
-                        message_id=p.new_message_id(),
-                        operations=tuple(visible),
-                        is_final=final,
-                        batch_index=index,
-                        base_delivery_sequence=last_sent,
-                        max_delivery_sequence=top,
-                    )
-                    session.unacked[message.message_id] = (time.monotonic(), last_sent)
-                    await session.send(p.encode(message))
+                    message_id = p.new_message_id()
+                    session.unacked[message_id] = (time.monotonic(), last_sent)
+                    await session.send(_batch_frame(message_id, visible, final, index, last_sent, top))
                     self.counters["sent"] += len(visible)
                     last_sent = top
                     index += 1
@@ -556,6 +561,22 @@ class SyncService:
             session.unacked.clear()
             session.cursor = last_sent = base
             initial = True
+
+
+def _batch_frame(message_id: str, ops_json: list[str], final: bool, index: int, base: int, top: int) -> str:
+    """An `operation-batch` frame built around already-encoded operations (DESIGN.md section 4 fields)."""
+    head = json.dumps(
+        {
+            "type": p.OperationBatch.TYPE,
+            "messageId": message_id,
+            "isFinal": final,
+            "batchIndex": index,
+            "baseDeliverySequence": base,
+            "maxDeliverySequence": top,
+        },
+        separators=(",", ":"),
+    )
+    return head[:-1] + ',"operations":[' + ",".join(ops_json) + "]}"
 
 
 def _bindings(schema: SchemaDefinition) -> dict[str, dict[str, Any]]:

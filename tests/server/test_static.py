@@ -1,0 +1,130 @@
+"""Static frontend files (SPEC 4.1 "any other path", DESIGN.md section 5): files from ``static_dir``, SPA
+fallback to ``index.html`` for client-side routes, 404 for missing assets, and nothing outside the directory,
+however the path is spelled. Traversal attempts go over a raw socket so no client library normalizes them."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.server.test_operational import ALL_TOKENS, LiveServer
+
+INDEX = "<!doctype html><title>app shell</title><div id=root></div>"
+SECRET = "TOP-SECRET-DO-NOT-SERVE"
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    tmp_path = tmp_path_factory.mktemp("static")
+    dist = tmp_path / "site" / "dist"
+    (dist / "assets").mkdir(parents=True)
+    (dist / "index.html").write_text(INDEX)
+    (dist / "assets" / "app.js").write_text("console.log('app');")
+    (dist / "assets" / "style.css").write_text("body{margin:0}")
+    (dist / "docs").mkdir()
+    (dist / "docs" / "index.html").write_text("<p>docs page</p>")
+    # Things next to and above the served directory that must never come out.
+    (tmp_path / "site" / "secret").write_text(SECRET)
+    (tmp_path / "site" / "secret.txt").write_text(SECRET)
+    (tmp_path / "secret.txt").write_text(SECRET)
+    (dist / "escape.txt").symlink_to(tmp_path / "site" / "secret.txt")
+    (dist / "escape-dir").symlink_to(tmp_path / "site")
+    with LiveServer(tmp_path, auth=ALL_TOKENS, static_dir=str(dist)) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def http(site: LiveServer) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=site.url, timeout=10) as client:
+        yield client
+
+
+def raw_get(url: str, target: str) -> tuple[int, str]:
+    """Send ``GET <target>`` exactly as written; return (status, body)."""
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(f"GET {target} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
+        chunks = []
+        while chunk := sock.recv(65536):
+            chunks.append(chunk)
+    head, _, body = b"".join(chunks).partition(b"\r\n\r\n")
+    return int(head.split(b" ")[1]), body.decode("utf-8", "replace")
+
+
+def test_files_are_served_with_their_types(http: httpx.Client) -> None:
+    script = http.get("/assets/app.js")
+    assert script.status_code == 200 and script.text == "console.log('app');"
+    assert "javascript" in script.headers["content-type"]
+    style = http.get("/assets/style.css")
+    assert style.status_code == 200 and style.headers["content-type"].startswith("text/css")
+    root = http.get("/")
+    assert root.status_code == 200 and root.text == INDEX
+    assert root.headers["content-type"].startswith("text/html")
+    assert http.get("/index.html").text == INDEX
+    assert http.get("/docs/").text == "<p>docs page</p>"
+    assert http.head("/assets/app.js").status_code == 200
+
+
+@pytest.mark.parametrize("route", ["/some/route", "/settings", "/users/42/edit", "/todos/", "/docs/deep/link"])
+def test_client_side_routes_fall_back_to_the_app_shell(http: httpx.Client, route: str) -> None:
+    response = http.get(route)
+    assert response.status_code == 200
+    assert response.text == INDEX
+    assert response.headers["content-type"].startswith("text/html")
+
+
+@pytest.mark.parametrize("asset", ["/x.js", "/assets/missing.css", "/favicon.ico", "/deep/path/chunk-123.js"])
+def test_a_missing_asset_is_a_404_not_the_app_shell(http: httpx.Client, asset: str) -> None:
+    response = http.get(asset)
+    assert response.status_code == 404
+    assert INDEX not in response.text
+
+
+def test_server_routes_win_over_static_files(http: httpx.Client) -> None:
+    assert http.get("/health").json()["status"] == "ok"
+    assert http.get("/__offline/status").status_code == 401  # still guarded, never the app shell
+    assert http.get("/__offline", headers={"Accept": "text/html"}).status_code == 303
+
+
+@pytest.mark.parametrize(
+    "target",
+    [
+        "/../secret.txt",
+        "/../../secret.txt",
+        "/../secret",
+        "/assets/../../secret.txt",
+        "/%2e%2e/secret.txt",
+        "/%2E%2E/%2E%2E/secret.txt",
+        "/%2e%2e%2fsecret.txt",
+        "/..%2fsecret.txt",
+        "/..%2f..%2fsecret.txt",
+        "/assets/%2e%2e/%2e%2e/secret",
+        "/..%5csecret.txt",
+        "/%252e%252e/secret.txt",
+        "//secret.txt",
+        "/etc/passwd",
+        "//etc/passwd",
+        "/escape.txt",
+        "/escape-dir/secret",
+        "/escape-dir/secret.txt",
+    ],
+)
+def test_paths_never_escape_the_static_directory(site: LiveServer, target: str) -> None:
+    status, body = raw_get(site.url, target)
+    assert SECRET not in body
+    assert "root:" not in body  # /etc/passwd
+    # Either refused, or a client-side route answered with the app shell; never a file from outside.
+    assert status in (400, 404) or (status == 200 and body == INDEX), (status, body[:200])
+
+
+def test_absolute_paths_in_the_request_target_are_refused(site: LiveServer) -> None:
+    assert site.static_dir is not None
+    outside = Path(site.static_dir).parent / "secret.txt"
+    for target in (str(outside), "http://evil.example/../secret.txt", f"http://127.0.0.1{outside}"):
+        status, body = raw_get(site.url, target)
+        assert SECRET not in body
+        assert status != 200 or body == INDEX, (target, status)
