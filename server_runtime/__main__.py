@@ -30,21 +30,33 @@ async def _main(argv: list[str]) -> int:
             print(f"{entry} defines neither `server` nor `schema`", file=sys.stderr)
             return 2
         server = await server_from_environment(schema)
-    url = await server.start()
+    try:
+        url = await server.start()
+    except OSError as exc:
+        print(f"offline server could not start: {exc}", file=sys.stderr, flush=True)
+        await _close_store(server)
+        return 1
     print(f"offline server listening on {url} (sync: {server.sync_path})", file=sys.stderr, flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-    await server.stop()
+    try:
+        await stop.wait()
+        print("offline server stopping", file=sys.stderr, flush=True)
+        await server.stop()
+    finally:
+        await _close_store(server)
+    return 0
+
+
+async def _close_store(server: object) -> None:
     # The process owns the store: close it, or aiosqlite's non-daemon worker threads keep the interpreter
-    # alive after SIGTERM (the process never exits).
+    # alive (the process never exits).
     store = getattr(server, "store", None)
     if store is not None:
         await store.close()
-    return 0
 
 
 def main() -> None:

@@ -188,7 +188,11 @@ async def _receive_operations(
             ops.append(p.decode_operation(item, max_bytes=service.limits.max_operation_bytes))  # type: ignore[arg-type]
         except p.ProtocolError as exc:
             op_id = item.get("id") if isinstance(item, dict) else None
-            refused[str(op_id) if op_id is not None else "?"] = Refusal(exc.code, exc.message)
+            key = str(op_id) if op_id is not None else "?"
+            refused[key] = Refusal(exc.code, exc.message)
+            # Counted and published like the pipeline's own refusals (metrics, status, live events).
+            service.rejections[exc.code] = service.rejections.get(exc.code, 0) + 1
+            service.emit("rejected", {"operationId": key, "code": exc.code, "message": exc.message})
     results = await service.commit(session, ops)
     session.received += len(raw)
     for op_id, value in [*refused.items(), *results.items()]:

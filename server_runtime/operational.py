@@ -118,9 +118,20 @@ class EventHub:
             "connection": deque(maxlen=50),
             "log": deque(maxlen=200),
         }
+        self.loop: asyncio.AbstractEventLoop | None = None  # the server's loop, which owns the queues
 
     def publish(self, kind: str, data: dict[str, Any]) -> None:
         data = {**data, "time": time.time()}
+        loop = self.loop
+        if loop is not None and not _running_on(loop):
+            # A log record from another thread: asyncio queues are not thread-safe, so the server's loop
+            # delivers it (calling put_nowait from here loses the event or corrupts the loop's queue).
+            with contextlib.suppress(RuntimeError):  # the loop is closed: the server is gone
+                loop.call_soon_threadsafe(self._deliver, kind, data)
+            return
+        self._deliver(kind, data)
+
+    def _deliver(self, kind: str, data: dict[str, Any]) -> None:
         if kind in self.recent:
             self.recent[kind].append(data)
         for queue in list(self.subscribers):
@@ -128,6 +139,7 @@ class EventHub:
                 queue.put_nowait((kind, data))
 
     def subscribe(self) -> asyncio.Queue[tuple[str, dict[str, Any]]]:
+        self.loop = asyncio.get_running_loop()
         queue: asyncio.Queue[tuple[str, dict[str, Any]]] = asyncio.Queue(maxsize=self.size)
         self.subscribers.add(queue)
         return queue
@@ -138,8 +150,16 @@ class EventHub:
     def close(self) -> None:
         """End every live stream (server shutdown): they must not hold the server open."""
         for queue in list(self.subscribers):
-            with contextlib.suppress(asyncio.QueueFull):
-                queue.put_nowait((CLOSE, {}))
+            if queue.full():  # a stalled subscriber must still see the end, or shutdown waits on it
+                queue.get_nowait()
+            queue.put_nowait((CLOSE, {}))
+
+
+def _running_on(loop: asyncio.AbstractEventLoop) -> bool:
+    try:
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:
+        return False
 
 
 class HubLogHandler(logging.Handler):

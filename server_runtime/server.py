@@ -114,12 +114,21 @@ class ProductionServer:
         """Serve in the running event loop; returns the URL (``http://host:port``) once listening."""
         import uvicorn
 
-        await self.sync.start()
-        self.operational.install()
+        # Listen first: a busy port fails here, before anything (the log handler, the sync service) started.
         sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((self.host, self.port))
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((self.host, self.port))
+        except OSError as exc:
+            sock.close()
+            raise OSError(exc.errno, f"cannot listen on {self.host}:{self.port}: {exc.strerror}") from exc
         self.port = sock.getsockname()[1]
+        try:
+            await self.sync.start()
+        except BaseException:
+            sock.close()
+            raise
+        self.operational.install()
         config = uvicorn.Config(
             self.app,
             log_level="warning",

@@ -511,6 +511,7 @@ class SyncService:
         # The client detects lost batches by checking each batch starts where the last one it got ended;
         # batches with nothing this session may see are skipped, so the base is what was last *sent*.
         last_sent = session.cursor
+        resend_after, rewound_at = self.limits.ack_timeout, 0.0  # see the end of the loop
         while self.started:
             session.wake.clear()
             batch = await self.read_since(session.cursor, limit)
@@ -549,16 +550,21 @@ class SyncService:
                 await session.wake.wait()
                 continue
             # A batch lost on the way is noticed by the client only when a later one arrives; when none
-            # does, only the missing acknowledgement tells. Once the client has acknowledged nothing for
-            # ack_timeout, stream again from the start of the oldest unacknowledged batch (the client skips
-            # what it already has, and acknowledges it).
-            sent_at, base = next(iter(session.unacked.values()))
-            wait = max(sent_at, session.last_ack) + self.limits.ack_timeout - time.monotonic()
+            # does, only the missing acknowledgement tells. When nothing has been acknowledged for
+            # `resend_after` since the newest batch went out, send that batch again (from the same base):
+            # the client applies it, or skips it as already applied, and acknowledges it; if earlier ones
+            # were lost too, it sees the gap and reconnects. Resending one batch, with the wait doubling
+            # each time, costs little when the client was merely slow to acknowledge (busy applying).
+            sent_at, base = next(reversed(session.unacked.values()))
+            if session.last_ack > rewound_at:
+                resend_after = self.limits.ack_timeout
+            wait = max(sent_at, session.last_ack) + resend_after - time.monotonic()
             if wait > 0:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(session.wake.wait(), wait)
                 continue
-            session.unacked.clear()
+            rewound_at = time.monotonic()
+            resend_after = min(resend_after * 2, 60.0)
             session.cursor = last_sent = base
             initial = True
 

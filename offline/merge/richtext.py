@@ -92,10 +92,59 @@ def initial_update(text: str, *, client_id: int | None = None) -> bytes:
     return bytes(doc.get_update())
 
 
+class CharText:
+    """A document's text addressed by Python string indices (code points).
+
+    pycrdt (yrs) counts positions in UTF-8 bytes, so the index of a character after any non-ASCII one is
+    different there: an insert would land elsewhere and a delete could panic inside yrs.
+    """
+
+    __slots__ = ("_text",)
+
+    def __init__(self, text: Any) -> None:
+        self._text = text
+
+    def __str__(self) -> str:
+        return str(self._text)
+
+    def __len__(self) -> int:
+        return len(str(self._text))
+
+    def _offset(self, index: int) -> int:
+        return len(str(self._text)[:index].encode("utf-8"))
+
+    def insert(self, index: int, value: str) -> None:
+        size = len(self)
+        index = max(0, min(size, index + size if index < 0 else index))
+        self._text.insert(self._offset(index), value)
+
+    def __delitem__(self, key: int | slice) -> None:
+        size = len(self)
+        if isinstance(key, slice):
+            start, stop, step = key.indices(size)
+            if step != 1:
+                raise ValueError("rich text deletes take a contiguous range")
+        else:
+            start = key + size if key < 0 else key
+            if not 0 <= start < size:
+                raise IndexError("rich text index out of range")
+            stop = start + 1
+        if stop > start:
+            del self._text[self._offset(start) : self._offset(stop)]
+
+    def __iadd__(self, value: str) -> CharText:
+        self._text += value
+        return self
+
+
 def edit_update(state: str | None, edit: Any) -> tuple[bytes, str]:
-    """Run ``edit(text)`` on a copy of the document; return the Yjs update it produced and the new text."""
+    """Run ``edit(text)`` on a copy of the document; return the Yjs update it produced and the new text.
+
+    ``text`` is a `CharText`: `insert(index, s)`, `del text[a:b]`, `text += s`, `len`, `str`, with Python
+    string indices.
+    """
     doc = _doc(decode_state(state))
     before = doc.get_state()
-    t = _text(doc)
+    t = CharText(_text(doc))
     edit(t)
     return bytes(doc.get_update(before)), str(t)

@@ -63,6 +63,7 @@ class SyncEngine:
         self.status = DISCONNECTED
         self.last_error: OfflineError | None = None
         self.server_node_id: str | None = None
+        self._handshake_reply = ""  # messageId of the accepted handshake-response of this session
         self._task: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None
@@ -274,6 +275,7 @@ class SyncEngine:
             raise ConnectionLost(f"server {reply.node_id} did not issue our delivery watermark; resyncing")
         self._accepted = True
         self.server_node_id = reply.node_id
+        self._handshake_reply = reply.message_id
         app.set_authoritative_nodes([reply.node_id])
         self.status = SYNCING
         self._in_flight.clear()
@@ -393,6 +395,8 @@ class SyncEngine:
                     "server refused operation %s: %s %s", message.operation_id, message.code, message.message
                 )
                 replication.reject_operation(app, message.operation_id, message.code, message.message)
+            elif isinstance(message, p.HandshakeResponse) and message.message_id == self._handshake_reply:
+                continue  # the same reply delivered twice: a duplicate is ignored, never a reason to reconnect
             elif isinstance(message, p.ErrorMessage):
                 if message.retriable:
                     raise ConnectionLost(f"{message.code}: {message.message}")

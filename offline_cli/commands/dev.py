@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -38,6 +39,18 @@ def _entry(project: Path) -> tuple[Path, bool]:
     if found is not None:
         return found, False
     return Path(__file__).resolve().parent.parent / "demo_server.py", True
+
+
+def _port_problem(host: str, port: int) -> str | None:
+    """Why the server could not listen on (host, port), checked the way it binds; None when it can."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            return exc.strerror or str(exc)
+    return None
 
 
 def _wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout: float) -> bool:
@@ -100,6 +113,12 @@ def dev(
             [sys.executable, "-m", "server_runtime", str(entry)], env=child_env, cwd=str(project)
         )
 
+    problem = _port_problem(host, port)
+    if problem is not None:
+        raise click.ClickException(
+            f"port {port} on {shown} is not available ({problem}); stop whatever uses it or pick another "
+            "with --port"
+        )
     proc = start()
     if not _wait_healthy(base, proc, 30):
         code = proc.poll()

@@ -14,6 +14,7 @@ from ..environment import Environment, current_environment
 
 TOKEN_HELP = "Admin token (default: $OFFLINE_ADMIN_TOKEN)."
 URL_HELP = "Server URL, e.g. https://myapp.fly.dev (default: http://localhost:3001)."
+FOLLOW_IDLE_TIMEOUT = 15.0  # seconds of silence after which a followed event stream counts as dead
 
 
 class RemoteError(click.ClickException):
@@ -24,14 +25,15 @@ def _token(env: Environment, token: str | None) -> str | None:
     return token or env.getenv("OFFLINE_ADMIN_TOKEN") or None
 
 
-def _request_error(url: str, exc: Exception, timeout: float) -> RemoteError:
+def _request_error(url: str, exc: Exception, timeout: float, read: float | None = None) -> RemoteError:
     import httpx
 
     if isinstance(exc, httpx.ConnectError):
         return RemoteError(f"cannot connect to {url}: is the server running, and is the URL right?")
     if isinstance(exc, httpx.TimeoutException):
+        waited = read if read is not None and isinstance(exc, httpx.ReadTimeout) else timeout
         return RemoteError(
-            f"{url} did not answer within {timeout:g} s; check the URL or pass a larger --timeout"
+            f"{url} did not answer within {waited:g} s; check the URL or pass a larger --timeout"
         )
     return RemoteError(f"request to {url} failed: {exc}")
 
@@ -158,7 +160,10 @@ def logs(url: str, token: str | None, follow: bool, as_json: bool, timeout: floa
     env = current_environment()
     base = url.rstrip("/")
     headers = {"Authorization": f"Bearer {tok}"} if (tok := _token(env, token)) else {}
-    timeouts = httpx.Timeout(timeout, read=None if follow else timeout)
+    # Following, the stream may idle between events, but the server sends a status event at least every 5 s:
+    # longer silence means a server (or connection) that is not answering, never a reason to hang forever.
+    read = max(timeout, FOLLOW_IDLE_TIMEOUT) if follow else timeout
+    timeouts = httpx.Timeout(timeout, read=read)
     try:
         with httpx.stream("GET", f"{base}/__offline/events", headers=headers, timeout=timeouts) as response:
             _check(response, base)
@@ -178,6 +183,6 @@ def logs(url: str, token: str | None, follow: bool, as_json: bool, timeout: floa
                     env.stdout.write(line + "\n")
                 env.stdout.flush()
     except httpx.HTTPError as exc:
-        raise _request_error(base, exc, timeout) from None
+        raise _request_error(base, exc, timeout, read) from None
     except KeyboardInterrupt:
         return

@@ -274,6 +274,22 @@ def test_concurrent_rich_text_delete_and_insert(pair: list[App], clock: FakeCloc
     assert record(a)["body"] == record(b)["body"] == "world!"
 
 
+def test_rich_text_edits_use_character_indices_with_non_ascii_text(pair: list[App], clock: FakeClock) -> None:
+    # pycrdt counts UTF-8 bytes; the handle's indices are Python string indices.
+    a, b = pair
+    seed(pair, clock, body="héllo wörld")
+    handle = a.items.richtext("r1", "body")
+    assert handle.insert(6, "big ")["body"] == "héllo big wörld"
+    assert handle.delete(0, 6)["body"] == "big wörld"
+    assert b.items.richtext("r1", "body").insert(11, " 😀!")["body"] == "héllo wörld 😀!"
+    exchange_all(pair)
+    assert record(a)["body"] == record(b)["body"] == "big wörld 😀!"
+    assert a.items.richtext("r1", "body").delete(10, 1)["body"] == "big wörld !"
+    assert a.items.update("r1", {"body": "ça va"})["body"] == "ça va"
+    exchange_all(pair)
+    assert record(b)["body"] == "ça va"
+
+
 # -- Tier 3 resolver and state machines ------------------------------------------------------------------
 
 

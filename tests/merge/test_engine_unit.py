@@ -484,6 +484,37 @@ def test_out_of_order_rich_text_updates_converge() -> None:
     assert richtext.text_of(in_order) == richtext.text_of(shuffled) == "hello world!"
 
 
+@pytest.mark.parametrize(
+    ("edit", "expected"),
+    [
+        (lambda text: text.insert(1, "Z"), "😀Zhéllo"),
+        (lambda text: text.insert(-1, "Z"), "😀héllZo"),
+        (lambda text: text.insert(6, "!"), "😀héllo!"),
+        (lambda text: text.__delitem__(slice(2, 3)), "😀hllo"),
+        (lambda text: text.__delitem__(0), "héllo"),
+        (lambda text: text.__delitem__(-1), "😀héll"),
+        (lambda text: text.__delitem__(slice(None)), ""),
+        (lambda text: text.__iadd__(" ça"), "😀héllo ça"),
+    ],
+)
+def test_edits_address_characters_not_utf8_bytes(edit: Any, expected: str) -> None:
+    state = richtext.merge_update(None, richtext.initial_update("😀héllo"))
+    update, text = richtext.edit_update(state, edit)
+    assert text == expected
+    assert richtext.text_of(richtext.merge_update(state, update)) == expected
+
+
+def test_edit_text_wrapper_reports_length_in_characters() -> None:
+    state = richtext.merge_update(None, richtext.initial_update("😀é"))
+    seen: list[int] = []
+    richtext.edit_update(state, lambda text: seen.append(len(text)))
+    assert seen == [2]
+    with pytest.raises(IndexError):
+        richtext.edit_update(state, lambda text: text.__delitem__(2))
+    with pytest.raises(ValueError):
+        richtext.edit_update(state, lambda text: text.__delitem__(slice(0, 2, 2)))
+
+
 def test_garbage_rich_text_update_is_ignored() -> None:
     state = richtext.merge_update(None, richtext.initial_update("keep"))
     assert richtext.merge_update(state, b"\x07garbage") == state

@@ -118,7 +118,9 @@ def damaged_copies(body: bytes) -> list[tuple[str, bytes, str]]:
     resigned = b"".join(edited) + (json.dumps({**tail, "sha256": digest}) + "\n").encode()
     hex_at = body.rindex(b'"sha256":"') + len(b'"sha256":"')
     flipped = body[:hex_at] + (b"0" if body[hex_at : hex_at + 1] != b"0" else b"1") + body[hex_at + 1 :]
-    recount = b"".join(lines[:-1]) + (json.dumps({**tail, "operations": tail["operations"] + 1}) + "\n").encode()
+    recount = (
+        b"".join(lines[:-1]) + (json.dumps({**tail, "operations": tail["operations"] + 1}) + "\n").encode()
+    )
     return [
         ("one byte changed", one_byte, "checksum"),
         ("checksum flipped", flipped, "checksum"),
@@ -173,13 +175,24 @@ def test_backup_from_sqlite_restores_into_postgresql(tmp_path: Path, postgres_ur
 
                 first = await import_backup(http, new, body)
                 assert first.status_code == 200, first.text
-                assert first.json() == {"imported": stored, "duplicates": 0, "refused": {}, "operations": stored}
+                assert first.json() == {
+                    "imported": stored,
+                    "duplicates": 0,
+                    "refused": {},
+                    "operations": stored,
+                }
                 again = await import_backup(http, new, body)
                 assert again.status_code == 200
-                assert again.json() == {"imported": 0, "duplicates": stored, "refused": {}, "operations": stored}
+                assert again.json() == {
+                    "imported": 0,
+                    "duplicates": stored,
+                    "refused": {},
+                    "operations": stored,
+                }
                 new_status = await status(http, new)
                 assert new_status["operations"]["stored"] == stored
-                assert new_status["serverNodeId"] == old_status["serverNodeId"]  # the restored server's identity
+                # The restored server carries on as the backed-up server (its writes stay authoritative).
+                assert new_status["serverNodeId"] == old_status["serverNodeId"]
                 assert new_status["records"] == old_status["records"]
 
                 from_new = await fresh_client_records(tmp_path, new, "reader-new")

@@ -27,8 +27,7 @@ from starlette.requests import Request
 
 from offline import create_app, define_schema, t
 from offline.store import App
-from server_runtime import create_production_server, create_sqlite_server_store
-from server_runtime import operational
+from server_runtime import create_production_server, create_sqlite_server_store, operational
 from server_runtime.operational import OperationalAuth
 from server_runtime.server import ProductionServer
 from server_runtime.stores.base import ServerStore
@@ -97,16 +96,24 @@ class LiveServer:
     """A server on its own event loop in a background thread, for blocking clients (httpx, CliRunner)."""
 
     def __init__(
-        self, folder: Path, *, auth: dict[str, str] | None = None, static_dir: str | None = None
+        self,
+        folder: Path,
+        *,
+        auth: dict[str, str] | None = None,
+        static_dir: str | None = None,
+        debug: bool = False,
     ) -> None:
         self.folder = folder
         self.auth = auth
         self.static_dir = static_dir
         self.loop = asyncio.new_event_loop()
+        self.loop.set_debug(debug)  # debug mode turns cross-thread misuse of the loop into errors
         self._ready = threading.Event()
         self._error: BaseException | None = None
         self._stop: asyncio.Event | None = None
-        self._thread = threading.Thread(target=self.loop.run_until_complete, args=(self._main(),), daemon=True)
+        self._thread = threading.Thread(
+            target=self.loop.run_until_complete, args=(self._main(),), daemon=True
+        )
         self.server: ProductionServer | None = None
 
     async def _main(self) -> None:
@@ -178,11 +185,15 @@ async def shutdown(*apps: App) -> None:
         app.close()
 
 
-async def wait_for(condition: Callable[[], bool], what: Callable[[], str] | str, timeout: float = TIMEOUT) -> None:
+async def wait_for(
+    condition: Callable[[], bool], what: Callable[[], str] | str, timeout: float = TIMEOUT
+) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for: {what if isinstance(what, str) else what()}")
+            raise AssertionError(
+                f"timed out after {timeout} s waiting for: {what if isinstance(what, str) else what()}"
+            )
         await asyncio.sleep(0.02)
 
 
@@ -192,7 +203,9 @@ async def wait_for_async(
     deadline = time.monotonic() + timeout
     while not await probe():
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for: {what if isinstance(what, str) else what()}")
+            raise AssertionError(
+                f"timed out after {timeout} s waiting for: {what if isinstance(what, str) else what()}"
+            )
         await asyncio.sleep(0.05)
 
 
@@ -540,7 +553,9 @@ class EventReader:
             await self.task
 
 
-def test_event_stream_reports_status_then_live_events(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_event_stream_reports_status_then_live_events(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(operational, "STATUS_INTERVAL", 0.3)
 
     async def scenario() -> None:
@@ -563,10 +578,13 @@ def test_event_stream_reports_status_then_live_events(tmp_path: Path, monkeypatc
                     "connection, operation, conflict and rejected events",
                 )
                 connections = reader.of("connection")
-                assert {c["nodeId"] for c in connections if c["state"] == "connected"} == {a.node_id, b.node_id}
+                assert {c["nodeId"] for c in connections if c["state"] == "connected"} == {
+                    a.node_id,
+                    b.node_id,
+                }
                 assert any(c["state"] == "disconnected" for c in connections)  # both went offline once
                 operations = reader.of("operation")
-                assert [o["operation"]["recordId"] for o in operations][0] == made["x"]["id"]
+                assert operations[0]["operation"]["recordId"] == made["x"]["id"]
                 assert [o["delivery"] for o in operations] == [1, 2, 3]
                 conflict = reader.of("conflict")[0]
                 assert conflict["collection"] == "items" and conflict["field"] == "title"
@@ -601,7 +619,9 @@ def test_event_stream_reports_status_then_live_events(tmp_path: Path, monkeypatc
                 assert all(data.get("replay") is True for _, data in history)
                 logging.getLogger("offline.server").warning("after the late subscriber joined")
                 await late.wait(
-                    lambda: any("late subscriber" in d["message"] for _, d in late.after_ready() if "message" in d),
+                    lambda: any(
+                        "late subscriber" in d["message"] for _, d in late.after_ready() if "message" in d
+                    ),
                     "a live event on the late stream",
                 )
                 assert not any(d.get("replay") for _, d in late.after_ready())
@@ -642,5 +662,73 @@ def test_status_reports_clients_and_operation_counts(tmp_path: Path) -> None:
                 assert status["uptime"] >= 0
             finally:
                 await shutdown(a, b)
+
+    asyncio.run(scenario())
+
+
+def test_log_records_from_other_threads_reach_the_stream(tmp_path: Path) -> None:
+    """Any thread may log to `offline.*`; the record must reach subscribers through the server's loop."""
+    with LiveServer(tmp_path, auth=ALL_TOKENS, debug=True) as live:
+        assert live.server is not None
+        hub = live.server.operational.hub
+        seen: list[dict[str, Any]] = []
+        arrived = threading.Event()
+
+        def read() -> None:
+            with httpx.stream(
+                "GET", f"{live.url}/__offline/events", headers=bearer(ADMIN), timeout=None
+            ) as response:
+                kind = ""
+                for line in response.iter_lines():
+                    if line.startswith("event:"):
+                        kind = line[6:].strip()
+                    elif line.startswith("data:") and kind == "log":
+                        seen.append(json.loads(line[5:]))
+                        if "worker thread" in seen[-1]["message"]:
+                            arrived.set()
+                            return
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        deadline = time.monotonic() + 10
+        while not hub.subscribers:
+            assert time.monotonic() < deadline, "the event stream did not subscribe"
+            time.sleep(0.01)
+        logging.getLogger("offline.server").warning("written from a worker thread")  # not the server's loop
+        assert arrived.wait(5), f"the log event never arrived; saw {seen}"
+        reader.join(5)
+
+
+def test_closing_the_hub_ends_even_a_stalled_stream() -> None:
+    async def scenario() -> None:
+        hub = operational.EventHub(size=3)
+        queue = hub.subscribe()
+        for number in range(10):  # the subscriber reads nothing: its queue fills, later events are dropped
+            hub.publish("log", {"message": str(number)})
+        hub.close()
+        items = [queue.get_nowait() for _ in range(queue.qsize())]
+        assert len(items) == 3 and items[-1][0] == operational.CLOSE  # the oldest event made room
+        assert len(hub.recent["log"]) == 10  # history keeps what live delivery had to drop
+
+    asyncio.run(scenario())
+
+
+def test_a_busy_port_fails_start_cleanly(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with serve(tmp_path, auth=ALL_TOKENS, name="first") as first:
+            handlers = list(logging.getLogger("offline").handlers)
+            store = create_sqlite_server_store(str(tmp_path / "second.db"))
+            await store.set_schema(SCHEMA)
+            second = create_production_server(
+                store=store, port=first.port, host="127.0.0.1", operational_auth=ALL_TOKENS
+            )
+            try:
+                with pytest.raises(OSError, match=f"cannot listen on 127.0.0.1:{first.port}"):
+                    await second.start()
+                # Nothing was left half-started: no extra log handler, no live sync service.
+                assert logging.getLogger("offline").handlers == handlers
+                assert not second.sync.started
+            finally:
+                await store.close()
 
     asyncio.run(scenario())

@@ -69,7 +69,9 @@ def test_files_are_served_with_their_types(http: httpx.Client) -> None:
     assert http.head("/assets/app.js").status_code == 200
 
 
-@pytest.mark.parametrize("route", ["/some/route", "/settings", "/users/42/edit", "/todos/", "/docs/deep/link"])
+@pytest.mark.parametrize(
+    "route", ["/some/route", "/settings", "/users/42/edit", "/todos/", "/docs/deep/link"]
+)
 def test_client_side_routes_fall_back_to_the_app_shell(http: httpx.Client, route: str) -> None:
     response = http.get(route)
     assert response.status_code == 200

@@ -33,6 +33,7 @@ import pytest
 
 from offline import OfflineError, create_app, op
 from offline.store import App
+from server_runtime.stores._codec import decode_optional
 from tests.support.chaos_proxy import S2C, ChaosProxy
 from tests.support.servers import ServerProcess, write_entry
 
@@ -167,6 +168,19 @@ def server_operation_ids(db: Path) -> set[str]:
         conn.close()
 
 
+def server_records(db: Path) -> str:
+    """The records the server itself materialised (its `offline_records` table), like `snapshot`."""
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        rows = conn.execute(
+            "SELECT record_id, record FROM offline_records WHERE collection = 'items' AND record IS NOT NULL"
+        ).fetchall()
+    finally:
+        conn.close()
+    records = [{**(decode_optional(text) or {}), "id": record_id} for record_id, text in rows]
+    return json.dumps(sorted(records, key=lambda r: r["id"]), sort_keys=True)
+
+
 def own_operation_ids(app: App) -> set[str]:
     with app.db.lock:
         rows = app.db.conn.execute("SELECT id FROM _offline_ops WHERE node_id = ?", (app.node_id,))
@@ -217,10 +231,11 @@ async def settle(apps: list[App], timeout: float) -> float:
         await asyncio.sleep(0.5)
 
 
-async def run_chaos(tmp_path: Path) -> dict[str, Any]:
+async def run_chaos(tmp_path: Path, figures: dict[str, Any]) -> None:
+    """The chaos run; ``figures`` collects what happened (filled in as it goes, so a failure shows it too)."""
     schema = load_schema()
     rng = random.Random(SEED)
-    figures: dict[str, Any] = {"clients": CLIENTS, "ops_per_client": OPS_PER_CLIENT, "seed": SEED}
+    figures.update({"clients": CLIENTS, "ops_per_client": OPS_PER_CLIENT, "seed": SEED})
     started = time.monotonic()
 
     server_dir = tmp_path / "server"
@@ -249,6 +264,8 @@ async def run_chaos(tmp_path: Path) -> dict[str, Any]:
         0,
     )
     done = 0
+    expected = ""  # the records as the fresh client folds them from the server
+    written: set[str] = set()  # every operation a client wrote
     reasons: Counter[str] = Counter()
 
     def watch(index: int, app: App) -> None:
@@ -323,7 +340,6 @@ async def run_chaos(tmp_path: Path) -> dict[str, Any]:
             assert snapshot(app) == expected, f"client {i} differs from what the server holds"
         figures["records"] = len(json.loads(expected))
         figures["client_connections"] = [app.sync.connections for app in apps]
-        written: set[str] = set()
         for app in apps:
             written |= own_operation_ids(app)
     finally:
@@ -333,13 +349,14 @@ async def run_chaos(tmp_path: Path) -> dict[str, Any]:
             app.close()
         await proxy.stop()
         await asyncio.to_thread(server.terminate)
+        figures["proxy"] = proxy.summary
+        figures["disconnect_reasons"] = dict(reasons.most_common())
+        figures["total_s"] = round(time.monotonic() - started, 1)
 
     stored = server_operation_ids(server_db)
-    figures["proxy"] = proxy.summary
-    figures["disconnect_reasons"] = dict(reasons.most_common())
+    assert server_records(server_db) == expected, "the server's own records differ from the replicas'"
     figures["acknowledged_ops"] = len(proxy.acknowledged)
     figures["server_ops"] = len(stored)
-    figures["total_s"] = round(time.monotonic() - started, 1)
     assert not proxy.rejected, f"the server refused {len(proxy.rejected)} operations"
     lost = proxy.acknowledged - stored
     assert not lost, f"{len(lost)} acknowledged operations are missing from the server store"
@@ -348,12 +365,14 @@ async def run_chaos(tmp_path: Path) -> dict[str, Any]:
         f"{len(stored - written)} server operations no client wrote"
     )
     assert len(written) == CLIENTS * OPS_PER_CLIENT
-    return figures
 
 
 def test_chaos_convergence_and_durability(tmp_path: Path) -> None:
-    figures = asyncio.run(run_chaos(tmp_path))
-    print("\nchaos figures:", json.dumps(figures, indent=1))
+    figures: dict[str, Any] = {}
+    try:
+        asyncio.run(run_chaos(tmp_path, figures))
+    finally:
+        print("\nchaos figures:", json.dumps(figures))
     proxy = figures["proxy"]
     # The run must actually have been chaotic: frames lost, doubled and reordered, the server crashed.
     assert proxy.get("dropped", 0) > 0
