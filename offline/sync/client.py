@@ -53,7 +53,7 @@ class SyncEngine:
         self.url = url
         self.auth_client = config.get("auth_client", config.get("authClient"))
         self.scope: dict[str, Any] = dict(config.get("scope") or {})
-        self.transport: Transport = config.get("transport") or WebSocketTransport()
+        self.transport: Transport = config.get("transport") or WebSocketTransport(compression=None)
         self.batch_size = int(config.get("batch_size", 500))
         self.backoff_initial = float(config.get("backoff_initial", 0.2))
         self.backoff_max = float(config.get("backoff_max", 15.0))
@@ -71,6 +71,7 @@ class SyncEngine:
         self._synced: asyncio.Event | None = None
         self._stopping = False
         self._in_flight: dict[str, tuple[float, list[str]]] = {}
+        self._expired: dict[str, list[str]] = {}
         self._cursor = 0
         self._sent: set[str] = set()
         # Acknowledgement timing, for deciding when an unacknowledged batch is lost (see _expire_in_flight).
@@ -96,10 +97,12 @@ class SyncEngine:
         if wait:
             assert self._ready is not None
             waiter = asyncio.create_task(self._ready.wait())
-            done, _ = await asyncio.wait(
-                {waiter, self._task}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
-            )
-            waiter.cancel()
+            try:
+                done, _ = await asyncio.wait(
+                    {waiter, self._task}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+                )
+            finally:
+                waiter.cancel()  # also when connect() itself is cancelled: no task left pending
             if self.last_error is not None and self.status == ERROR:
                 raise self.last_error
             if not done:
@@ -297,15 +300,15 @@ class SyncEngine:
                 self._expire_in_flight()
                 await self._send_ops(conn, replication.pending_operations(app, exclude=self._sent))
                 waiter = asyncio.create_task(self._wake.wait())
-                done, _ = await asyncio.wait(
-                    {waiter, reader}, timeout=self.ack_timeout / 2, return_when=asyncio.FIRST_COMPLETED
-                )
+                try:
+                    done, _ = await asyncio.wait(
+                        {waiter, reader}, timeout=self.ack_timeout / 2, return_when=asyncio.FIRST_COMPLETED
+                    )
+                finally:
+                    waiter.cancel()  # a cancelled session must not leave this task pending
                 if reader in done:
-                    waiter.cancel()
                     reader.result()  # re-raises why the reader stopped
                     raise ConnectionLost("the server closed the connection")
-                if not done:
-                    waiter.cancel()
         finally:
             if not reader.done():
                 reader.cancel()
@@ -329,6 +332,10 @@ class SyncEngine:
         for message_id, (sent_at, ids) in list(self._in_flight.items()):
             if now - sent_at > timeout and (silent or sent_at < self._acked_upto):
                 del self._in_flight[message_id]
+                # An acknowledgement may still arrive for it: remember its operations until then.
+                self._expired[message_id] = ids
+                while len(self._expired) > 1000:
+                    self._expired.pop(next(iter(self._expired)))
                 self._sent.difference_update(ids)
 
     async def _send_ops(self, conn: Any, ops: list[Operation]) -> None:
@@ -371,6 +378,8 @@ class SyncEngine:
                         f"delivery gap: expected after {self._cursor}, got a batch after {base}"
                     )
                 await self._receive(conn, message.message_id, list(message.operations), top)
+                # Buffered frames are returned without suspending; let the app, pings and the sender run.
+                await asyncio.sleep(0)
                 if top is not None:
                     self._cursor = max(self._cursor, top)
                 if message.is_final and self._synced is not None and not self._synced.is_set():
@@ -380,6 +389,9 @@ class SyncEngine:
                 await self._receive(conn, message.message_id, [message.operation], message.delivery_sequence)
             elif isinstance(message, p.Acknowledgment):
                 entry = self._in_flight.pop(message.acknowledged_message_id, None)
+                late = self._expired.pop(message.acknowledged_message_id, None)
+                if late is not None:  # acknowledged after we gave up on it: it was stored all the same
+                    replication.mark_acknowledged(app, late)
                 if entry is not None:
                     sent_at, ids = entry
                     now = time.monotonic()
