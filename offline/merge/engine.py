@@ -25,10 +25,11 @@ import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
+from itertools import chain, repeat
 from typing import Any
 
-from offline.core.fields import FieldDescriptor
-from offline.core.frozen import thaw
+from offline.core.fields import MAX_SAFE_INTEGER, FieldDescriptor
+from offline.core.frozen import FrozenDict, thaw
 from offline.core.operations import Operation
 from offline.core.schema import CollectionDefinition, SchemaDefinition
 from offline.core.state_machine import (
@@ -38,12 +39,22 @@ from offline.core.state_machine import (
 )
 
 from . import richtext
-from .values import OpKey, element_key, fits, fraction_to_number, normalize, op_key
+from .values import OpKey, compact_json, element_key, fits, fraction_to_number, normalize, op_key
 
 log = logging.getLogger("offline.merge")
 
 # Names SPEC 2.12 uses for MergeTrace.strategy.
 _TRACE_STRATEGY = {"union": "add-wins-set", "richtext": "crdt-text"}
+
+# Exact value types that op_fields keeps as they are, by field type: for these, thaw() and normalize() are
+# the identity and fits() holds (ints only within the safe range), so the generic checks can be skipped.
+_IDENTITY_TYPES: dict[str, frozenset[type]] = {
+    "string": frozenset({str}),
+    "boolean": frozenset({bool}),
+    "number": frozenset({int}),
+    "timestamp": frozenset({int}),
+    "richtext": frozenset({str, bytes}),
+}
 
 
 @dataclass(slots=True)
@@ -71,16 +82,16 @@ class RecordState:
     fields: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def to_json(self) -> str:
-        return json.dumps(
-            {"g": self.graph, "e": self.exist, "i": self.has_insert, "f": self.fields},
-            separators=(",", ":"),
-            ensure_ascii=False,
-        )
+        """Compact JSON text of the state; `from_json` reads it (and the plain form, see `_encode_state`)."""
+        return _encode_state(self.graph, self.exist, self.has_insert, self.fields)
 
     @classmethod
     def from_json(cls, text: str | bytes) -> RecordState:
         raw = json.loads(text)
-        return cls(graph=raw["g"], exist=raw["e"], has_insert=raw["i"], fields=raw["f"])
+        graph = raw["g"]
+        if type(graph) is dict:  # the plain form
+            return cls(graph=graph, exist=raw["e"], has_insert=raw["i"], fields=raw["f"])
+        return _decode_state(cls, raw)
 
     @property
     def alive(self) -> bool:
@@ -119,6 +130,106 @@ class RecordState:
         return out
 
 
+# -- state text ------------------------------------------------------------------------------------------
+#
+# The plain form is the state as it is: {"g": {op id: [dep ids]}, "e": [OpKey, type] | null, "i": bool,
+# "f": {field: register}}. Op keys ([wall, logical, node, op id]) and op ids repeat in it many times (each
+# register holds its "k" and "lk" keys), which makes a record's state several times larger than the record
+# and too large for SQLite to keep inside its b-tree page. The compact form names each op once:
+#
+#   "g": [[op id, [dep, ...]] or [op id, [dep, ...], wall, logical, node], ...]  (in the graph's order)
+#
+# a dep is the index of its entry in "g" (or its id when the graph does not hold it), and an op key whose op
+# is in "g" is written as that index (its entry then carries the key's wall, logical and node) in "e"[0] and
+# in every register's "k" and "lk". Other keys stay inline. "g" being a list tells the forms apart; a state
+# with anything unexpected where a key belongs is written in the plain form.
+
+
+class _Irregular(Exception):
+    """A state the compact form does not describe (it is then written in the plain form)."""
+
+
+def _encode_state(
+    graph: dict[str, list[str]], exist: list[Any] | None, has_insert: bool, fields: dict[str, dict[str, Any]]
+) -> str:
+    plain = {"g": graph, "e": exist, "i": has_insert, "f": fields}
+    # Op ids and deps are strings (an int would read as an index).
+    if not all(map(isinstance, graph, repeat(str))) or not all(
+        map(isinstance, chain.from_iterable(graph.values()), repeat(str))
+    ):
+        return compact_json(plain)
+    index = {op_id: i for i, op_id in enumerate(graph)}
+    get = index.get
+    entries: list[list[Any]] = [[op_id, list(map(get, deps, deps))] for op_id, deps in graph.items()]
+    refs: dict[int, Any] = {}  # id(key) -> what stands for it; registers share key lists
+
+    def ref(key: Any) -> Any:
+        known = refs.get(id(key))
+        if known is not None:
+            return known
+        if type(key) is not list or len(key) != 4:
+            raise _Irregular
+        wall, logical, node, op_id = key
+        i = get(op_id) if type(op_id) is str else None
+        out: Any = key
+        if i is not None and type(wall) is int and type(logical) is int and type(node) is str:
+            entry = entries[i]
+            if len(entry) == 2:
+                entry += (wall, logical, node)
+                out = i
+            elif entry[2] == wall and entry[3] == logical and entry[4] == node:
+                out = i
+        refs[id(key)] = out
+        return out
+
+    try:
+        compact_exist = exist
+        if exist is not None:
+            if type(exist) is not list or not exist:
+                raise _Irregular
+            compact_exist = [ref(exist[0]), *exist[1:]]
+        registers: dict[str, Any] = {}
+        for name, reg in fields.items():
+            if "k" in reg or "lk" in reg:
+                reg = dict(reg)
+                if "k" in reg:
+                    reg["k"] = ref(reg["k"])
+                if "lk" in reg:
+                    reg["lk"] = ref(reg["lk"])
+            registers[name] = reg
+    except (_Irregular, TypeError):
+        return compact_json(plain)
+    return compact_json({"g": entries, "e": compact_exist, "i": has_insert, "f": registers})
+
+
+def _decode_state(cls: type[RecordState], raw: dict[str, Any]) -> RecordState:
+    entries = raw["g"]
+    ids = [entry[0] for entry in entries]
+    at = ids.__getitem__
+    graph: dict[str, list[str]] = {}
+    keys: list[Any] = []
+    for entry in entries:
+        op_id = entry[0]
+        deps = entry[1]
+        try:
+            graph[op_id] = list(map(at, deps))  # deps held in the graph: all indices
+        except TypeError:  # some dep is an id the graph does not hold
+            graph[op_id] = [dep if type(dep) is str else ids[dep] for dep in deps]
+        keys.append([entry[2], entry[3], entry[4], op_id] if len(entry) > 2 else None)
+    exist = raw["e"]
+    if exist is not None and type(exist[0]) is int:
+        exist[0] = keys[exist[0]]
+    fields = raw["f"]
+    for reg in fields.values():
+        key = reg.get("k")
+        if type(key) is int:
+            reg["k"] = keys[key]
+        key = reg.get("lk")
+        if type(key) is int:
+            reg["lk"] = keys[key]
+    return cls(graph=graph, exist=exist, has_insert=raw["i"], fields=fields)
+
+
 class _Plan:
     """Per-collection facts the fold needs, computed once per schema."""
 
@@ -137,6 +248,12 @@ class _Plan:
                 self.kinds[name] = "richtext"
             else:
                 self.kinds[name] = descriptor.effective_merge_strategy
+        # Field -> exact value types op_fields passes through unchanged (see _IDENTITY_TYPES).
+        self.identity_types: dict[str, frozenset[type]] = {
+            name: _IDENTITY_TYPES[descriptor.type]
+            for name, descriptor in collection.fields.items()
+            if descriptor.type in _IDENTITY_TYPES
+        }
         # Renames and removals between schema versions, so an operation written under an older schema is
         # read with today's field names (operations are immutable; their meaning is upgraded on read).
         self.upgrades: dict[int, list[tuple[str, str, str | None]]] = {}
@@ -192,9 +309,19 @@ class MergeEngine:
         raw = op.data if which == "data" else op.previous_data
         if not raw:
             return {}
-        data = plan.upgrade(raw, op.schema_version) if op.schema_version < plan.schema_version else dict(raw)
+        if op.schema_version < plan.schema_version:
+            items = plan.upgrade(raw, op.schema_version).items()
+        else:
+            items = raw._data.items() if type(raw) is FrozenDict else dict(raw).items()
+        identity = plan.identity_types
         out: dict[str, Any] = {}
-        for name, value in data.items():
+        for name, value in items:
+            kinds = identity.get(name)
+            if kinds is not None:
+                kind = type(value)
+                if kind in kinds and (kind is not int or -MAX_SAFE_INTEGER <= value <= MAX_SAFE_INTEGER):
+                    out[name] = value
+                    continue
             descriptor = plan.fields.get(name)
             if descriptor is None:
                 continue
@@ -214,14 +341,23 @@ class MergeEngine:
         return out
 
     def transition_problem(self, op: Operation) -> tuple[str, str, list[str], str] | None:
-        """(field, from, allowed, policy) when ``op`` moves a state machine along a forbidden edge."""
+        """(field, from, allowed, policy) when ``op`` moves a state machine along a forbidden edge.
+
+        When several machines object, a 'reject' one is reported first: it decides the fate of the write.
+        """
+        problems = self.transition_problems(op)
+        return problems[0] if problems else None
+
+    def transition_problems(self, op: Operation) -> list[tuple[str, str, list[str], str]]:
+        """Every forbidden edge ``op`` takes, 'reject' machines first (see `transition_problem`)."""
         if op.type != "update" or not op.data:
-            return None
+            return []
         plan = self._plans[op.collection]
         if not plan.state_machines:
-            return None
+            return []
         data = self.op_fields(op)
         previous = self.op_fields(op, "previous")
+        problems: list[tuple[str, str, list[str], str]] = []
         for name, constraint in plan.state_machines.items():
             if name not in data:
                 continue
@@ -231,8 +367,9 @@ class MergeEngine:
                 continue
             result = validate_transition(constraint, before, after)
             if not result.valid:
-                return name, str(before), result.allowed_targets, constraint.on_invalid_transition
-        return None
+                problems.append((name, str(before), result.allowed_targets, constraint.on_invalid_transition))
+        problems.sort(key=lambda problem: problem[3] != "reject")  # stable: schema order within a policy
+        return problems
 
     # -- folding ----------------------------------------------------------------------------------------
 
@@ -245,11 +382,10 @@ class MergeEngine:
         if plan is None:
             return []
         data = self.op_fields(op) if op.type != "delete" else {}
-        problem = self.transition_problem(op)
-        if problem is not None:
-            name, _, _, policy = problem
+        for name, _, _, policy in self.transition_problems(op):
             if policy == "reject":
-                # A write its author could not legally make contributes nothing, on every replica alike.
+                # A write its author could not legally make contributes nothing, on every replica alike
+                # (the local store refuses the whole write when any 'reject' machine objects).
                 return []
             data.pop(name, None)  # 'last-valid-state': the field keeps its value, the rest applies
 
@@ -313,9 +449,18 @@ class MergeEngine:
                 if "k" not in reg or key > reg["k"]:
                     reg.update(k=key, v=value)
             else:
-                delta = Fraction(value or 0) - Fraction(previous.get(name) or 0)
-                total = Fraction(reg["n"], reg["d"]) + delta
-                reg["n"], reg["d"] = total.numerator, total.denominator
+                after, before, n, d = value or 0, previous.get(name) or 0, reg["n"], reg["d"]
+                if (
+                    type(after) is int
+                    and type(before) is int
+                    and type(n) is int
+                    and type(d) is int
+                    and d == 1
+                ):
+                    reg["n"] = n + after - before  # whole numbers: the exact sum without Fractions
+                else:
+                    total = Fraction(n, d) + (Fraction(after) - Fraction(before))
+                    reg["n"], reg["d"] = total.numerator, total.denominator
         elif kind in ("max", "min"):
             reg = register or {}
             if value is None:
@@ -394,8 +539,10 @@ class MergeEngine:
             chosen = reg.get("a") or reg.get("c")
             return chosen[1] if chosen else None
         if kind == "counter":
-            base = reg.get("v") or 0
-            total = Fraction(base) + Fraction(reg["n"], reg["d"])
+            base, n, d = reg.get("v") or 0, reg["n"], reg["d"]
+            if type(base) is int and type(n) is int and type(d) is int and d == 1:
+                return base + n
+            total = Fraction(base) + Fraction(n, d)
             return fraction_to_number(total.numerator, total.denominator)
         if kind in ("max", "min"):
             return reg.get("v")
@@ -436,9 +583,15 @@ class MergeEngine:
         if not state.alive:
             return None
         plan = self._plans[collection]
+        kinds = plan.kinds
+        registers = state.fields
         record: dict[str, Any] = {"id": record_id}
         for name in plan.fields:
-            record[name] = self.value_of(plan, name, state.fields.get(name), state)
+            reg = registers.get(name)
+            if reg is not None and kinds[name] == "lww":
+                record[name] = reg.get("v")  # the common case of value_of, inlined
+            else:
+                record[name] = self.value_of(plan, name, reg, state)
         return record
 
     def fold(self, collection: str, record_id: str, ops: Iterable[Operation]) -> tuple[RecordState, Any]:

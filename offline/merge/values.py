@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from offline.core.fields import FieldDescriptor, value_problem
@@ -17,6 +17,36 @@ from offline.core.operations import Operation
 OpKey = list[Any]
 
 _SAFE = 2**53
+
+
+def _make_compact_encoder() -> Callable[[Any], str]:
+    """``json.dumps(value, separators=(",", ":"), ensure_ascii=False)``, with the C encoder built once.
+
+    ``json.dumps`` with non-default options constructs a JSONEncoder, and the encoder builds its C
+    iterencoder, on every call; the state and the wire text of every operation pass through here.
+    """
+    public = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+    make = getattr(json.encoder, "c_make_encoder", None)
+    basestring = getattr(json.encoder, "c_encode_basestring", None)
+    if make is None or basestring is None:  # pragma: no cover - interpreters without the _json module
+        return public
+    try:
+        # markers=None: no cycle check (the values encoded here are trees); the output is the same.
+        iterencode = make(None, json.JSONEncoder().default, basestring, None, ":", ",", False, False, True)
+
+        def encode(value: Any) -> str:
+            return "".join(iterencode(value, 0))
+
+        sample = {"b": [1, 2.5, None, True, False, "\u00e9\n\x01\u2028", float("nan")], "a": {"z": -3}}
+        if encode(sample) != public(sample) or encode("x") != public("x"):  # pragma: no cover
+            return public
+    except Exception:  # pragma: no cover - a changed private interface
+        return public
+    return encode
+
+
+#: Compact JSON text, identical to ``json.dumps(value, separators=(",", ":"), ensure_ascii=False)``.
+compact_json: Callable[[Any], str] = _make_compact_encoder()
 
 
 def op_key(op: Operation) -> OpKey:

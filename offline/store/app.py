@@ -21,14 +21,22 @@ from offline.core.errors import (
     INVALID_OPERATION,
     OfflineError,
 )
-from offline.core.hlc import HybridLogicalClock, parse_timestamp
-from offline.core.operations import Operation, create_operation, verify_operation
+from offline.core.hlc import HLCTimestamp, HybridLogicalClock, parse_timestamp, serialize_timestamp
+from offline.core.operations import (
+    Operation,
+    _check_record,
+    _check_str,
+    _content_id,
+    create_operation,
+    verify_operation,
+)
 from offline.core.schema import SchemaDefinition
 from offline.core.uuid7 import generate_uuid_v7
 from offline.core.version_vector import topological_sort
 from offline.merge.constraints import Violation
 from offline.merge.engine import Conflict, MergeEngine, RecordState
 from offline.merge.trace import MergeTrace
+from offline.merge.values import compact_json
 
 from .collection import Collection
 from .database import ACKED, PENDING, REJECTED, LocalDatabase, storage_error
@@ -138,6 +146,9 @@ class App:
             self._seq = self.db.own_sequence(node_id)
         # Records whose latest local operations are committed but not yet written to their row (see flush()).
         self._dirty: dict[tuple[str, str], RecordState] = {}
+        # The row (None: no record) each local write materialised, with the state object it came from:
+        # flush() and reads of unflushed records reuse it while that same object is still the state to write.
+        self._rows: dict[tuple[str, str], tuple[RecordState, list[Any] | None]] = {}
         self._batch: _Batch | None = None
         # Called with the operations of every committed local write (the sync engine streams them).
         self.commit_listeners: list[Callable[[list[Operation]], None]] = []
@@ -212,6 +223,7 @@ class App:
         conn = self.db.conn
         with self.db.transaction():
             self._dirty.clear()
+            self._rows.clear()
             conn.execute("DELETE FROM _offline_state")
             for codec in self.codecs.values():
                 conn.execute(f"DELETE FROM {codec.table}")
@@ -265,6 +277,7 @@ class App:
                 batch.unflushed.clear()
             if not nested:
                 self._dirty.clear()
+                self._rows.clear()
 
     def unflushed_state(self, collection: str, record_id: str) -> RecordState | None:
         """The state of a record written since the last flush (or in the open batch), else None."""
@@ -276,6 +289,27 @@ class App:
     def cached_state(self, collection: str, record_id: str) -> RecordState | None:
         state = self.unflushed_state(collection, record_id)
         return state if state is not None else self.db.load_state(collection, record_id)
+
+    def row_of(self, collection: str, record_id: str, state: RecordState) -> list[Any] | None:
+        """The table row of a record in ``state`` (None when it does not exist), as flush() writes it.
+
+        Reuses the row the last local write computed from this very state object. Callers must not modify it.
+        """
+        cached = self._rows.get((collection, record_id))
+        if cached is not None and cached[0] is state:
+            return cached[1]
+        return self._row(collection, state, self.engine.materialize(collection, record_id, state))
+
+    def _row(self, collection: str, state: RecordState, record: dict[str, Any] | None) -> list[Any] | None:
+        if record is None:
+            return None
+        codec = self.codecs[collection]
+        rich = (
+            {name: (state.fields.get(name) or {}).get("s") for name in codec.names}
+            if codec.has_richtext
+            else None
+        )
+        return codec.row(record, rich)
 
     # -- writes ---------------------------------------------------------------------------------------------
 
@@ -329,22 +363,20 @@ class App:
             self._emit_violations(batch.violations, [op for op, _ in batch.results])
 
     def _persist_many(self, states: Mapping[tuple[str, str], RecordState]) -> None:
+        row_of = self.row_of
+        self._write_records([(c, r, state, row_of(c, r, state)) for (c, r), state in states.items()])
+
+    def _write_records(self, items: list[tuple[str, str, RecordState, list[Any] | None]]) -> None:
+        """Store the merge state and the row (None: delete it) of each record, a statement per table."""
         conn = self.db.conn
-        self.db.save_states([(c, r, st.to_json()) for (c, r), st in states.items()])
+        self.db.save_states([(c, r, state.to_json()) for c, r, state, _ in items])
         upserts: dict[str, list[list[Any]]] = {}
         deletes: dict[str, list[tuple[str]]] = {}
-        for (collection, record_id), state in states.items():
-            record = self.engine.materialize(collection, record_id, state)
-            codec = self.codecs[collection]
-            if record is None:
+        for collection, record_id, _, row in items:
+            if row is None:
                 deletes.setdefault(collection, []).append((record_id,))
             else:
-                rich = (
-                    {name: (state.fields.get(name) or {}).get("s") for name in codec.names}
-                    if codec.has_richtext
-                    else None
-                )
-                upserts.setdefault(collection, []).append(codec.row(record, rich))
+                upserts.setdefault(collection, []).append(row)
         for collection, rows in upserts.items():
             conn.executemany(self.codecs[collection].upsert_sql, rows)
         for collection, ids in deletes.items():
@@ -361,44 +393,20 @@ class App:
             seq_before = self._seq
             batch = self._batch
             staged: dict[tuple[str, str], RecordState] = batch.staged if batch is not None else {}
+            # A single write that reads nothing from the database (a just-generated record, or one whose
+            # state is in memory) is one INSERT: SQLite commits it as its own transaction, as durably.
+            direct = (
+                len(writes) == 1
+                and not self.db.in_transaction
+                and (fresh or (writes[0].collection, writes[0].record_id) in self._dirty)
+            )
             try:
-                with self.db.transaction():
-                    rows = []
-                    for write in writes:
-                        key = (write.collection, write.record_id)
-                        state = staged.get(key)
-                        if state is None:
-                            # ``fresh``: the first write creates a record under a just-generated id.
-                            cached = None if fresh and write is writes[0] else self.cached_state(*key)
-                            # Work on a copy: if the transaction fails, the cache must not hold its effects.
-                            state = (
-                                RecordState.from_json(cached.to_json())
-                                if cached is not None
-                                else RecordState()
-                            )
-                            staged[key] = state
-                        self._seq += 1
-                        op = create_operation(
-                            {
-                                "node_id": self.node_id,
-                                "type": write.type,
-                                "collection": write.collection,
-                                "record_id": write.record_id,
-                                "data": write.data,
-                                "previous_data": write.previous_data,
-                                "timestamp": self.clock.now(),
-                                "sequence_number": self._seq,
-                                "causal_deps": state.heads(),
-                                "schema_version": self.schema.version,
-                            }
-                        )
-                        for conflict in self.engine.apply(state, op):
-                            traces.append((op, conflict))
-                        results.append(
-                            (op, self.engine.materialize(write.collection, write.record_id, state))
-                        )
-                        rows.append(self.db.op_row(op, local=True, status=PENDING))
-                    self.db.insert_operations(rows)
+                if direct:
+                    self.db.insert_operations(self._plan_writes(writes, staged, fresh, results, traces))
+                else:
+                    with self.db.transaction():
+                        rows = self._plan_writes(writes, staged, fresh, results, traces)
+                        self.db.insert_operations(rows)
             except OfflineError:
                 self._seq = seq_before
                 raise
@@ -424,6 +432,69 @@ class App:
         if violations:
             self._emit_violations(violations, [op for op, _ in results])
         return results
+
+    def _plan_writes(
+        self,
+        writes: list[Write],
+        staged: dict[tuple[str, str], RecordState],
+        fresh: bool,
+        results: list[tuple[Operation, dict[str, Any] | None]],
+        traces: list[tuple[Operation, Conflict]],
+    ) -> list[tuple[Any, ...]]:
+        """Create the operations of ``writes``, fold them into their (staged) states; return their log rows."""
+        rows = []
+        engine = self.engine
+        cached_rows = self._rows
+        for write in writes:
+            key = (write.collection, write.record_id)
+            state = staged.get(key)
+            if state is None:
+                # ``fresh``: the first write creates a record under a just-generated id.
+                if fresh and write is writes[0]:
+                    state = RecordState()
+                else:
+                    dirty = self._dirty.get(key)
+                    if dirty is not None:
+                        # Work on a copy: if the transaction fails, the cache must not hold its effects.
+                        state = RecordState.from_json(dirty.to_json())
+                    else:
+                        # Read from the database: already a private copy.
+                        state = self.db.load_state(*key) or RecordState()
+                staged[key] = state
+            self._seq += 1
+            op, wire = _local_operation(
+                self.node_id,
+                write.type,
+                write.collection,
+                write.record_id,
+                write.data,
+                write.previous_data,
+                self.clock.now(),
+                self._seq,
+                state.heads(),
+                self.schema.version,
+            )
+            cached_rows.pop(key, None)
+            for conflict in engine.apply(state, op):
+                traces.append((op, conflict))
+            record = engine.materialize(write.collection, write.record_id, state)
+            cached_rows[key] = (state, self._row(write.collection, state, record))
+            results.append((op, record))
+            rows.append(
+                (
+                    op.id,
+                    op.node_id,
+                    op.sequence_number,
+                    op.collection,
+                    op.record_id,
+                    serialize_timestamp(op.timestamp),
+                    wire,
+                    1,
+                    PENDING,
+                    None,
+                )
+            )
+        return rows
 
     def _emit_violations(self, violations: list[Violation], ops: list[Operation]) -> None:
         """Tier 2 traces: the winning write (B) against the latest operation of each losing record (A)."""
@@ -488,18 +559,26 @@ class App:
         *,
         delivery: int | None = None,
         watermark: int | None = None,
+        verified: bool = False,
     ) -> list[Operation]:
         """Merge remote operations (Operation objects or wire dicts). Idempotent; returns those newly applied.
 
         Operations whose id does not match their content, for an unknown collection, or stamped more than
         5 minutes ahead of this clock are refused with OfflineError and nothing of the batch is stored.
+        ``verified=True`` skips recomputing the ids: the caller vouches that it checked every one of them
+        (``protocol.decode_operation`` does).
         """
         self._check_open()
         started = time.perf_counter()
         incoming: list[Operation] = []
         for item in operations:
-            op = item if isinstance(item, Operation) else Operation.from_wire(dict(item), verify=True)
-            if isinstance(item, Operation) and not verify_operation(op):
+            if isinstance(item, Operation):
+                op = item
+                checked = verified or verify_operation(op)
+            else:
+                op = Operation.from_wire(dict(item), verify=not verified)
+                checked = True
+            if not checked:
                 raise OfflineError(
                     f"operation {op.id} does not match its content hash",
                     INVALID_OPERATION,
@@ -564,14 +643,16 @@ class App:
                 for conflict in self.engine.apply(state, op):
                     traces.append((op, conflict))
             staged = self._batch.staged if self._batch is not None else {}
+            materialize = self.engine.materialize
+            items = []
             for collection, record_id in keys:
                 state = states[(collection, record_id)]
-                self._persist(
-                    collection, record_id, state, self.engine.materialize(collection, record_id, state)
-                )
+                row = self._row(collection, state, materialize(collection, record_id, state))
+                items.append((collection, record_id, state, row))
                 if (collection, record_id) in staged:
                     # Inside app.batch(): the batch's copy is written again at commit; keep it current.
                     staged[(collection, record_id)] = state
+            self._write_records(items)
             self.db.insert_operations(
                 [
                     self.db.op_row(op, local=op.node_id == self.node_id, status=ACKED, delivery=delivery)
@@ -657,6 +738,87 @@ class App:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _local_operation(
+    node_id: str,
+    type_: str,
+    collection: str,
+    record_id: str,
+    data: Mapping[str, Any] | None,
+    previous: Mapping[str, Any] | None,
+    timestamp: HLCTimestamp,
+    sequence_number: int,
+    causal_deps: list[str],
+    schema_version: int,
+) -> tuple[Operation, str]:
+    """``create_operation`` of a local write, and the operation's wire text (``compact_json(op.to_wire())``).
+
+    The store supplies the node, collection, clock reading, sequence number, causal deps and schema version
+    itself, so only what comes from the caller is validated (the record id, ``data`` and ``previousData``),
+    with the same checks, in the same order and with the same errors as ``create_operation``.
+    """
+    well_formed = (
+        (type_ == "insert" and data is not None)
+        or (type_ == "update" and data is not None and previous is not None)
+        or (type_ == "delete" and data is None)
+    )
+    if not well_formed:  # create_operation reports the problem
+        op = create_operation(
+            {
+                "node_id": node_id,
+                "type": type_,
+                "collection": collection,
+                "record_id": record_id,
+                "data": data,
+                "previous_data": previous,
+                "timestamp": timestamp,
+                "sequence_number": sequence_number,
+                "causal_deps": causal_deps,
+                "schema_version": schema_version,
+            }
+        )
+        return op, compact_json(op.to_wire())
+    _check_str("collection", collection)
+    _check_str("recordId", record_id)
+    frozen, hashed = (None, None) if data is None else _check_record("data", data)
+    frozen_previous, hashed_previous = (
+        (None, None) if previous is None else _check_record("previousData", previous)
+    )
+    op_id = _content_id(type_, collection, record_id, hashed, timestamp, node_id)
+    deps = tuple(causal_deps)
+    op = Operation(
+        id=op_id,
+        node_id=node_id,
+        type=type_,
+        collection=collection,
+        record_id=record_id,
+        data=frozen,
+        previous_data=frozen_previous,
+        timestamp=timestamp,
+        sequence_number=sequence_number,
+        causal_deps=deps,
+        schema_version=schema_version,
+    )
+    # The same dict, in the same key order, as op.to_wire() (the hashed forms are encode_value's output).
+    wire = {
+        "id": op_id,
+        "nodeId": node_id,
+        "type": type_,
+        "collection": collection,
+        "recordId": record_id,
+        "data": hashed,
+        "previousData": hashed_previous,
+        "timestamp": {
+            "wallTime": timestamp.wall_time,
+            "logical": timestamp.logical,
+            "nodeId": timestamp.node_id,
+        },
+        "sequenceNumber": sequence_number,
+        "causalDeps": list(deps),
+        "schemaVersion": schema_version,
+    }
+    return op, compact_json(wire)
 
 
 def create_app(

@@ -6,7 +6,13 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from offline.core.errors import INVALID_OPERATION, InvalidTransitionError, OfflineError
-from offline.core.fields import FieldDescriptor, type_name, validate_field_value, value_problem
+from offline.core.fields import (
+    MAX_SAFE_INTEGER,
+    FieldDescriptor,
+    type_name,
+    validate_field_value,
+    value_problem,
+)
 from offline.core.frozen import thaw
 from offline.core.state_machine import build_state_machine_constraints, validate_transition
 from offline.core.uuid7 import generate_uuid_v7
@@ -15,6 +21,7 @@ from offline.merge.constraints import Action, Decision, check_write
 from offline.merge.relations import complete_actions, plan_record_delete
 from offline.merge.values import normalize
 
+from . import app as _app_module  # app imports this module: read its names at call time
 from .ops import AtomicOp
 from .rows import quote, to_column
 
@@ -23,6 +30,17 @@ if TYPE_CHECKING:
 
 
 _NO_DECISION = Decision()
+# "No ready value": the field's default (if any) goes through the complete validation at each insert.
+_UNSET: Any = object()
+# Exact value types that validate_field_value accepts and normalize() returns unchanged, by field type
+# (ints only within the safe range).
+_AS_IS: dict[str, frozenset[type]] = {
+    "string": frozenset({str}),
+    "boolean": frozenset({bool}),
+    "number": frozenset({int}),
+    "timestamp": frozenset({int}),
+}
+_IMMUTABLE = (str, int, float, bool)
 
 
 def _invalid(message: str, **context: Any) -> OfflineError:
@@ -39,6 +57,16 @@ class Collection:
         self.state_machines = {
             c.field: c for c in build_state_machine_constraints(app.schema) if c.collection == name
         }
+        # Per field, what insert() needs: (name, descriptor, value types kept as they are, ready default).
+        self._insert_plan = [
+            (
+                field_name,
+                descriptor,
+                _AS_IS.get(descriptor.type),
+                _ready_default(name, field_name, descriptor),
+            )
+            for field_name, descriptor in self.fields.items()
+        ]
 
     def __repr__(self) -> str:
         return f"<Collection {self.name}>"
@@ -49,8 +77,8 @@ class Collection:
         app = self.app
         dirty = app.unflushed_state(self.name, record_id)
         if dirty is not None:  # written since the last flush: read it from its merge state
-            record = app.engine.materialize(self.name, record_id, dirty)
-            return None if record is None else self.codec.record(self.codec.row(record, _rich(self, dirty)))
+            row = app.row_of(self.name, record_id, dirty)
+            return None if row is None else self.codec.record(row)
         with self.app.db.lock:
             row = self.app.db.conn.execute(
                 f"SELECT {self.codec.select_columns} FROM {self.codec.table} WHERE {quote('id')} = ?",
@@ -115,7 +143,7 @@ class Collection:
     # -- writes -----------------------------------------------------------------------------------------------
 
     def insert(self, data: Mapping[str, Any]) -> dict[str, Any]:
-        from .app import Write
+        Write = _app_module.Write
 
         self._check_known(data, allow_id=True)
         record_id = data.get("id")
@@ -125,12 +153,23 @@ class Collection:
         elif not isinstance(record_id, str) or not record_id:
             raise _invalid("id must be a non-empty string", collection=self.name, field="id")
         values: dict[str, Any] = {}
-        for name, descriptor in self.fields.items():
+        for name, descriptor, as_is, ready in self._insert_plan:
             if descriptor.is_auto:
                 values[name] = self._now()
                 continue
             if name in data:
                 value = data[name]
+                kind = type(value)
+                if (
+                    as_is is not None
+                    and kind in as_is
+                    and (kind is not int or -MAX_SAFE_INTEGER <= value <= MAX_SAFE_INTEGER)
+                ):
+                    values[name] = value  # valid, and already normalised
+                    continue
+            elif ready is not _UNSET:
+                values[name] = ready  # an immutable default, validated and normalised once
+                continue
             elif descriptor.has_default:
                 value = thaw(descriptor.default_value)
             else:
@@ -169,7 +208,9 @@ class Collection:
                 if self.definition.constraints
                 else _NO_DECISION
             )
-            writes = [Write(self.name, record_id, "insert", values), *_writes(decision.actions)]
+            writes = [Write(self.name, record_id, "insert", values)]
+            if decision.actions:
+                writes.extend(_writes(decision.actions))
             results = self.app.commit_local(writes, decision.violations, fresh=fresh_id)
             record = self.find_by_id(record_id) if decision.actions else results[0][1]
         assert record is not None
@@ -272,6 +313,22 @@ class Collection:
         return True
 
 
+def _ready_default(collection: str, name: str, descriptor: FieldDescriptor) -> Any:
+    """The normalised default insert() stores when a write leaves the field out, if it can be computed once
+    (an immutable, valid default of a plain field); else _UNSET."""
+    if descriptor.is_auto or descriptor.type == "richtext" or not descriptor.has_default:
+        return _UNSET
+    default = descriptor.default_value
+    if type(default) not in _IMMUTABLE:
+        return _UNSET  # None, or a container: fresh copies, validated at each insert
+    try:
+        validate_field_value(collection, name, descriptor, default)
+    except OfflineError:
+        return _UNSET  # reported by every insert that relies on it
+    normalized = normalize(descriptor, default)
+    return normalized if type(normalized) in _IMMUTABLE else _UNSET
+
+
 def _refuse_non_text(collection: str, field: str, value: Any) -> None:
     """A rich text field is written with a str (its whole new text); anything else is a type error."""
     raise _invalid(
@@ -284,15 +341,8 @@ def _refuse_non_text(collection: str, field: str, value: Any) -> None:
     )
 
 
-def _rich(collection: Collection, state: Any) -> dict[str, Any] | None:
-    if not collection.codec.has_richtext:
-        return None
-    return {name: (state.fields.get(name) or {}).get("s") for name in collection.codec.names}
-
-
 def _writes(actions: list[Action]) -> list[Write]:
-    from .app import Write
-
+    Write = _app_module.Write
     return [Write(a.collection, a.record_id, a.type, a.changes, a.previous) for a in actions]
 
 

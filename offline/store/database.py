@@ -8,8 +8,8 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
+from types import TracebackType
 from typing import Any
 
 from offline.core.errors import STORAGE_ERROR, OfflineError
@@ -17,6 +17,7 @@ from offline.core.hlc import serialize_timestamp
 from offline.core.operations import Operation
 from offline.core.schema import SchemaDefinition
 from offline.merge.engine import RecordState
+from offline.merge.values import compact_json
 
 from .rows import create_table_sql
 
@@ -56,6 +57,49 @@ def storage_error(message: str, exc: BaseException | None = None, **context: Any
     return OfflineError(message, STORAGE_ERROR, context)
 
 
+class _Transaction:
+    """``LocalDatabase.transaction()``: a plain context manager (a write's hot path enters one per call)."""
+
+    __slots__ = ("db",)
+
+    def __init__(self, db: LocalDatabase) -> None:
+        self.db = db
+
+    def __enter__(self) -> sqlite3.Connection:
+        db = self.db
+        db.lock.acquire()
+        try:
+            if db._depth:
+                db._depth += 1
+            else:
+                db.conn.execute("BEGIN IMMEDIATE")
+                db._depth = 1
+        except BaseException:
+            db.lock.release()
+            raise
+        return db.conn
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        db = self.db
+        try:
+            if db._depth > 1:
+                db._depth -= 1  # nested: the outermost transaction commits or rolls back
+                return
+            db._depth = 0
+            if kind is not None:
+                db.conn.execute("ROLLBACK")
+                return
+            try:
+                db.conn.execute("COMMIT")
+            except sqlite3.Error as error:
+                db.conn.execute("ROLLBACK")
+                raise storage_error("the local database could not commit a write", error) from error
+        finally:
+            db.lock.release()
+
+
 class LocalDatabase:
     """A thin, typed wrapper over one sqlite3 connection. Every public write runs in `transaction()`."""
 
@@ -80,31 +124,12 @@ class LocalDatabase:
 
     # -- transactions -------------------------------------------------------------------------------------
 
-    @contextmanager
-    def transaction(self) -> Iterator[sqlite3.Connection]:
-        with self.lock:
-            if self._depth:
-                self._depth += 1
-                try:
-                    yield self.conn
-                finally:
-                    self._depth -= 1
-                return
-            self.conn.execute("BEGIN IMMEDIATE")
-            self._depth = 1
-            try:
-                yield self.conn
-            except BaseException:
-                self._depth = 0
-                self.conn.execute("ROLLBACK")
-                raise
-            else:
-                self._depth = 0
-                try:
-                    self.conn.execute("COMMIT")
-                except sqlite3.Error as exc:
-                    self.conn.execute("ROLLBACK")
-                    raise storage_error("the local database could not commit a write", exc) from exc
+    def transaction(self) -> _Transaction:
+        """One SQLite transaction (``BEGIN IMMEDIATE``), under the lock; nested ones join the outermost.
+
+        Usable as ``with db.transaction() as conn:``; an exception rolls everything back and propagates.
+        """
+        return _Transaction(self)
 
     @property
     def in_transaction(self) -> bool:
@@ -160,13 +185,27 @@ class LocalDatabase:
 
     def find_conflicting(self, ops: Iterable[Operation]) -> list[Operation]:
         """Held operations that reuse the (node, sequence number) of ``ops`` with different content."""
+        ops = list(ops)
+        by_node: dict[str, list[int]] = {}
+        for op in ops:
+            by_node.setdefault(op.node_id, []).append(op.sequence_number)
+        held: dict[tuple[str, int], str] = {}
+        for node_id, sequences in by_node.items():
+            for start in range(0, len(sequences), 500):
+                chunk = sequences[start : start + 500]
+                marks = ",".join("?" * len(chunk))
+                for seq, op_id in self.conn.execute(
+                    "SELECT sequence_number, id FROM _offline_ops WHERE node_id = ? "
+                    f"AND sequence_number IN ({marks})",
+                    [node_id, *chunk],
+                ):
+                    held[(node_id, seq)] = op_id
+        if not held:
+            return []
         out = []
         for op in ops:
-            row = self.conn.execute(
-                "SELECT id FROM _offline_ops WHERE node_id = ? AND sequence_number = ?",
-                (op.node_id, op.sequence_number),
-            ).fetchone()
-            if row is not None and row[0] != op.id:
+            found = held.get((op.node_id, op.sequence_number))
+            if found is not None and found != op.id:
                 out.append(op)
         return out
 
@@ -179,7 +218,7 @@ class LocalDatabase:
             op.collection,
             op.record_id,
             serialize_timestamp(op.timestamp),
-            json.dumps(op.to_wire(), separators=(",", ":"), ensure_ascii=False),
+            compact_json(op.to_wire()),
             1 if local else 0,
             status,
             delivery,

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from functools import partial
 from typing import Any
 
 from offline.core.fields import STORAGE_TYPES, FieldDescriptor
 from offline.core.schema import CollectionDefinition
 from offline.merge import richtext
-from offline.merge.values import norm_number
+from offline.merge.values import compact_json, norm_number
 
 
 def quote(name: str) -> str:
@@ -48,7 +49,7 @@ def to_column(descriptor: FieldDescriptor, value: Any) -> Any:
         return 1 if value else 0
     if kind == "array":
         # Compact JSON, the same text migrations write for array defaults.
-        return json.dumps(list(value), separators=(",", ":"), ensure_ascii=False)
+        return compact_json(list(value))
     return value
 
 
@@ -84,21 +85,62 @@ class RowCodec:
         self.upsert_sql = f"INSERT OR REPLACE INTO {self.table} ({cols}) VALUES ({marks})"
         self.delete_sql = f"DELETE FROM {self.table} WHERE {quote('id')} = ?"
         self.has_richtext = any(d.type == "richtext" for d in self.descriptors)
+        # Per column, how row() and record() convert (the same results as to_column / from_column):
+        # row: 0 = as is, 1 = boolean, 2 = rich text, 3 = to_column.
+        self._to: list[tuple[str, int, FieldDescriptor]] = [
+            (name, _to_how(d), d) for name, d in zip(self.names, self.descriptors, strict=True)
+        ]
+        # record: None = as is, else a function of the stored value.
+        self._from: list[Any] = [
+            None
+            if d.type in _STORED_AS_IS
+            else norm_number
+            if d.type == "number"
+            else _from_boolean
+            if d.type == "boolean"
+            else partial(from_column, d)
+            for d in self.descriptors
+        ]
 
     def row(
         self, record: Mapping[str, Any], richtext_states: Mapping[str, str | None] | None = None
     ) -> list[Any]:
         values: list[Any] = [record["id"]]
-        for name, descriptor in zip(self.names, self.descriptors, strict=True):
-            if descriptor.type == "richtext":
+        append = values.append
+        get = record.get
+        for name, how, descriptor in self._to:
+            if how == 0:
+                append(get(name))
+            elif how == 1:
+                value = get(name)
+                append(None if value is None else 1 if value else 0)
+            elif how == 2:
                 state = (richtext_states or {}).get(name)
-                values.append(richtext.decode_state(state) if state else None)
+                append(richtext.decode_state(state) if state else None)
             else:
-                values.append(to_column(descriptor, record.get(name)))
+                append(to_column(descriptor, get(name)))
         return values
 
     def record(self, row: Sequence[Any]) -> dict[str, Any]:
         out: dict[str, Any] = {"id": row[0]}
-        for name, descriptor, value in zip(self.names, self.descriptors, row[1:], strict=True):
-            out[name] = from_column(descriptor, value)
+        for name, convert, value in zip(self.names, self._from, row[1:], strict=True):
+            out[name] = value if convert is None else convert(value)
         return out
+
+
+# Field types whose column holds the field value itself (to_column and from_column are the identity).
+_STORED_AS_IS = frozenset({"string", "enum", "timestamp"})
+
+
+def _to_how(descriptor: FieldDescriptor) -> int:
+    if descriptor.type in _STORED_AS_IS or descriptor.type == "number":
+        return 0
+    if descriptor.type == "boolean":
+        return 1
+    if descriptor.type == "richtext":
+        return 2
+    return 3
+
+
+def _from_boolean(value: Any) -> Any:
+    return None if value is None else bool(value)

@@ -427,12 +427,13 @@ class SyncEngine:
             except p.ProtocolError as exc:  # never let one bad operation stall the stream
                 log.warning("ignoring an operation from the server: %s", exc)
         try:
-            applied = app.apply(ops, watermark=watermark)
+            # decode_operation verified every id: apply() need not hash the operations again.
+            applied = app.apply(ops, watermark=watermark, verified=True)
         except OfflineError:
             applied = []
             for op in ops:  # isolate the operation this replica cannot take; keep the rest
                 try:
-                    applied.extend(app.apply([op]))
+                    applied.extend(app.apply([op], verified=True))
                 except OfflineError as exc:
                     log.warning("could not apply operation %s: %s", op.id, exc)
             if watermark is not None:

@@ -5,10 +5,15 @@ Two levels:
 * engine level: random histories of several simulated replicas writing one record (realistic
   ``previousData`` and ``causal_deps``, plus some forged state-machine writes), then the full set of
   operations is folded in many orders, with duplicates, in chunks with a JSON round trip of the state in
-  between, and re-applied: every fold must give the same record, byte for byte. Run per strategy.
-* store level: real ``create_app`` replicas doing random local writes (insert/update/delete, ``op``
-  helpers, rich text edits) interleaved with random partial, shuffled, duplicated exchanges of operations;
-  after everything reaches everyone, all replicas hold identical records and identical version vectors.
+  between, and re-applied: every fold must give the same record, byte for byte. Run per strategy, for
+  all strategies together, and with ill-typed values from a hostile peer mixed in.
+* store level: real ``create_app`` replicas (two in memory, one on an SQLite file that restarts now and
+  then) doing random local writes (insert/update/delete, ``op`` helpers, rich text edits) interleaved with
+  random partial, shuffled, duplicated exchanges of operations (ops dropped and resent later, as on
+  reconnects); after everything reaches everyone, all replicas hold identical records (equal lists and equal
+  JSON bytes), identical version vectors, and exactly what the engine folds from the set of operations.
+
+``OFFLINE_MERGE_EXAMPLES=N`` runs N times as many examples.
 """
 
 from __future__ import annotations
@@ -45,7 +50,6 @@ ALL_FIELDS = list(STRATEGY_FIELDS.values())
 NODES = ["node-a", "node-b", "node-c"]  # node-a plays the server (authoritative) node
 SERVER = NODES[0]
 
-# OFFLINE_MERGE_EXAMPLES=10 multiplies the number of examples (a longer hunt for counterexamples).
 SCALE = max(1, int(os.environ.get("OFFLINE_MERGE_EXAMPLES", "1")))
 ENGINE_SETTINGS = settings(
     max_examples=25 * SCALE,

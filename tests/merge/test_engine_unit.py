@@ -301,6 +301,62 @@ def test_transition_problem_reports_forged_edges(engine: MergeEngine) -> None:
     assert engine.transition_problem(insert(status="done")) is None  # inserts start anywhere
 
 
+def test_a_reject_machine_decides_even_when_a_last_valid_state_machine_also_objects() -> None:
+    schema = define_schema(
+        {
+            "version": 1,
+            "collections": {
+                "items": {
+                    "fields": {
+                        # The last-valid-state machine's field comes first, so it is checked first.
+                        "phase": t.enum(["a", "b", "c"]).default("a"),
+                        "status": t.enum(["todo", "doing", "done"])
+                        .transitions({"todo": ["doing"], "doing": ["done"], "done": []})
+                        .default("todo"),
+                        "title": t.string().optional(),
+                    },
+                    "stateMachine": {
+                        "field": "phase",
+                        "transitions": {"a": ["b"], "b": ["c"], "c": []},
+                        "onInvalidTransition": "last-valid-state",
+                    },
+                }
+            },
+        }
+    )
+    engine = MergeEngine(schema)
+    assert list(engine.plan("items").state_machines) == ["phase", "status"]
+    a = make_op(node="n1", seq=1, type="insert", data={"title": "base"})
+    both = make_op(
+        node="n2", seq=1, type="update", data={"phase": "c", "status": "done", "title": "t"},
+        previous={"phase": "a", "status": "todo", "title": "base"}, wall=T0 + 1, deps=[a.id],
+    )  # fmt: skip
+    assert engine.transition_problem(both) == ("status", "todo", ["doing"], "reject")
+    assert engine.transition_problems(both) == [
+        ("status", "todo", ["doing"], "reject"),
+        ("phase", "a", ["b"], "last-valid-state"),
+    ]
+    # The local store refuses this write (InvalidTransitionError), so the merge drops all of it.
+    assert engine.fold("items", "r1", [a, both])[1] == {
+        "id": "r1",
+        "phase": "a",
+        "status": "todo",
+        "title": "base",
+    }
+    # Only the last-valid-state machine objects: that field keeps its value, the rest applies.
+    partial = make_op(
+        node="n2", seq=2, type="update", data={"phase": "c", "status": "doing", "title": "t"},
+        previous={"phase": "a", "status": "todo", "title": "base"}, wall=T0 + 2, deps=[a.id],
+    )  # fmt: skip
+    assert engine.transition_problems(partial) == [("phase", "a", ["b"], "last-valid-state")]
+    assert engine.fold("items", "r1", [partial, a])[1] == {
+        "id": "r1",
+        "phase": "a",
+        "status": "doing",
+        "title": "t",
+    }
+
+
 # -- reading operations: schema upgrades and ill-typed values ----------------------------------------------
 
 

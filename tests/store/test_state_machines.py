@@ -335,11 +335,6 @@ def test_merge_result_does_not_depend_on_arrival_order(make: Factory, variant: s
     assert a.tasks.find_by_id(task["id"])["status"] == "done"  # type: ignore[index]
 
 
-@pytest.mark.xfail(
-    reason="MergeEngine.transition_problem reports only the first invalid field: a 'last-valid-state' "
-    "problem hides a 'reject' one, so the merge applies a write the local store refuses",
-    strict=False,
-)
 def test_merge_rejects_a_write_when_any_of_its_state_machines_rejects(tmp_path: Path) -> None:
     schema = define_schema(
         {

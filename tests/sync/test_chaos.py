@@ -84,6 +84,8 @@ def client_config(url: str) -> dict[str, Any]:
         "backoff_initial": 0.05,
         "backoff_max": 1.0,
         "ack_timeout": 1.0,
+        # A lost handshake or handshake-response costs one handshake_timeout (15 s by default) before the
+        # client retries; keep it short, as about one connection attempt in five loses one of the two.
         "handshake_timeout": 1.0,
     }
 
@@ -108,7 +110,10 @@ def snapshot(app: App) -> str:
 
 
 def random_write(app: App, rng: random.Random, counts: dict[str, int]) -> None:
-    """One random local write (retrying with another kind when the chosen one does not apply here)."""
+    """One random local write on this replica's records or the shared pool of ids.
+
+    A write that changes nothing (the value was already there) makes no operation; the caller counts.
+    """
     items = app.collection("items")
     roll = rng.random()
     record_id = None if roll < 0.15 else random_record_id(app, rng)
@@ -304,6 +309,7 @@ async def run_chaos(tmp_path: Path, figures: dict[str, Any]) -> None:
             # One crash at a random point of each of KILLS equal stretches of the writes.
             marks = [(k + rng.uniform(0.15, 0.85)) / KILLS * total for k in range(KILLS)]
             figures["kills_at_ops"] = []
+            figures["acknowledged_at_kills"] = []
             downtime = []
             up_since = time.monotonic()
             for mark in marks:
@@ -312,6 +318,7 @@ async def run_chaos(tmp_path: Path, figures: dict[str, Any]) -> None:
                     await asyncio.sleep(0.01)
                 figures["kills_at_ops"].append(done)
                 await asyncio.to_thread(server.kill)
+                figures["acknowledged_at_kills"].append(len(proxy.acknowledged))
                 if TRACE:
                     print(f"{time.monotonic() - started:8.3f} server killed after {done} operations")
                 pause = rng.uniform(0.2, 1.5)
@@ -386,7 +393,9 @@ async def run_lost_batches(tmp_path: Path) -> dict[str, float]:
     schema = load_schema()
     server_dir = tmp_path / "server"
     server_dir.mkdir()
-    server = ServerProcess(write_entry(server_dir, SCHEMA_SOURCE), store="sqlite", db=str(server_dir / "s.db"))
+    server = ServerProcess(
+        write_entry(server_dir, SCHEMA_SOURCE), store="sqlite", db=str(server_dir / "s.db")
+    )
     await asyncio.to_thread(server.start)
     proxy = await ChaosProxy(f"ws://127.0.0.1:{server.port}", drop=0, duplicate=0, reorder=0).start()
     url = proxy.url + "/offline-sync"
