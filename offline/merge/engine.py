@@ -141,8 +141,10 @@ class RecordState:
 #
 # a dep is the index of its entry in "g" (or its id when the graph does not hold it), and an op key whose op
 # is in "g" is written as that index (its entry then carries the key's wall, logical and node) in "e"[0] and
-# in every register's "k" and "lk". Other keys stay inline. "g" being a list tells the forms apart; a state
-# with anything unexpected where a key belongs is written in the plain form.
+# in every register's "k" and "lk". An add-wins set register ("a": {element: {op id: [*OpKey, index]}},
+# "r": {element: [op id, ...]}) lists each element's additions as [[entry index, index], ...] and its
+# removals as entry indices. Other keys and ids stay inline. "g" being a list tells the forms apart; a
+# state with anything unexpected where a key belongs is written in the plain form.
 
 
 class _Irregular(Exception):
@@ -164,9 +166,13 @@ def _encode_state(
     refs: dict[int, Any] = {}  # id(key) -> what stands for it; registers share key lists
 
     def ref(key: Any) -> Any:
+        # Only for keys the state holds (alive while this runs, so their ids are not reused).
         known = refs.get(id(key))
-        if known is not None:
-            return known
+        if known is None:
+            known = refs[id(key)] = locate(key)
+        return known
+
+    def locate(key: Any) -> Any:
         if type(key) is not list or len(key) != 4:
             raise _Irregular
         wall, logical, node, op_id = key
@@ -179,7 +185,6 @@ def _encode_state(
                 out = i
             elif entry[2] == wall and entry[3] == logical and entry[4] == node:
                 out = i
-        refs[id(key)] = out
         return out
 
     try:
@@ -196,10 +201,38 @@ def _encode_state(
                     reg["k"] = ref(reg["k"])
                 if "lk" in reg:
                     reg["lk"] = ref(reg["lk"])
+            added = reg.get("a")
+            if type(added) is dict and (added or reg.get("r")):  # an add-wins set that holds something
+                reg = dict(reg)
+                reg["a"] = {
+                    element: _compact_additions(additions, locate) for element, additions in added.items()
+                }
+                removed = reg.get("r")
+                if type(removed) is not dict:
+                    raise _Irregular
+                reg["r"] = {element: _compact_removals(ids, get) for element, ids in removed.items()}
             registers[name] = reg
     except (_Irregular, TypeError):
         return compact_json(plain)
     return compact_json({"g": entries, "e": compact_exist, "i": has_insert, "f": registers})
+
+
+def _compact_additions(additions: Any, locate: Callable[[Any], Any]) -> list[Any]:
+    if type(additions) is not dict:
+        raise _Irregular
+    out: list[Any] = []
+    for op_id, order in additions.items():
+        if type(order) is not list or len(order) != 5 or order[3] != op_id or type(order[4]) is not int:
+            raise _Irregular
+        i = locate(order[:4])
+        out.append([i, order[4]] if type(i) is int else [op_id, order])
+    return out
+
+
+def _compact_removals(ids: Any, get: Callable[..., Any]) -> list[Any]:
+    if type(ids) is not list or not all(map(isinstance, ids, repeat(str))):
+        raise _Irregular
+    return list(map(get, ids, ids))
 
 
 def _decode_state(cls: type[RecordState], raw: dict[str, Any]) -> RecordState:
@@ -227,6 +260,18 @@ def _decode_state(cls: type[RecordState], raw: dict[str, Any]) -> RecordState:
         key = reg.get("lk")
         if type(key) is int:
             reg["lk"] = keys[key]
+        added = reg.get("a")
+        if type(added) is dict:
+            for element, additions in added.items():
+                if type(additions) is list:  # compact: [[entry index, index] or [op id, order], ...]
+                    added[element] = {
+                        (ids[a] if type(a) is int else a): ([*keys[a], b] if type(a) is int else b)
+                        for a, b in additions
+                    }
+            removed = reg.get("r")
+            if type(removed) is dict:
+                for element, ops in removed.items():
+                    removed[element] = [ids[i] if type(i) is int else i for i in ops]
     return cls(graph=graph, exist=exist, has_insert=raw["i"], fields=fields)
 
 

@@ -1,0 +1,163 @@
+"""The store's fast paths give the same results as the general ones: the compact merge-state text, the
+operations a local write builds, `apply(verified=True)`, batched forgery checks and cached rows."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from offline import OfflineError, create_app, define_schema, op, t
+from offline.core.operations import Operation, create_operation
+from offline.merge.engine import RecordState
+from offline.store import App
+
+SCHEMA = define_schema(
+    {
+        "version": 1,
+        "collections": {
+            "todos": {
+                "fields": {
+                    "title": t.string(),
+                    "done": t.boolean().default(False),
+                    "votes": t.number().merge("counter").default(0),
+                    "tags": t.array(t.string()).default([]),
+                    "owner": t.string().optional(),
+                }
+            }
+        },
+    }
+)
+
+
+@pytest.fixture
+def app(tmp_path: Path) -> Iterator[App]:
+    with create_app(SCHEMA, path=str(tmp_path / "app.db")) as app:
+        yield app
+
+
+def _plain(state: RecordState) -> str:
+    return json.dumps(
+        {"g": state.graph, "e": state.exist, "i": state.has_insert, "f": state.fields},
+        separators=(",", ":"),
+        ensure_ascii=False,
+    )
+
+
+def _state(app: App, record_id: str) -> RecordState:
+    app.flush()
+    state = app.db.load_state("todos", record_id)
+    assert state is not None
+    return state
+
+
+def test_state_text_is_compact_and_reads_back_equal(app: App) -> None:
+    record = app.todos.insert({"title": "a", "tags": ["x"]})
+    for i in range(3):
+        app.todos.update(record["id"], {"votes": op.increment(2), "title": f"t{i}", "tags": ["y"]})
+    state = _state(app, record["id"])
+    text = state.to_json()
+    assert len(text) < len(_plain(state)) / 2
+    assert isinstance(json.loads(text)["g"], list)
+    assert RecordState.from_json(text) == state
+    assert RecordState.from_json(text).to_json() == text
+
+
+def test_plain_state_text_is_still_read(app: App) -> None:
+    record = app.todos.insert({"title": "a"})
+    app.todos.update(record["id"], {"title": "b"})
+    state = _state(app, record["id"])
+    assert RecordState.from_json(_plain(state)) == state
+    assert RecordState.from_json(_plain(state).encode()) == state
+
+
+def test_state_with_dependencies_outside_its_graph_round_trips() -> None:
+    key = [1, 0, "n1", "b" * 64]
+    state = RecordState(
+        graph={"b" * 64: ["a" * 64], "c" * 64: ["b" * 64, "z" * 64]},
+        exist=[[2, 0, "n2", "c" * 64], "update"],
+        has_insert=True,
+        fields={"title": {"k": key, "v": "x", "lk": [5, 1, "n3", "q" * 64]}},
+    )
+    assert RecordState.from_json(state.to_json()) == state
+
+
+def test_irregular_state_falls_back_to_the_plain_text() -> None:
+    state = RecordState(graph={"a": [1]}, exist=None, has_insert=False, fields={"x": {"k": 3}})  # type: ignore[list-item]
+    text = state.to_json()
+    assert text == _plain(state)
+    assert RecordState.from_json(text) == state
+
+
+def test_local_operations_equal_create_operation(app: App) -> None:
+    record = app.todos.insert({"title": "héllo", "tags": ["a", "b"]})
+    app.todos.update(record["id"], {"votes": op.increment(1), "owner": "me"})
+    app.todos.delete(record["id"])
+    ops = app.operations()
+    assert [o.type for o in ops] == ["insert", "update", "delete"]
+    for stored in ops:
+        fields = {f.name: getattr(stored, f.name) for f in dataclasses.fields(Operation) if f.name != "id"}
+        assert create_operation(fields) == stored
+    rows = app.db.conn.execute("SELECT wire FROM _offline_ops ORDER BY sequence_number").fetchall()
+    for stored, (wire,) in zip(ops, rows, strict=True):
+        assert wire == json.dumps(stored.to_wire(), separators=(",", ":"), ensure_ascii=False)
+
+
+def test_local_write_with_invalid_text_is_refused_and_leaves_no_gap(app: App) -> None:
+    with pytest.raises(OfflineError):
+        app.todos.insert({"title": "bad\ud800"})
+    app.todos.insert({"title": "ok"})
+    assert app.version_vector == {app.node_id: 1}
+
+
+def test_apply_verified_skips_only_the_hash_check(tmp_path: Path, app: App) -> None:
+    with create_app(SCHEMA, path=str(tmp_path / "other.db")) as other:
+        other.todos.insert({"title": "remote"})
+        (remote,) = other.operations()
+    forged = dataclasses.replace(remote, id="f" * 64)
+    with pytest.raises(OfflineError) as refused:
+        app.apply([forged])
+    assert refused.value.context["reason"] == "HASH_MISMATCH"
+    with pytest.raises(OfflineError):
+        app.apply([forged.to_wire()])
+    assert app.apply([remote], verified=True) == [remote]
+    assert app.todos.count() == 1
+
+
+def test_reused_sequence_numbers_are_found_in_a_batch(tmp_path: Path, app: App) -> None:
+    with create_app(SCHEMA, path=str(tmp_path / "other.db")) as other:
+        for i in range(3):
+            other.todos.insert({"title": f"r{i}"})
+        ops = other.operations()
+    app.apply(ops[:2])
+    rewritten = create_operation(
+        {
+            **{f.name: getattr(ops[1], f.name) for f in dataclasses.fields(Operation) if f.name != "id"},
+            "data": {"title": "other"},
+        }
+    )
+    with pytest.raises(OfflineError) as refused:
+        app.apply([ops[2], rewritten])
+    assert refused.value.context == {"field": "sequenceNumber", "operationId": rewritten.id}
+    assert app.todos.count() == 2
+
+
+def test_unflushed_reads_use_the_rows_of_the_last_write(app: App) -> None:
+    record = app.todos.insert({"title": "a", "tags": ["x"]})
+    record["tags"].append("changed by the caller")
+    record["title"] = "changed by the caller"
+    assert app.todos.find_by_id(record["id"]) == {
+        "id": record["id"],
+        "title": "a",
+        "done": False,
+        "votes": 0,
+        "tags": ["x"],
+        "owner": None,
+    }
+    updated = app.todos.update(record["id"], {"done": True})
+    assert app.todos.find_by_id(record["id"]) == updated
+    app.flush()
+    assert app.todos.find_by_id(record["id"]) == updated
