@@ -27,13 +27,14 @@ from offline.core.operations import Operation, create_operation
 from offline.core.schema import SchemaDefinition
 from offline.core.scopes import (
     build_scope_map,
+    collection_bindings,
     extract_scope_values_from_claims,
     participating_collections,
 )
 from offline.core.uuid7 import generate_uuid_v7
 from offline.core.version_vector import topological_sort
 from offline.merge.constraints import Action, check_write
-from offline.merge.engine import MergeEngine
+from offline.merge.engine import Conflict, MergeEngine
 from offline.merge.relations import complete_actions, plan_record_delete
 from offline.sync import protocol as p
 
@@ -85,6 +86,14 @@ class Session:
             return False
         values = values or {}
         return all(values.get(k) == v for k, v in filt.items())
+
+
+@dataclass(slots=True)
+class _Trial:
+    """An accepted write applied to a copy of its record's state, with the conflicts it resolved."""
+
+    row: RecordRow
+    conflicts: list[Conflict]
 
 
 @dataclass(slots=True)
@@ -287,12 +296,13 @@ class SyncService:
                 if op.id in known or op.id in results:
                     results.setdefault(op.id, None)
                     continue
-                refusal, actions = self._judge(session, op, view)
-                if refusal is not None:
-                    results[op.id] = refusal
+                refusal, actions, trial = self._judge(session, op, view)
+                if refusal is not None or trial is None:
+                    results[op.id] = refusal or Refusal(p.INTERNAL_ERROR, "the operation was not judged")
                     continue
                 before = view.record(op.collection, op.record_id)
-                self._apply(view, op)
+                self._count_conflicts(op, trial.conflicts)
+                view.put(trial.row)
                 after = view.record(op.collection, op.record_id)
                 accepted.append(
                     (op, self._scope_snapshot(op.collection, after if after is not None else before))
@@ -360,7 +370,12 @@ class SyncService:
 
     def _apply(self, view: StagedView, op: Operation) -> None:
         state = view.state(op.collection, op.record_id)
-        for conflict in self.engine.apply(state, op):
+        self._count_conflicts(op, self.engine.apply(state, op))
+        record = self.engine.materialize(op.collection, op.record_id, state)
+        view.put(RecordRow(op.collection, op.record_id, state, record))
+
+    def _count_conflicts(self, op: Operation, conflicts: list[Conflict]) -> None:
+        for conflict in conflicts:
             self.conflicts[conflict.strategy] = self.conflicts.get(conflict.strategy, 0) + 1
             self.emit(
                 "conflict",
@@ -373,8 +388,6 @@ class SyncService:
                     "output": conflict.output,
                 },
             )
-        record = self.engine.materialize(op.collection, op.record_id, state)
-        view.put(RecordRow(op.collection, op.record_id, state, record))
 
     def _server_write(self, view: StagedView, action: Action) -> tuple[Operation, dict[str, Any] | None]:
         state = view.state(action.collection, action.record_id)
@@ -401,66 +414,95 @@ class SyncService:
 
     def _judge(
         self, session: Session | None, op: Operation, view: StagedView
-    ) -> tuple[Refusal | None, list[Action]]:
-        """Decide one operation; on acceptance also return the Tier 2 actions it implies."""
+    ) -> tuple[Refusal | None, list[Action], _Trial | None]:
+        """Decide one operation. On acceptance also return the Tier 2 actions it implies and the trial
+        result (new state, record, conflicts), which `commit` keeps instead of applying the op again."""
         schema = self.schema
         collection = schema.collections.get(op.collection)
         if collection is None:
-            return Refusal(p.INVALID_OPERATION, f"unknown collection {op.collection!r}"), []
+            return Refusal(p.INVALID_OPERATION, f"unknown collection {op.collection!r}"), [], None
         lo, hi = self.supported_schema
         if not lo <= op.schema_version <= hi:
-            return Refusal(
-                p.INVALID_OPERATION,
-                f"schemaVersion {op.schema_version} is not supported (server accepts {lo} to {hi})",
-            ), []
+            return (
+                Refusal(
+                    p.INVALID_OPERATION,
+                    f"schemaVersion {op.schema_version} is not supported (server accepts {lo} to {hi})",
+                ),
+                [],
+                None,
+            )
         fields = self.engine.op_fields(op) if op.type != "delete" else {}
         if op.type != "delete":
             raw_names = set(op.data or {})
             upgraded = set(fields)
             for name in raw_names - upgraded:
                 if op.schema_version == hi:
-                    return Refusal(p.INVALID_OPERATION, f"{op.collection} has no field {name!r}"), []
+                    return Refusal(p.INVALID_OPERATION, f"{op.collection} has no field {name!r}"), [], None
             raw: Mapping[str, Any] = op.data or {}
             for name in upgraded:
                 descriptor = collection.fields[name]
                 value = raw.get(name, fields[name])
                 if descriptor.type == "richtext":
                     if value is not None and not isinstance(value, (bytes, str)):
-                        return Refusal(
-                            p.INVALID_OPERATION, f"{op.collection}.{name} must carry a rich text update"
-                        ), []
+                        return (
+                            Refusal(
+                                p.INVALID_OPERATION, f"{op.collection}.{name} must carry a rich text update"
+                            ),
+                            [],
+                            None,
+                        )
                     continue
                 if descriptor.is_auto and op.type == "update":
-                    return Refusal(p.INVALID_OPERATION, f"{op.collection}.{name} is set automatically"), []
+                    return (
+                        Refusal(p.INVALID_OPERATION, f"{op.collection}.{name} is set automatically"),
+                        [],
+                        None,
+                    )
                 try:
                     validate_field_value(op.collection, name, descriptor, value)
                 except OfflineError as exc:
-                    return Refusal(p.INVALID_OPERATION, exc.message), []
+                    return Refusal(p.INVALID_OPERATION, exc.message), [], None
         if op.timestamp.wall_time > self._now() + MAX_DRIFT_MS:
-            return Refusal(p.CLOCK_DRIFT, "the operation is stamped more than 5 minutes in the future"), []
+            return (
+                Refusal(p.CLOCK_DRIFT, "the operation is stamped more than 5 minutes in the future"),
+                [],
+                None,
+            )
         before = view.record(op.collection, op.record_id)
         if session is not None:
             if op.collection not in session.filters:
-                return Refusal(p.SCOPE_VIOLATION, f"this session may not write to {op.collection!r}"), []
+                return (
+                    Refusal(p.SCOPE_VIOLATION, f"this session may not write to {op.collection!r}"),
+                    [],
+                    None,
+                )
             if before is not None and not session.matches(op.collection, before):
-                return Refusal(p.SCOPE_VIOLATION, "the record is outside this session's scope"), []
+                return Refusal(p.SCOPE_VIOLATION, "the record is outside this session's scope"), [], None
         problem = self.engine.transition_problem(op)
         if problem is not None and problem[3] == "reject":
             name, source, allowed, _ = problem
-            return Refusal(
-                p.INVALID_TRANSITION,
-                f"{op.collection}.{name} cannot move from {source!r} (allowed: {allowed})",
-            ), []
-        # Try the write on a copy to see the record it would make.
-        trial = view.state(op.collection, op.record_id)
-        trial = type(trial).from_json(trial.to_json())
-        self.engine.apply(trial, op, want_conflicts=False)
-        after = self.engine.materialize(op.collection, op.record_id, trial)
+            return (
+                Refusal(
+                    p.INVALID_TRANSITION,
+                    f"{op.collection}.{name} cannot move from {source!r} (allowed: {allowed})",
+                ),
+                [],
+                None,
+            )
+        # Apply the write to a copy to see the record it would make; accepted, the copy becomes the state.
+        state = view.state(op.collection, op.record_id)
+        if (op.collection, op.record_id) in view.rows:  # staged states are the batch's own objects
+            state = type(state).from_json(state.to_json())
+        conflicts = self.engine.apply(state, op)
+        after = self.engine.materialize(op.collection, op.record_id, state)
+        trial = _Trial(RecordRow(op.collection, op.record_id, state, after), conflicts)
         if session is not None:
             if after is not None and not session.matches(op.collection, after):
-                return Refusal(
-                    p.SCOPE_VIOLATION, "the write would put the record outside this session's scope"
-                ), []
+                return (
+                    Refusal(p.SCOPE_VIOLATION, "the write would put the record outside this session's scope"),
+                    [],
+                    None,
+                )
             if (
                 before is None
                 and after is None
@@ -468,17 +510,22 @@ class SyncService:
                 and not session.matches(op.collection, fields)
             ):
                 # A write to a record the server does not hold must carry in-scope values itself.
-                return Refusal(p.SCOPE_VIOLATION, "the written values are outside this session's scope"), []
+                return (
+                    Refusal(p.SCOPE_VIOLATION, "the written values are outside this session's scope"),
+                    [],
+                    None,
+                )
         try:
             if op.type == "delete":
                 if before is not None:
                     plan_record_delete(view, op.collection, op.record_id)  # raises for 'restrict'/refusals
-                return None, []
+                return None, [], trial
             if after is not None:
-                return None, complete_actions(view, check_write(view, op.collection, after, before)).actions
+                actions = complete_actions(view, check_write(view, op.collection, after, before)).actions
+                return None, actions, trial
         except OfflineError as exc:
-            return Refusal(p.CONSTRAINT_VIOLATION, exc.message), []
-        return None, []
+            return Refusal(p.CONSTRAINT_VIOLATION, exc.message), [], None
+        return None, [], trial
 
     # -- relay ----------------------------------------------------------------------------------------------------
 
@@ -586,12 +633,10 @@ def _batch_frame(message_id: str, ops_json: list[str], final: bool, index: int, 
 
 
 def _bindings(schema: SchemaDefinition) -> dict[str, dict[str, Any]]:
-    """Collection -> its scope bindings (record field -> True or scope key)."""
+    """Collection -> its scope bindings (record field -> True or scope key), the same rule clients use."""
     out: dict[str, dict[str, Any]] = {}
-    if schema.sync is not None:
-        for name, rule in schema.sync.items():
-            out[name] = dict(rule.where)
-    for name, coll in schema.collections.items():
-        if coll.scope and name not in out:
-            out[name] = dict(coll.scope)
+    for name in schema.collections:
+        where = collection_bindings(schema, name)
+        if where:
+            out[name] = dict(where)
     return out

@@ -19,7 +19,7 @@ def has_sync_rules(schema: SchemaDefinition) -> bool:
     return bool(schema.sync)
 
 
-def _collection_bindings(schema: SchemaDefinition, name: str) -> Mapping[str, Any] | None:
+def collection_bindings(schema: SchemaDefinition, name: str) -> Mapping[str, Any] | None:
     """{record field: True or scope key} of one collection, or None when its sync is not filtered.
 
     A `sync` rule with a non-empty `where` wins over the collection's legacy `scope`.
@@ -72,7 +72,7 @@ def build_scope_map(schema: SchemaDefinition, scope_values: Mapping[str, Any]) -
         if name not in participating:
             continue
         filt: dict[str, Any] = {}
-        for record_field, binding in (_collection_bindings(schema, name) or {}).items():
+        for record_field, binding in (collection_bindings(schema, name) or {}).items():
             key = _scope_key(record_field, binding)
             if key in scope_values:
                 filt[record_field] = scope_values[key]
