@@ -1,0 +1,371 @@
+"""The one interface every deploy platform implements (DESIGN.md section 6).
+
+The deploy command (``offline_cli.deploy``) owns the steps every platform shares: find the server entry,
+render the Dockerfile, bundle the zipapp, build the client, keep ``deploy.json``. An adapter owns only what
+differs between platforms: its prerequisites, its configuration files, creating the app, shipping the image,
+and reading back status, logs and past deployments.
+
+Adapters never touch the terminal or ``os.environ`` directly. Vendor CLIs run through a ``CommandRunner`` and
+their argv comes from pure builder functions (tested as data); AWS goes through boto3 clients made by a
+``client_factory`` (tests pass Stubber- or moto-backed clients); the local container engine goes through a
+``ContainerEngine``. Everything an adapter learns that a later run needs (service ARNs, image references) goes
+in ``DeployOutcome.state`` and comes back as ``DeployContext.state``; secrets never do.
+"""
+
+from __future__ import annotations
+
+import abc
+import json
+import shutil
+import subprocess
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Literal, Protocol
+
+from offline.core.errors import OfflineError
+
+__all__ = [
+    "DEPLOY_ERROR_CODES",
+    "SECRET_VARIABLES",
+    "CommandResult",
+    "CommandRunner",
+    "ContainerEngine",
+    "DeployContext",
+    "DeployError",
+    "DeployOutcome",
+    "Deployment",
+    "DeploymentState",
+    "PlatformAdapter",
+    "Reporter",
+    "StatusReport",
+    "SubprocessRunner",
+    "forwarded_environment",
+]
+
+# Error codes of SPEC 7.3 (and the few the deploy command adds). Each DeployError message contains SPEC's
+# phrase for its condition, and ``hint`` says what to do next.
+CLI_NOT_INSTALLED = "CLI_NOT_INSTALLED"  # "host CLI required but not installed"
+ENTRY_NOT_FOUND = "ENTRY_NOT_FOUND"  # "could not find a server entry file"
+NAME_TAKEN = "NAME_TAKEN"  # "name has already been taken"
+DAEMON_UNAVAILABLE = "DAEMON_UNAVAILABLE"  # "cannot connect to the container daemon"
+PUSH_PLUGIN_MISSING = "PUSH_PLUGIN_MISSING"  # "container push plugin was not found"
+NOT_AUTHENTICATED = "NOT_AUTHENTICATED"  # "cloud CLI is not authenticated"
+WRONG_ARCHITECTURE = "WRONG_ARCHITECTURE"  # "image does not provide linux/amd64 platform"
+NOT_IMPLEMENTED = "NOT_IMPLEMENTED"  # "not implemented yet"
+MISSING_OPTION = "MISSING_OPTION"  # a value no flag, state or prompt gave (names the flag)
+NO_PREVIOUS_DEPLOYMENT = "NO_PREVIOUS_DEPLOYMENT"  # rollback with nothing to roll back to
+NOT_DEPLOYED = "NOT_DEPLOYED"  # status/logs/rollback before any deploy (no deploy.json)
+PLATFORM_ERROR = "PLATFORM_ERROR"  # the vendor answered with an error we have no better name for
+BUILD_FAILED = "BUILD_FAILED"  # bundling, client build or image build failed
+HEALTH_TIMEOUT = "HEALTH_TIMEOUT"  # the platform never reported the deployment healthy
+
+DEPLOY_ERROR_CODES = frozenset(
+    {
+        CLI_NOT_INSTALLED,
+        ENTRY_NOT_FOUND,
+        NAME_TAKEN,
+        DAEMON_UNAVAILABLE,
+        PUSH_PLUGIN_MISSING,
+        NOT_AUTHENTICATED,
+        WRONG_ARCHITECTURE,
+        NOT_IMPLEMENTED,
+        MISSING_OPTION,
+        NO_PREVIOUS_DEPLOYMENT,
+        NOT_DEPLOYED,
+        PLATFORM_ERROR,
+        BUILD_FAILED,
+        HEALTH_TIMEOUT,
+    }
+)
+
+#: Variables forwarded from the local shell to the deployed container (SPEC 4.6 rule 5). They are passed to
+#: the platform's secret/environment API at deploy time and never written to generated files or deploy.json.
+SECRET_VARIABLES = ("DATABASE_URL", "AUTH_SECRET", "PUBLIC_URL")
+
+#: What `offline deploy status` reports. DEPLOYING while a rollout is in progress (SPEC 3.2).
+DeploymentState = Literal["RUNNING", "DEPLOYING", "FAILED", "STOPPED", "NOT_FOUND", "UNKNOWN"]
+
+
+class DeployError(OfflineError):
+    """A deploy step failed. ``hint`` is the next thing the user should do (an install command, a flag)."""
+
+    def __init__(
+        self, message: str, code: str, context: Mapping[str, Any] | None = None, *, hint: str = ""
+    ) -> None:
+        super().__init__(message, code, dict(context or {}))
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return f"{self.message}\n{self.hint}" if self.hint else self.message
+
+
+# -- the outside world, injectable -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    argv: tuple[str, ...]
+    returncode: int
+    stdout: str
+    stderr: str
+
+    def json(self) -> Any:
+        """stdout parsed as JSON (vendor CLIs' ``--json``); a DeployError naming the command otherwise."""
+        try:
+            return json.loads(self.stdout)
+        except json.JSONDecodeError as exc:
+            raise DeployError(
+                f"`{' '.join(self.argv[:3])}` did not print JSON: {exc}",
+                PLATFORM_ERROR,
+                {"argv": list(self.argv[:3])},
+                hint="Update the vendor CLI to a version that supports --json, then retry.",
+            ) from None
+
+
+class CommandRunner(Protocol):
+    """Runs vendor CLIs. Tests use the real SubprocessRunner with fake executables first on PATH."""
+
+    def which(self, name: str) -> str | None: ...
+
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: Path | None = None,
+        input: str | None = None,
+        timeout: float | None = None,
+    ) -> CommandResult: ...
+
+
+@dataclass
+class SubprocessRunner:
+    """The real runner. ``env`` is the whole environment of the child (PATH included); ``extra`` adds to it."""
+
+    env: Mapping[str, str]
+
+    def which(self, name: str) -> str | None:
+        return shutil.which(name, path=self.env.get("PATH"))
+
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: Path | None = None,
+        input: str | None = None,
+        timeout: float | None = None,
+    ) -> CommandResult:
+        full_env = {**self.env, **(env or {})}
+        executable = self.which(argv[0]) or argv[0]
+        try:
+            done = subprocess.run(
+                [executable, *argv[1:]],
+                env=full_env,
+                cwd=cwd,
+                input=input,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                check=False,
+            )
+        except FileNotFoundError:
+            return CommandResult(tuple(argv), 127, "", f"{argv[0]}: command not found")
+        except subprocess.TimeoutExpired:
+            return CommandResult(tuple(argv), 124, "", f"{argv[0]} timed out after {timeout} s")
+        return CommandResult(tuple(argv), done.returncode, done.stdout, done.stderr)
+
+
+class ContainerEngine(Protocol):
+    """The local container engine (Docker, or podman's Docker-compatible socket), for the AWS platforms."""
+
+    def ping(self) -> None:
+        """Raise DeployError(DAEMON_UNAVAILABLE) when no engine answers."""
+
+    def build(self, context_dir: Path, tag: str, *, build_args: Mapping[str, str] | None = None) -> str:
+        """Build ``context_dir``'s Dockerfile for linux/amd64; return the image id."""
+
+    def image_platform(self, tag: str) -> str:
+        """``os/architecture`` of a local image, e.g. ``linux/amd64``."""
+
+    def tag(self, source: str, target: str) -> None: ...
+
+    def push(self, tag: str, *, username: str | None = None, password: str | None = None) -> str:
+        """Push; return the pushed digest (``sha256:...``)."""
+
+
+class Reporter(Protocol):
+    """Progress of the deploy on stderr (rich in the CLI; a list in tests)."""
+
+    def step(self, title: str) -> None:
+        """A new step starts (``Building image``)."""
+
+    def info(self, message: str) -> None: ...
+
+    def warn(self, message: str) -> None: ...
+
+
+# -- what the deploy command hands an adapter and gets back -------------------------------------------------------
+
+
+@dataclass
+class DeployContext:
+    """Everything an adapter may use. ``state`` is the adapter's part of deploy.json from earlier runs."""
+
+    project_dir: Path
+    deploy_dir: Path  # <project>/.offline/deploy: Dockerfile, server.pyz, client/, platform files
+    app: str
+    region: str | None
+    env: Mapping[str, str]  # the local shell's environment (credentials, SECRET_VARIABLES, PATH)
+    runner: CommandRunner
+    reporter: Reporter
+    state: dict[str, Any] = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict)  # platform flags, e.g. subnets, security_groups
+    port: int = 3001
+    client_factory: Callable[..., Any] | None = None  # boto3-like: client_factory("ecs", region_name=...)
+    engine: ContainerEngine | None = None
+    health_timeout: float = 600.0  # platform rollouts take 2 to 5 minutes (SPEC 3.2)
+    poll_interval: float = 5.0
+    sleep: Callable[[float], None] | None = None  # injectable for tests (time.sleep otherwise)
+
+    def forwarded_secrets(self) -> dict[str, str]:
+        return forwarded_environment(self.env)
+
+
+@dataclass(frozen=True)
+class DeployOutcome:
+    """The result of deploy or rollback: where it lives and what to remember."""
+
+    url: str  # https://<host>
+    deployment_id: str
+    state: dict[str, Any] = field(default_factory=dict)  # merged into the adapter's part of deploy.json
+
+    @property
+    def host(self) -> str:
+        return self.url.split("://", 1)[-1].split("/", 1)[0]
+
+    @property
+    def sync_url(self) -> str:
+        return f"wss://{self.host}/offline-sync"
+
+
+@dataclass(frozen=True)
+class StatusReport:
+    state: DeploymentState
+    healthy: bool
+    url: str | None = None
+    deployment_id: str | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """One past or current deployment, newest first in ``PlatformAdapter.deployments``."""
+
+    id: str
+    status: str
+    created_at: str | None = None
+    image: str | None = None
+    current: bool = False
+
+
+def forwarded_environment(env: Mapping[str, str]) -> dict[str, str]:
+    """The SECRET_VARIABLES set (non-empty) in ``env``."""
+    return {name: env[name] for name in SECRET_VARIABLES if env.get(name)}
+
+
+class PlatformAdapter(abc.ABC):
+    """One deploy platform. Methods run in the order the deploy command calls them.
+
+    First deploy: check_prerequisites, public_url, render_config, provision, deploy, wait_until_healthy.
+    Redeploy: the same (provision finds the app and does nothing). Management: status, logs, deployments,
+    rollback. ``offline deploy --reset`` only removes local state and files; it calls no adapter method.
+    """
+
+    #: the ``--platform`` value (DESIGN.md section 6)
+    name: ClassVar[str]
+    #: shown in the interactive prompt
+    title: ClassVar[str]
+    #: None when the platform has no regions or picks one itself
+    default_region: ClassVar[str | None] = None
+    #: offered by the interactive region prompt
+    regions: ClassVar[tuple[str, ...]] = ()
+    #: True when the image is built locally (the AWS platforms) rather than by the vendor's builders
+    needs_container_engine: ClassVar[bool] = False
+
+    @abc.abstractmethod
+    def check_prerequisites(self, ctx: DeployContext) -> None:
+        """Vendor CLI installed, logged in, plugins present; raise DeployError with an install/login hint."""
+
+    def public_url(self, ctx: DeployContext) -> str | None:
+        """The app's https URL when it can be known before deploying (to bake BUILD_SYNC_URL into the client)."""
+        return ctx.state.get("url")
+
+    def render_config(self, ctx: DeployContext) -> list[Path]:
+        """Write platform configuration files into ``ctx.deploy_dir``; return their paths."""
+        return []
+
+    @abc.abstractmethod
+    def provision(self, ctx: DeployContext) -> dict[str, Any]:
+        """Create the app/service/repository when missing; return state to remember."""
+
+    @abc.abstractmethod
+    def deploy(self, ctx: DeployContext) -> DeployOutcome:
+        """Build/push the image from ``ctx.deploy_dir`` and start it."""
+
+    @abc.abstractmethod
+    def wait_until_healthy(self, ctx: DeployContext, outcome: DeployOutcome) -> StatusReport:
+        """Poll the platform until it reports the deployment healthy (DESIGN.md section 6), or raise
+        DeployError(HEALTH_TIMEOUT) after ``ctx.health_timeout``."""
+
+    @abc.abstractmethod
+    def status(self, ctx: DeployContext) -> StatusReport: ...
+
+    @abc.abstractmethod
+    def logs(self, ctx: DeployContext, *, lines: int = 100) -> list[str]: ...
+
+    @abc.abstractmethod
+    def deployments(self, ctx: DeployContext) -> list[Deployment]:
+        """Past deployments, newest first."""
+
+    @abc.abstractmethod
+    def rollback(self, ctx: DeployContext, deployment_id: str | None = None) -> DeployOutcome:
+        """Return to ``deployment_id``, or to the one before the current when None; raise
+        DeployError(NO_PREVIOUS_DEPLOYMENT) when there is none."""
+
+
+class StubAdapter(PlatformAdapter):
+    """A platform shown in the prompt but not built yet: every entry point refuses (SPEC 4.6)."""
+
+    def _refuse(self) -> DeployError:
+        return DeployError(
+            f"The platform {self.name!r} ({self.title}) is not implemented yet.",
+            NOT_IMPLEMENTED,
+            {"platform": self.name},
+            hint="Choose one of: host-a, host-b, cloud-a-containers, cloud-a-orchestrated.",
+        )
+
+    def check_prerequisites(self, ctx: DeployContext) -> None:
+        raise self._refuse()
+
+    def provision(self, ctx: DeployContext) -> dict[str, Any]:
+        raise self._refuse()
+
+    def deploy(self, ctx: DeployContext) -> DeployOutcome:
+        raise self._refuse()
+
+    def wait_until_healthy(self, ctx: DeployContext, outcome: DeployOutcome) -> StatusReport:
+        raise self._refuse()
+
+    def status(self, ctx: DeployContext) -> StatusReport:
+        raise self._refuse()
+
+    def logs(self, ctx: DeployContext, *, lines: int = 100) -> list[str]:
+        raise self._refuse()
+
+    def deployments(self, ctx: DeployContext) -> list[Deployment]:
+        raise self._refuse()
+
+    def rollback(self, ctx: DeployContext, deployment_id: str | None = None) -> DeployOutcome:
+        raise self._refuse()

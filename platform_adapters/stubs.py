@@ -1,0 +1,20 @@
+"""Platforms the prompt offers but that are not built yet (SPEC 4.6): each refuses with NOT_IMPLEMENTED."""
+
+from __future__ import annotations
+
+from .base import StubAdapter
+
+
+class WebServiceHostAdapter(StubAdapter):
+    name = "web-service-host"
+    title = "Web service host"
+
+
+class SelfHostedImageAdapter(StubAdapter):
+    name = "self-hosted-image"
+    title = "Self-hosted container image"
+
+
+class ManagedHostingAdapter(StubAdapter):
+    name = "managed-hosting"
+    title = "Managed hosting"
