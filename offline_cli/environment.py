@@ -1,22 +1,33 @@
 """All terminal and process-environment access of the CLI goes through one `Environment` object.
 
 Commands never read `os.environ`, `sys.stdin` or `isatty()` themselves; tests build an Environment with
-their own streams and variables and pass it as the click context object.
+their own streams and variables and pass it as the click context object. Interactive questions go through
+`Environment.get_prompter()` (questionary on the terminal; tests inject a scripted `prompter`).
 """
 
 from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 import click
 from rich.console import Console
 
 # Variables that CI services set; any of them means nobody is there to answer a prompt.
 _CI_VARIABLES = ("CI", "GITHUB_ACTIONS", "GITLAB_CI", "BUILDKITE", "CIRCLECI", "JENKINS_URL", "TF_BUILD")
+
+
+class Prompter(Protocol):
+    """Asks the user. ``choices`` of ``select`` are ``(value, title)`` pairs; the chosen value comes back."""
+
+    def select(self, message: str, choices: Sequence[tuple[str, str]], default: str | None = None) -> str: ...
+
+    def text(self, message: str, default: str = "") -> str: ...
+
+    def confirm(self, message: str, default: bool = False) -> bool: ...
 
 
 @dataclass
@@ -27,6 +38,7 @@ class Environment:
     env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
     stdin_isatty: bool | None = None
     stdout_isatty: bool | None = None
+    prompter: Prompter | None = None  # None: questionary on the terminal, created on first use
 
     def __post_init__(self) -> None:
         if self.stdin_isatty is None:
@@ -55,6 +67,14 @@ class Environment:
 
     def getenv(self, name: str, default: str | None = None) -> str | None:
         return self.env.get(name, default)
+
+    def get_prompter(self) -> Prompter:
+        """The one object that asks questions. Callers check `interactive` first."""
+        if self.prompter is None:
+            from .deploy.prompts import QuestionaryPrompter  # questionary loads only when a prompt is shown
+
+            self.prompter = QuestionaryPrompter()
+        return self.prompter
 
 
 def _isatty(stream: Any) -> bool:

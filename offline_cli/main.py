@@ -23,6 +23,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "offline_cli.commands.dev:dev",
         "Run the project's sync server locally on SQLite, reloading on change.",
     ),
+    "deploy": (
+        "offline_cli.commands.deploy:deploy",
+        "Deploy the project to a hosting platform; also status, logs, rollback.",
+    ),
     "status": ("offline_cli.commands.remote:status", "Show a running server's status."),
     "logs": ("offline_cli.commands.remote:logs", "Stream a running server's logs and events."),
 }
@@ -62,6 +66,7 @@ class LazyGroup(click.Group):
     epilog="""\b
 Examples:
   offline dev                             serve ./server.py (or a demo) on http://127.0.0.1:3001
+  offline deploy --platform host-a --app my-notes --confirm
   offline status --url http://localhost:3001 --token "$OFFLINE_ADMIN_TOKEN"
   offline logs --url http://localhost:3001 --no-follow
   offline schema check schema.py          validate a schema, print collections and .proto

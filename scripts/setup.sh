@@ -60,6 +60,12 @@ if [ "$want_test" = 1 ]; then
   command -v npm >/dev/null 2>&1 || missing+=(npm)
   # The dashboard browser test drives Debian's chromium with Playwright (no browser download).
   [ -x /usr/bin/chromium ] || command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+  # The container tests (tests/e2e) run podman's Docker-compatible service with runc (crun refuses
+  # hybrid cgroups), iptables for its published ports, debootstrap for their local base image (no registry
+  # is reachable) and Debian's docker-registry for the push test.
+  for tool in podman runc iptables debootstrap docker-registry; do
+    command -v "$tool" >/dev/null 2>&1 || [ -x "/usr/sbin/$tool" ] || missing+=("$tool")
+  done
   if [ ${#missing[@]} -gt 0 ]; then apt_install "${missing[@]}"; fi
   if command -v npm >/dev/null 2>&1; then
     if [ ! -d tests/js/node_modules ] || [ tests/js/package-lock.json -nt tests/js/node_modules ]; then

@@ -1,0 +1,340 @@
+"""`offline deploy` and `offline deploy status|logs|rollback` (SPEC 4.6, DESIGN.md section 6).
+
+Data (URLs, status, log lines) goes to stdout; progress, warnings and errors go to stderr. A DeployError
+prints its message and hint and exits 1. The work itself lives in offline_cli.deploy.flow.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, NoReturn, TypeVar
+
+import click
+from rich.markup import escape
+
+import platform_adapters
+from platform_adapters.base import DeployError, SubprocessRunner, forwarded_environment
+
+from ..deploy.flow import (
+    DeployRequest,
+    DeployResult,
+    Services,
+    StatusResult,
+    run_deploy,
+    run_logs,
+    run_reset,
+    run_rollback,
+    run_status,
+)
+from ..deploy.reporter import RichReporter, redact
+from ..deploy.state import DEPLOY_DIR
+from ..environment import Environment, current_environment
+
+T = TypeVar("T")
+
+
+class PlatformChoice(click.Choice):  # type: ignore[type-arg]
+    """``--platform`` values, read from platform_adapters.PLATFORMS when used (not when imported)."""
+
+    name = "platform"
+
+    def __init__(self) -> None:
+        super().__init__([], case_sensitive=True)
+
+    @property  # type: ignore[override]
+    def choices(self) -> list[str]:
+        return list(platform_adapters.PLATFORMS)
+
+    @choices.setter
+    def choices(self, _: Any) -> None:
+        pass  # click.Choice.__init__ assigns; the live table wins
+
+
+def build_services(env: Environment) -> Services:
+    """The real outside world of a deploy command (tests replace parts of it)."""
+    secrets = forwarded_environment(env.env).values()
+    return Services(
+        env=env.env,
+        interactive=env.interactive,
+        reporter=RichReporter(env.err, secrets),
+        runner=SubprocessRunner(dict(env.env)),
+        prompter=env.get_prompter,
+    )
+
+
+def _fail(env: Environment, exc: DeployError) -> NoReturn:
+    secrets = list(forwarded_environment(env.env).values())
+    err = env.err
+    err.print(
+        f"[bold red]error[/bold red] [{exc.code}]: {escape(redact(exc.message, secrets))}", highlight=False
+    )
+    if exc.hint:
+        err.print(f"[yellow]hint:[/yellow] {escape(redact(exc.hint, secrets))}", highlight=False)
+    raise click.exceptions.Exit(1)
+
+
+def _guarded(env: Environment, work: Callable[[], T]) -> T:
+    try:
+        return work()
+    except DeployError as exc:
+        _fail(env, exc)
+
+
+def _comma_list(value: str | None, prefix: str, flag: str) -> list[str] | None:
+    if value is None:
+        return None
+    items = [item.strip() for item in value.split(",") if item.strip()]
+    wrong = [item for item in items if not item.startswith(prefix)]
+    if not items or wrong:
+        raise click.BadParameter(
+            f"expected a comma-separated list of {prefix}… ids, got {value!r}", param_hint=flag
+        )
+    return items
+
+
+def _project(project_dir: Path | None) -> Path:
+    folder = (project_dir or Path.cwd()).resolve()
+    if not folder.is_dir():
+        raise click.BadParameter(f"{folder} is not a folder", param_hint="--project-dir")
+    return folder
+
+
+def _emit(env: Environment, text: str) -> None:
+    env.stdout.write(text)
+    env.stdout.flush()
+
+
+def _print_result(env: Environment, result: DeployResult, as_json: bool) -> None:
+    if as_json:
+        _emit(env, json.dumps(result.to_json()) + "\n")
+        return
+    _emit(env, f"url:  {result.url}\nsync: {result.sync_url}\n")
+
+
+def _inherited(name: str) -> Any:
+    """A group-level option given before the subcommand (``offline deploy --project-dir X status``)."""
+    ctx = click.get_current_context()
+    return ctx.parent.params.get(name) if ctx.parent is not None else None
+
+
+_PROJECT_DIR = click.option(
+    "--project-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="The project folder (default: the current folder).",
+)
+
+
+@click.group(
+    invoke_without_command=True,
+    epilog="""\b
+Examples:
+  offline deploy                                    choose a platform and app name interactively
+  offline deploy --platform host-a --app my-notes --confirm          non-interactive (CI)
+  offline deploy --platform cloud-a-containers --app notes --region eu-west-1 --confirm
+  offline deploy --platform cloud-a-orchestrated --app notes \\
+      --subnets subnet-0a1b,subnet-2c3d --security-groups sg-0e4f --confirm
+  offline deploy --json                             redeploy; print one JSON object
+  offline deploy status | logs --lines 50 | rollback
+  offline deploy --reset --confirm                  forget the deployment (the app keeps running)
+""",
+)
+@click.option(
+    "--platform",
+    type=PlatformChoice(),
+    default=None,
+    help="Where to deploy (asked when missing; remembered after the first deploy).",
+)
+@click.option("--app", default=None, help="App name on the platform (asked when missing; remembered).")
+@click.option("--region", default=None, help="Region (default: remembered, the AWS configuration, or asked).")
+@click.option("--confirm", is_flag=True, help="Never prompt: fail naming any missing option instead.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object on stdout.")
+@click.option("--reset", is_flag=True, help="Delete the deploy state and generated files (.offline/deploy/).")
+@click.option(
+    "--subnets", default=None, help="cloud-a-orchestrated: comma-separated subnet ids (remembered)."
+)
+@click.option(
+    "--security-groups", default=None, help="cloud-a-orchestrated: comma-separated security group ids."
+)
+@click.option(
+    "--python-version",
+    default=None,
+    help="CPython minor version of the image, e.g. 3.12 (default: remembered, else this interpreter's).",
+)
+@_PROJECT_DIR
+@click.pass_context
+def deploy(
+    ctx: click.Context,
+    platform: str | None,
+    app: str | None,
+    region: str | None,
+    confirm: bool,
+    as_json: bool,
+    reset: bool,
+    subnets: str | None,
+    security_groups: str | None,
+    python_version: str | None,
+    project_dir: Path | None,
+) -> None:
+    """Build the project and deploy it; print the live URL and the sync endpoint.
+
+    The first run asks for (or takes from the flags) the platform, app name and region and remembers them
+    in .offline/deploy/deploy.json; later runs redeploy without asking. Generated files (Dockerfile,
+    server.pyz, client build, platform configuration) all live in .offline/deploy/.
+    """
+    if ctx.invoked_subcommand is not None:
+        given = [
+            flag
+            for flag, value in (
+                ("--platform", platform),
+                ("--app", app),
+                ("--region", region),
+                ("--reset", reset),
+                ("--subnets", subnets),
+                ("--security-groups", security_groups),
+                ("--python-version", python_version),
+            )
+            if value
+        ]
+        if given:
+            raise click.UsageError(
+                f"{', '.join(given)} cannot be combined with `deploy {ctx.invoked_subcommand}`"
+            )
+        return
+    env = current_environment()
+    folder = _project(project_dir)
+    services = build_services(env)
+    if reset:
+        if any((platform, app, region, subnets, security_groups, python_version)):
+            raise click.UsageError("--reset takes no other deploy options (only --confirm and --project-dir)")
+        _reset(env, folder, services, confirm)
+        return
+    request = DeployRequest(
+        project_dir=folder,
+        platform=platform,
+        app=app,
+        region=region,
+        confirm=confirm,
+        subnets=_comma_list(subnets, "subnet-", "--subnets"),
+        security_groups=_comma_list(security_groups, "sg-", "--security-groups"),
+        python_version=python_version,
+    )
+    if (subnets or security_groups) and platform and platform != "cloud-a-orchestrated":
+        services.reporter.warn("--subnets and --security-groups only apply to cloud-a-orchestrated")
+    result = _guarded(env, lambda: run_deploy(request, services))
+    env.err.print(f"[bold green]Deployed[/bold green] {escape(result.app)} to {escape(result.platform)}.")
+    _print_result(env, result, as_json)
+
+
+def _reset(env: Environment, folder: Path, services: Services, confirm: bool) -> None:
+    outcome = _guarded(env, lambda: run_reset(folder, services, confirm=confirm))
+    if outcome is None:
+        env.err.print("Aborted: nothing was deleted.")
+        raise click.exceptions.Exit(1)
+    if not outcome.removed:
+        env.err.print(f"Nothing to reset: {folder / DEPLOY_DIR} does not exist.")
+        return
+    env.err.print(f"Deleted {escape(str(folder / DEPLOY_DIR))} (deploy state and generated files).")
+    if outcome.app:
+        env.err.print(
+            f"The app {escape(outcome.app)} on {escape(outcome.platform or '?')} was left running; delete it "
+            "with the platform's own tools if you no longer need it. The next `offline deploy` starts from "
+            "scratch."
+        )
+    else:
+        env.err.print(
+            "Any app deployed earlier was left running; the next `offline deploy` starts from scratch."
+        )
+
+
+def _status_text(result: StatusResult) -> str:
+    report = result.report
+    state: str = report.state
+    if state == "DEPLOYING":
+        state += " (a rollout is in progress; it can take 2 to 5 minutes)"
+    elif state == "RUNNING":
+        state += " (healthy)" if report.healthy else " (not healthy)"
+    where = f"{result.platform}" + (f", region {result.region}" if result.region else "")
+    lines = [
+        f"app:        {result.app} ({where})",
+        f"state:      {state}",
+        f"url:        {result.url or '-'}",
+        f"sync:       {result.sync_url or '-'}",
+    ]
+    if report.deployment_id:
+        lines.append(f"deployment: {report.deployment_id}")
+    return "\n".join(lines) + "\n"
+
+
+@deploy.command(
+    epilog="""\b
+Examples:
+  offline deploy status
+  offline deploy status --json | jq .state
+  offline deploy status --project-dir ~/src/notes
+"""
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@_PROJECT_DIR
+def status(as_json: bool, project_dir: Path | None) -> None:
+    """Report the deployed app's health, URL and sync endpoint (DEPLOYING during a rollout)."""
+    env = current_environment()
+    folder = _project(project_dir or _inherited("project_dir"))
+    services = build_services(env)
+    result = _guarded(env, lambda: run_status(folder, services))
+    if as_json or _inherited("as_json"):
+        _emit(env, json.dumps(result.to_json()) + "\n")
+    else:
+        _emit(env, _status_text(result))
+
+
+@deploy.command(
+    epilog="""\b
+Examples:
+  offline deploy logs
+  offline deploy logs --lines 500 > app.log
+"""
+)
+@click.option(
+    "--lines", "-n", type=click.IntRange(1, 10_000), default=100, show_default=True, help="How many."
+)
+@_PROJECT_DIR
+def logs(lines: int, project_dir: Path | None) -> None:
+    """Show recent output of the deployed app."""
+    env = current_environment()
+    folder = _project(project_dir or _inherited("project_dir"))
+    services = build_services(env)
+    output = _guarded(env, lambda: run_logs(folder, services, lines=lines))
+    _emit(env, "".join(line.rstrip("\n") + "\n" for line in output))
+
+
+@deploy.command(
+    epilog="""\b
+Examples:
+  offline deploy rollback                 back to the previous deployment (asks first)
+  offline deploy rollback --confirm       without asking (CI)
+  offline deploy rollback 01J9ZK3...      back to a given deployment id
+"""
+)
+@click.argument("deployment_id", required=False)
+@click.option("--confirm", is_flag=True, help="Do not ask; required when there is no terminal.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
+@_PROJECT_DIR
+def rollback(deployment_id: str | None, confirm: bool, as_json: bool, project_dir: Path | None) -> None:
+    """Return the app to its previous deployment, or to DEPLOYMENT_ID."""
+    env = current_environment()
+    folder = _project(project_dir or _inherited("project_dir"))
+    services = build_services(env)
+    confirmed = confirm or bool(_inherited("confirm"))
+    result = _guarded(
+        env, lambda: run_rollback(folder, services, deployment_id=deployment_id, confirm=confirmed)
+    )
+    if result is None:
+        env.err.print("Aborted: nothing was changed.")
+        raise click.exceptions.Exit(1)
+    env.err.print(
+        f"[bold green]Rolled back[/bold green] {escape(result.app)} to {escape(result.deployment_id)}."
+    )
+    _print_result(env, result, as_json or bool(_inherited("as_json")))
