@@ -41,6 +41,7 @@ __all__ = [
     "StatusReport",
     "SubprocessRunner",
     "forwarded_environment",
+    "sync_url_for",
 ]
 
 # Error codes of SPEC 7.3 (and the few the deploy command adds). Each DeployError message contains SPEC's
@@ -233,11 +234,26 @@ class DeployContext:
         return forwarded_environment(self.env)
 
 
+SYNC_PATH = "/offline-sync"
+
+
+def sync_url_for(url: str | None) -> str | None:
+    """The sync endpoint of the app at ``url``: ``wss://`` for https, ``ws://`` for plain http (an ECS task
+    reached at its IP, a local test); None when there is no URL."""
+    if not url:
+        return None
+    scheme, _, rest = url.partition("://")
+    if not rest:  # a bare host: platforms give https hosts
+        scheme, rest = "https", url
+    host = rest.split("/", 1)[0]
+    return f"{'ws' if scheme.lower() == 'http' else 'wss'}://{host}{SYNC_PATH}"
+
+
 @dataclass(frozen=True)
 class DeployOutcome:
     """The result of deploy or rollback: where it lives and what to remember."""
 
-    url: str  # https://<host>
+    url: str  # https://<host>; http://<ip>:<port> or "" when the platform has no stable address (ECS)
     deployment_id: str
     state: dict[str, Any] = field(default_factory=dict)  # merged into the adapter's part of deploy.json
 
@@ -247,7 +263,8 @@ class DeployOutcome:
 
     @property
     def sync_url(self) -> str:
-        return f"wss://{self.host}/offline-sync"
+        """``wss://<host>/offline-sync`` (``ws://`` for an http URL); "" when ``url`` is empty."""
+        return sync_url_for(self.url) or ""
 
 
 @dataclass(frozen=True)
@@ -276,11 +293,15 @@ def forwarded_environment(env: Mapping[str, str]) -> dict[str, str]:
 
 
 class PlatformAdapter(abc.ABC):
-    """One deploy platform. Methods run in the order the deploy command calls them.
+    """One deploy platform. Methods run in the order the deploy command (``offline_cli.deploy.flow``) calls
+    them.
 
-    First deploy: check_prerequisites, public_url, render_config, provision, deploy, wait_until_healthy.
-    Redeploy: the same (provision finds the app and does nothing). Management: status, logs, deployments,
-    rollback. ``offline deploy --reset`` only removes local state and files; it calls no adapter method.
+    Deploy: check_prerequisites, then (after the shared Dockerfile and zipapp steps) provision, public_url
+    (its answer becomes the client build's BUILD_SYNC_URL; the client is built right after), render_config,
+    deploy, wait_until_healthy. A redeploy runs the same calls (provision finds the app and does nothing).
+    Management: check_prerequisites, then status (``deploy status``), logs (``deploy logs``), or deployments,
+    rollback, wait_until_healthy (``deploy rollback``). ``offline deploy --reset`` only removes local state
+    and files; it calls no adapter method.
     """
 
     #: the ``--platform`` value (DESIGN.md section 6)
@@ -317,7 +338,11 @@ class PlatformAdapter(abc.ABC):
     @abc.abstractmethod
     def wait_until_healthy(self, ctx: DeployContext, outcome: DeployOutcome) -> StatusReport:
         """Poll the platform until it reports the deployment healthy (DESIGN.md section 6), or raise
-        DeployError(HEALTH_TIMEOUT) after ``ctx.health_timeout``."""
+        DeployError(HEALTH_TIMEOUT) after ``ctx.health_timeout``.
+
+        A deploy that went as far as it can without the user (ECS without network settings registers the
+        task definition but cannot create the service) returns state NOT_FOUND with the command to run in
+        ``details["command"]``: the deploy command reports it as the next step and exits 0."""
 
     @abc.abstractmethod
     def status(self, ctx: DeployContext) -> StatusReport: ...

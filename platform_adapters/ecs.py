@@ -106,12 +106,12 @@ def ecs_names(app: str, state: Mapping[str, Any] | None = None) -> EcsNames:
 
 
 def health_check_command(port: int) -> list[str]:
-    """The container health check: the image has Python (it runs the server zipapp) but maybe no curl."""
+    """The container health check: the image has python3 (it runs the server zipapp) but maybe no curl."""
     script = (
         "import sys, urllib.request; "
         f"sys.exit(0 if urllib.request.urlopen('http://localhost:{port}/health', timeout=4).status == 200 else 1)"
     )
-    return ["CMD", "python", "-c", script]
+    return ["CMD", "python3", "-c", script]
 
 
 def ecs_task_definition(

@@ -5,15 +5,17 @@ What runs, in order (argv builders below are pure and tested as data):
 - prerequisites: ``flyctl auth whoami --json`` (a token in FLY_API_TOKEN works too: flyctl reads it).
 - ``fly.toml`` in the deploy directory: app, primary region, the Dockerfile, one HTTP service on
   ``ctx.port`` with a ``GET /health`` check, ``[env] PORT``. Without DATABASE_URL the server keeps its SQLite
-  file on a Fly volume (``[mounts]`` ``offline_data`` at ``/data``), so data survives redeploys; a volume
-  lives on one machine, so flyctl then runs a single machine, which is also what one SQLite writer needs.
+  file on a Fly volume (``[mounts]`` ``offline_data`` at ``/data``), so data survives redeploys (Fly mounts
+  it owned by root; the image's entry hands the folder to the server's user before dropping root, see
+  dockerfile_templates/zipapp_main.py.j2); a volume lives on one machine, so flyctl then runs a single
+  machine, which is also what one SQLite writer needs.
   Once an app has that volume the mount stays in later configs (``sqlite_volume`` in deploy.json), because
   flyctl refuses to drop a mount from machines that have one. No secret is ever written to the file.
 - provision: ``flyctl apps list --json``; when the app is missing ``flyctl apps create <app> --org <org>
-  --json`` (org from ``ctx.options["org"]``, default ``personal``); "Name has already been taken" becomes
-  NAME_TAKEN. DATABASE_URL, AUTH_SECRET and PUBLIC_URL go through ``flyctl secrets import --stage``, which
-  reads ``NAME=VALUE`` lines from stdin, so values are in no argv, file or log; staged secrets apply with
-  the next deploy.
+  --json`` (org from ``--org``, i.e. ``ctx.options["org"]``, default ``personal``); "Name has already been
+  taken" becomes NAME_TAKEN. DATABASE_URL, AUTH_SECRET and PUBLIC_URL go through ``flyctl secrets import
+  --stage``, which reads ``NAME=VALUE`` lines from stdin, so values are in no argv, file or log; staged
+  secrets apply with the next deploy.
 - deploy: ``flyctl deploy --remote-only --config fly.toml --dockerfile Dockerfile --app <app> --yes`` in the
   deploy directory (Fly's builders build the image: no local engine), then ``flyctl status --json`` for the
   hostname and release version.

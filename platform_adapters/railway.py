@@ -8,7 +8,8 @@ links per directory in the user's CLI config), and names the service with ``--se
 - ``railway.json`` in the deploy directory: Dockerfile builder, ``/health`` health check, restart policy.
 - provision: ``railway status --json`` shows the linked project. Without one (or linked to a project of
   another name on the first deploy) ``railway init --name <app>`` creates and links it (workspace from
-  ``ctx.options["workspace"]``); a later run linked elsewhere is relinked with ``railway link --project``.
+  ``--workspace``, i.e. ``ctx.options["workspace"]``); a later run linked elsewhere is relinked with
+  ``railway link --project``.
   A missing service is created with ``railway add --service <app>``. Plain variables (PORT, and without
   DATABASE_URL the SQLite path on a ``/data`` volume added with ``railway volume add``) go through
   ``railway variables --set ... --skip-deploys``; DATABASE_URL, AUTH_SECRET and PUBLIC_URL each go through
@@ -561,8 +562,9 @@ class RailwayAdapter(PlatformAdapter):
 
         plain = {"PORT": str(ctx.port)}
         if self._sqlite(ctx):
-            # Railway mounts volumes owned by root; RAILWAY_RUN_UID=0 lets the image's user write to it.
-            plain.update({"OFFLINE_SERVER_DB": SQLITE_PATH, "RAILWAY_RUN_UID": "0"})
+            # Railway mounts the volume owned by root; the image starts as root, hands the folder to its
+            # unprivileged user and drops to it (dockerfile_templates/zipapp_main.py.j2).
+            plain["OFFLINE_SERVER_DB"] = SQLITE_PATH
             if created:
                 ctx.reporter.info(
                     f"No DATABASE_URL: adding a Railway volume at {DATA_DIR} for the SQLite file"

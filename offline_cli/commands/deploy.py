@@ -1,7 +1,9 @@
 """`offline deploy` and `offline deploy status|logs|rollback` (SPEC 4.6, DESIGN.md section 6).
 
 Data (URLs, status, log lines) goes to stdout; progress, warnings and errors go to stderr. A DeployError
-prints its message and hint and exits 1. The work itself lives in offline_cli.deploy.flow.
+prints its message and hint and exits 1. The work itself lives in offline_cli.deploy.flow, imported only
+when a command runs: `offline deploy --help` must stay fast (bench/cli_startup.py), and the flow pulls in
+the whole `offline` library through the adapters' error classes.
 """
 
 from __future__ import annotations
@@ -9,28 +11,23 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
 from rich.markup import escape
 
 import platform_adapters
-from platform_adapters.base import DeployError, SubprocessRunner, forwarded_environment
 
-from ..deploy.flow import (
-    DeployRequest,
-    DeployResult,
-    Services,
-    StatusResult,
-    run_deploy,
-    run_logs,
-    run_reset,
-    run_rollback,
-    run_status,
-)
-from ..deploy.reporter import RichReporter, redact
-from ..deploy.state import DEPLOY_DIR
 from ..environment import Environment, current_environment
+
+if TYPE_CHECKING:
+    from platform_adapters.base import DeployError
+
+    from ..deploy.flow import DeployResult, Services, StatusResult
+
+#: Where the deploy state and generated files live (offline_cli.deploy.state.DEPLOY_DIR, kept here so the
+#: messages need no import of the state module).
+DEPLOY_DIR = Path(".offline") / "deploy"
 
 T = TypeVar("T")
 
@@ -54,6 +51,11 @@ class PlatformChoice(click.Choice):  # type: ignore[type-arg]
 
 def build_services(env: Environment) -> Services:
     """The real outside world of a deploy command (tests replace parts of it)."""
+    from platform_adapters.base import SubprocessRunner, forwarded_environment
+
+    from ..deploy.flow import Services
+    from ..deploy.reporter import RichReporter
+
     secrets = forwarded_environment(env.env).values()
     return Services(
         env=env.env,
@@ -65,6 +67,10 @@ def build_services(env: Environment) -> Services:
 
 
 def _fail(env: Environment, exc: DeployError) -> NoReturn:
+    from platform_adapters.base import forwarded_environment
+
+    from ..deploy.reporter import redact
+
     secrets = list(forwarded_environment(env.env).values())
     err = env.err
     err.print(
@@ -76,6 +82,8 @@ def _fail(env: Environment, exc: DeployError) -> NoReturn:
 
 
 def _guarded(env: Environment, work: Callable[[], T]) -> T:
+    from platform_adapters.base import DeployError
+
     try:
         return work()
     except DeployError as exc:
@@ -110,7 +118,17 @@ def _print_result(env: Environment, result: DeployResult, as_json: bool) -> None
     if as_json:
         _emit(env, json.dumps(result.to_json()) + "\n")
         return
-    _emit(env, f"url:  {result.url}\nsync: {result.sync_url}\n")
+    _emit(env, f"url:  {result.url or '-'}\nsync: {result.sync_url or '-'}\n")
+
+
+def _print_next_step(env: Environment, result: DeployResult) -> None:
+    """The deploy went as far as it can without the user: say what to run (stderr; --json carries it)."""
+    env.err.print(
+        f"[bold yellow]Next step:[/bold yellow] {escape(result.app)} is registered on {escape(result.platform)} "
+        "but does not run yet. Run:",
+        highlight=False,
+    )
+    env.err.print(f"  {escape(result.next_step or '')}", highlight=False, soft_wrap=True)
 
 
 def _inherited(name: str) -> Any:
@@ -136,6 +154,7 @@ Examples:
   offline deploy --platform cloud-a-containers --app notes --region eu-west-1 --confirm
   offline deploy --platform cloud-a-orchestrated --app notes \\
       --subnets subnet-0a1b,subnet-2c3d --security-groups sg-0e4f --confirm
+  offline deploy --platform host-a --app notes --org my-team --confirm
   offline deploy --json                             redeploy; print one JSON object
   offline deploy status | logs --lines 50 | rollback
   offline deploy --reset --confirm                  forget the deployment (the app keeps running)
@@ -159,6 +178,14 @@ Examples:
     "--security-groups", default=None, help="cloud-a-orchestrated: comma-separated security group ids."
 )
 @click.option(
+    "--org",
+    default=None,
+    help="host-a: Fly.io organization a new app is created in (default personal; remembered).",
+)
+@click.option(
+    "--workspace", default=None, help="host-b: Railway workspace a new project is created in (remembered)."
+)
+@click.option(
     "--python-version",
     default=None,
     help="CPython minor version of the image, e.g. 3.12 (default: remembered, else this interpreter's).",
@@ -175,6 +202,8 @@ def deploy(
     reset: bool,
     subnets: str | None,
     security_groups: str | None,
+    org: str | None,
+    workspace: str | None,
     python_version: str | None,
     project_dir: Path | None,
 ) -> None:
@@ -194,6 +223,8 @@ def deploy(
                 ("--reset", reset),
                 ("--subnets", subnets),
                 ("--security-groups", security_groups),
+                ("--org", org),
+                ("--workspace", workspace),
                 ("--python-version", python_version),
             )
             if value
@@ -207,10 +238,12 @@ def deploy(
     folder = _project(project_dir)
     services = build_services(env)
     if reset:
-        if any((platform, app, region, subnets, security_groups, python_version)):
+        if any((platform, app, region, subnets, security_groups, org, workspace, python_version)):
             raise click.UsageError("--reset takes no other deploy options (only --confirm and --project-dir)")
         _reset(env, folder, services, confirm)
         return
+    from ..deploy.flow import DeployRequest, run_deploy
+
     request = DeployRequest(
         project_dir=folder,
         platform=platform,
@@ -219,16 +252,37 @@ def deploy(
         confirm=confirm,
         subnets=_comma_list(subnets, "subnet-", "--subnets"),
         security_groups=_comma_list(security_groups, "sg-", "--security-groups"),
+        org=_name(org, "--org"),
+        workspace=_name(workspace, "--workspace"),
         python_version=python_version,
     )
-    if (subnets or security_groups) and platform and platform != "cloud-a-orchestrated":
-        services.reporter.warn("--subnets and --security-groups only apply to cloud-a-orchestrated")
+    for flags, flag_value, wanted in (
+        ("--subnets and --security-groups apply", subnets or security_groups, "cloud-a-orchestrated"),
+        ("--org applies", org, "host-a"),
+        ("--workspace applies", workspace, "host-b"),
+    ):
+        if flag_value and platform and platform != wanted:
+            services.reporter.warn(f"{flags} only to {wanted}; ignored for {platform}")
     result = _guarded(env, lambda: run_deploy(request, services))
-    env.err.print(f"[bold green]Deployed[/bold green] {escape(result.app)} to {escape(result.platform)}.")
+    if result.next_step:
+        _print_next_step(env, result)
+    else:
+        env.err.print(f"[bold green]Deployed[/bold green] {escape(result.app)} to {escape(result.platform)}.")
     _print_result(env, result, as_json)
 
 
+def _name(value: str | None, flag: str) -> str | None:
+    """An organization or workspace name: given means not blank."""
+    if value is None:
+        return None
+    if not value.strip():
+        raise click.BadParameter("must not be empty", param_hint=flag)
+    return value.strip()
+
+
 def _reset(env: Environment, folder: Path, services: Services, confirm: bool) -> None:
+    from ..deploy.flow import run_reset
+
     outcome = _guarded(env, lambda: run_reset(folder, services, confirm=confirm))
     if outcome is None:
         env.err.print("Aborted: nothing was deleted.")
@@ -280,6 +334,8 @@ Examples:
 @_PROJECT_DIR
 def status(as_json: bool, project_dir: Path | None) -> None:
     """Report the deployed app's health, URL and sync endpoint (DEPLOYING during a rollout)."""
+    from ..deploy.flow import run_status
+
     env = current_environment()
     folder = _project(project_dir or _inherited("project_dir"))
     services = build_services(env)
@@ -303,6 +359,8 @@ Examples:
 @_PROJECT_DIR
 def logs(lines: int, project_dir: Path | None) -> None:
     """Show recent output of the deployed app."""
+    from ..deploy.flow import run_logs
+
     env = current_environment()
     folder = _project(project_dir or _inherited("project_dir"))
     services = build_services(env)
@@ -324,6 +382,8 @@ Examples:
 @_PROJECT_DIR
 def rollback(deployment_id: str | None, confirm: bool, as_json: bool, project_dir: Path | None) -> None:
     """Return the app to its previous deployment, or to DEPLOYMENT_ID."""
+    from ..deploy.flow import run_rollback
+
     env = current_environment()
     folder = _project(project_dir or _inherited("project_dir"))
     services = build_services(env)
@@ -334,7 +394,10 @@ def rollback(deployment_id: str | None, confirm: bool, as_json: bool, project_di
     if result is None:
         env.err.print("Aborted: nothing was changed.")
         raise click.exceptions.Exit(1)
-    env.err.print(
-        f"[bold green]Rolled back[/bold green] {escape(result.app)} to {escape(result.deployment_id)}."
-    )
+    if result.next_step:
+        _print_next_step(env, result)
+    else:
+        env.err.print(
+            f"[bold green]Rolled back[/bold green] {escape(result.app)} to {escape(result.deployment_id)}."
+        )
     _print_result(env, result, as_json or bool(_inherited("as_json")))

@@ -12,7 +12,9 @@ through ``Services``, so tests drive the whole flow with fakes at those boundari
 from __future__ import annotations
 
 import configparser
+import http.client
 import re
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -40,6 +42,7 @@ from platform_adapters.base import (
     Reporter,
     StatusReport,
     forwarded_environment,
+    sync_url_for,
 )
 
 from .bundle import bundle_server, check_python_version
@@ -50,8 +53,10 @@ from .templates import DEFAULT_PORT, ensure_gitignored, render_deploy_files
 
 #: Platforms whose region comes from the AWS configuration (never from another platform's default).
 AWS_PLATFORMS = frozenset({"cloud-a-containers", "cloud-a-orchestrated"})
-#: The direct GET https://<host>/health after the platform reports healthy: at most this long, warn only.
+#: The direct GET <url>/health after the platform reports healthy: at most this long, warn only.
 HEALTH_PROBE_SECONDS = 10.0
+#: DeployRequest fields kept in deploy.json's ``options`` under the same names (adapters read ctx.options).
+PLATFORM_OPTIONS = ("subnets", "security_groups", "org", "workspace")
 INVALID_OPTION = "INVALID_OPTION"
 STATE_CONFLICT = "STATE_CONFLICT"
 UNKNOWN_DEPLOYMENT = "UNKNOWN_DEPLOYMENT"
@@ -62,7 +67,8 @@ HealthProbe = Callable[[str, float], str | None]  # (url, seconds) -> None when 
 
 
 def probe_health(url: str, seconds: float = HEALTH_PROBE_SECONDS) -> str | None:
-    """GET ``url`` until it answers 200 or ``seconds`` pass; None when healthy, else the last problem."""
+    """GET ``url`` until it answers 200 or ``seconds`` pass; None when healthy, else the last problem.
+    Never raises: a URL urllib cannot use is a problem to report, not a crash."""
     deadline = time.monotonic() + seconds
     problem = "no answer"
     while (remaining := deadline - time.monotonic()) > 0:
@@ -75,6 +81,10 @@ def probe_health(url: str, seconds: float = HEALTH_PROBE_SECONDS) -> str | None:
             problem = f"HTTP {exc.code}"
         except (urllib.error.URLError, OSError) as exc:
             problem = str(getattr(exc, "reason", exc))
+        except http.client.HTTPException as exc:  # a garbled answer (BadStatusLine, IncompleteRead)
+            problem = f"{type(exc).__name__}: {exc}"
+        except ValueError as exc:  # not a URL urllib can fetch: retrying will not help
+            return f"invalid URL ({exc})"
         time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
     return problem
 
@@ -153,23 +163,30 @@ class DeployRequest:
     confirm: bool = False
     subnets: list[str] | None = None
     security_groups: list[str] | None = None
+    org: str | None = None  # host-a: the Fly.io organization a new app is created in
+    workspace: str | None = None  # host-b: the Railway workspace a new project is created in
     python_version: str | None = None
 
 
 @dataclass
 class DeployResult:
-    """A finished deploy or rollback: what `offline deploy` prints."""
+    """A finished deploy or rollback: what `offline deploy` prints.
+
+    ``url`` is None when the platform gave no address (an ECS service without a load balancer whose task IP
+    is not known yet). ``next_step`` is a command the user must run before the app serves anything (the ECS
+    create-service command on a first deploy without network settings); the deploy itself succeeded."""
 
     platform: str
     app: str
     region: str | None
-    url: str
-    sync_url: str
+    url: str | None
+    sync_url: str | None
     deployment_id: str
     state: str
     healthy: bool
     health_warning: str | None = None
     client_deployed: bool | None = None
+    next_step: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -183,6 +200,7 @@ class DeployResult:
             "healthy": self.healthy,
             "health_warning": self.health_warning,
             "client_deployed": self.client_deployed,
+            "next_step": self.next_step,
         }
 
 
@@ -373,10 +391,10 @@ def resolve_plan(request: DeployRequest, services: Services) -> Plan:
     notes: list[str] = []
     region = _resolve_region(request, previous, adapter, platform, ask, services, notes)
     options = dict(previous.options) if previous else {}
-    if request.subnets is not None:
-        options["subnets"] = list(request.subnets)
-    if request.security_groups is not None:
-        options["security_groups"] = list(request.security_groups)
+    for name in PLATFORM_OPTIONS:
+        value = getattr(request, name)
+        if value is not None:
+            options[name] = list(value) if isinstance(value, list) else str(value).strip()
     version = check_python_version(request.python_version or (previous.python_version if previous else None))
     return Plan(platform, adapter.title, app, region, options, version, adapter, previous, notes)
 
@@ -495,7 +513,7 @@ def run_deploy(request: DeployRequest, services: Services) -> DeployResult:
     persist()  # the app exists now: the next run must reuse its name even if a later step fails
 
     early_url = adapter.public_url(ctx)
-    early_sync = _sync_url(early_url) if early_url else None
+    early_sync = sync_url_for(early_url)
     client_dir = build_client(
         project_dir, ctx.deploy_dir, sync_url=early_sync, runner=services.runner, reporter=reporter
     )
@@ -512,50 +530,92 @@ def run_deploy(request: DeployRequest, services: Services) -> DeployResult:
 
     reporter.step("Waiting for the platform to report the app healthy")
     report = adapter.wait_until_healthy(ctx, outcome)
-    warning = _probe(outcome, services)
+    url, sync_url, next_step, warning = _settle(state, outcome, report, services)
     persist()
 
-    if client_dir is not None and early_sync is not None and early_sync != outcome.sync_url:
+    if client_dir is not None and early_sync is not None and early_sync != sync_url:
         reporter.warn(
-            f"the client was built for {early_sync} but the app answers at {outcome.sync_url}; "
+            f"the client was built for {early_sync} but the app answers at {sync_url or 'no known URL'}; "
             "run `offline deploy` again so the client syncs with the deployed server"
         )
     return DeployResult(
         platform=plan.platform,
         app=plan.app,
         region=plan.region,
-        url=outcome.url,
-        sync_url=outcome.sync_url,
+        url=url,
+        sync_url=sync_url,
         deployment_id=outcome.deployment_id,
         state=report.state,
         healthy=report.healthy,
         health_warning=warning,
         client_deployed=client_dir is not None,
+        next_step=next_step,
     )
 
 
-def _sync_url(url: str) -> str:
-    return DeployOutcome(url=url, deployment_id="").sync_url
-
-
 def _remember(state: DeployState, outcome: DeployOutcome, kind: str, services: Services) -> None:
-    state.url = outcome.url
-    state.sync_url = outcome.sync_url
+    state.url = outcome.url or None
+    state.sync_url = sync_url_for(outcome.url)
     if outcome.deployment_id:
         state.record_deployment(outcome.deployment_id, kind=kind, at=services.now())
 
 
-def _probe(outcome: DeployOutcome, services: Services) -> str | None:
+def next_step_of(report: StatusReport) -> str | None:
+    """The command the user must run before the app serves (see PlatformAdapter.wait_until_healthy)."""
+    command = report.details.get("command")
+    if report.state == "NOT_FOUND" and isinstance(command, str) and command.strip():
+        return command.strip()
+    return None
+
+
+def _settle(
+    state: DeployState, outcome: DeployOutcome, report: StatusReport, services: Services
+) -> tuple[str | None, str | None, str | None, str | None]:
+    """After wait_until_healthy: the app's URL (the outcome's, else the one the platform reported), its sync
+    URL, the next step when the deploy needs the user, and the health probe's warning. Updates ``state``."""
+    url = outcome.url or report.url or None
+    state.url = url
+    state.sync_url = sync_url_for(url)
+    next_step = next_step_of(report)
+    warning = None if next_step else _probe(url, services)
+    return url, state.sync_url, next_step, warning
+
+
+def _probe(url: str | None, services: Services) -> str | None:
+    """GET <url>/health for at most HEALTH_PROBE_SECONDS; warns (never raises) when it does not answer."""
     if services.health_probe is None:
         return None
-    health = outcome.url.rstrip("/") + "/health"
-    problem = services.health_probe(health, HEALTH_PROBE_SECONDS)
+    if not url:
+        services.reporter.info(
+            "skipping the direct GET /health: the platform reported no public URL for the app "
+            "(`offline deploy status` shows it once it has one)"
+        )
+        return None
+    health = url.rstrip("/") + "/health"
+    problem = _bounded(services.health_probe, health, HEALTH_PROBE_SECONDS)
     if problem is not None:
         services.reporter.warn(
             f"the platform reports the app healthy, but GET {health} did not answer within "
             f"{HEALTH_PROBE_SECONDS:g} s ({problem}); DNS and certificates can take a few minutes"
         )
     return problem
+
+
+def _bounded(probe: HealthProbe, url: str, seconds: float) -> str | None:
+    """Run ``probe`` in a daemon thread for at most ``seconds``: a resolver that hangs (DNS is outside
+    urlopen's timeout) or a probe that raises must not hold up or fail a deploy that already succeeded."""
+    answers: list[str | None] = []
+
+    def work() -> None:
+        try:
+            answers.append(probe(url, seconds))
+        except Exception as exc:
+            answers.append(f"{type(exc).__name__}: {exc}")
+
+    thread = threading.Thread(target=work, name="offline-health-probe", daemon=True)
+    thread.start()
+    thread.join(seconds)
+    return answers[0] if answers else "no answer"
 
 
 # -- management: status, logs, rollback, reset -----------------------------------------------------------------
@@ -582,9 +642,7 @@ def run_status(project_dir: Path, services: Services) -> StatusResult:
     adapter.check_prerequisites(ctx)
     report = adapter.status(ctx)
     url = report.url or state.url
-    return StatusResult(
-        state.platform, state.app, state.region, report, url, _sync_url(url) if url else state.sync_url
-    )
+    return StatusResult(state.platform, state.app, state.region, report, url, sync_url_for(url))
 
 
 def run_logs(project_dir: Path, services: Services, *, lines: int = 100) -> list[str]:
@@ -651,17 +709,19 @@ def run_rollback(
     save_state(project_dir, state, services.secrets)
     services.reporter.step("Waiting for the platform to report the app healthy")
     report = adapter.wait_until_healthy(ctx, outcome)
-    warning = _probe(outcome, services)
+    url, sync_url, next_step, warning = _settle(state, outcome, report, services)
+    save_state(project_dir, state, services.secrets)
     return DeployResult(
         platform=state.platform,
         app=state.app,
         region=state.region,
-        url=outcome.url,
-        sync_url=outcome.sync_url,
+        url=url,
+        sync_url=sync_url,
         deployment_id=outcome.deployment_id,
         state=report.state,
         healthy=report.healthy,
         health_warning=warning,
+        next_step=next_step,
     )
 
 

@@ -42,6 +42,9 @@ class FakePlatform:
     leak_secrets: bool = False  # a buggy adapter returning the forwarded secrets as state
     log_lines: list[str] = field(default_factory=lambda: [f"line {i}" for i in range(1, 301)])
     next_id: int = 1
+    # Like ECS without a load balancer: deploy() knows no URL ("") and the health wait may find one.
+    outcome_url: str | None = None  # None: the app's https URL
+    healthy_url: str | None = None  # None: the outcome's URL
 
     def url(self, app: str) -> str:
         return f"https://{app}.fake.test"
@@ -95,7 +98,8 @@ class FakeAdapter(PlatformAdapter):
         state: dict[str, Any] = {"last_image": f"img:{deployment_id}"}
         if self.remote.leak_secrets:
             state["env"] = ctx.forwarded_secrets()
-        return DeployOutcome(self.remote.url(ctx.app), deployment_id, state)
+        url = self.remote.url(ctx.app) if self.remote.outcome_url is None else self.remote.outcome_url
+        return DeployOutcome(url, deployment_id, state)
 
     def _activate(self, app: str, deployment: Deployment) -> None:
         self.remote.apps[app].append(deployment)
@@ -103,7 +107,8 @@ class FakeAdapter(PlatformAdapter):
 
     def wait_until_healthy(self, ctx: DeployContext, outcome: DeployOutcome) -> StatusReport:
         self._record("wait_until_healthy", ctx)
-        return StatusReport("RUNNING", True, outcome.url, outcome.deployment_id)
+        url = outcome.url if self.remote.healthy_url is None else self.remote.healthy_url
+        return StatusReport("RUNNING", True, url or None, outcome.deployment_id)
 
     def status(self, ctx: DeployContext) -> StatusReport:
         self._record("status", ctx)

@@ -10,7 +10,7 @@ import os
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -18,10 +18,12 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
+import platform_adapters
 from offline_cli.commands import deploy as deploy_command
+from offline_cli.deploy import flow
 from offline_cli.deploy.flow import Services, probe_health
 from offline_cli.deploy.prompts import ScriptedPrompter
-from offline_cli.deploy.state import load_state, state_path
+from offline_cli.deploy.state import DEPLOY_DIR, load_state, state_path
 from offline_cli.environment import Environment, Prompter
 from offline_cli.main import cli
 from platform_adapters.base import Deployment
@@ -64,6 +66,7 @@ class Harness:
     project: Path
     env: dict[str, str]
     probe_answer: str | None = None
+    probe_hook: Callable[[], str | None] | None = None  # replaces probe_answer (may raise or block)
 
     def run(self, *args: str, interactive: bool = False, prompter: Prompter | None = None) -> Outcome:
         out, err = io.StringIO(), io.StringIO()
@@ -105,7 +108,7 @@ def harness(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Harness
 
     def probe(url: str, seconds: float) -> str | None:
         probes.append(url)
-        return h.probe_answer
+        return h.probe_hook() if h.probe_hook is not None else h.probe_answer
 
     def build(environment: Environment) -> Services:
         return replace(real_build(environment), bundler=bundler, health_probe=probe)
@@ -323,6 +326,40 @@ def test_ecs_network_options_are_passed_and_remembered(harness: Harness) -> None
     assert state is not None and state.options == expected
 
 
+@pytest.mark.parametrize(
+    ("platform", "flag", "key"), [("host-a", "--org", "org"), ("host-b", "--workspace", "workspace")]
+)
+def test_org_and_workspace_are_passed_to_the_adapter_and_remembered(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch, platform: str, flag: str, key: str
+) -> None:
+    from ._core_fakes import FakeAdapter
+
+    loader = platform_adapters.load_adapter
+    monkeypatch.setattr(
+        platform_adapters,
+        "load_adapter",
+        lambda name: FakeAdapter(harness.remote) if name == platform else loader(name),
+    )
+    outcome = harness.deploy(
+        "--platform", platform, "--app", "notes", "--region", "iad", flag, " acme ", "--confirm"
+    )
+    assert outcome.exit_code == 0, outcome.stderr
+    assert harness.remote.contexts[0].options == {key: "acme"}
+    assert "applies only" not in outcome.stderr
+    assert harness.deploy("--confirm").exit_code == 0
+    assert harness.remote.contexts[-1].options == {key: "acme"}
+    state = load_state(harness.project)
+    assert state is not None and state.options == {key: "acme"}
+
+
+def test_org_for_another_platform_warns_and_an_empty_one_is_a_usage_error(harness: Harness) -> None:
+    outcome = harness.deploy("--platform", "fake-host", "--app", "notes", "--org", "acme", "--confirm")
+    assert outcome.exit_code == 0 and "--org applies only to host-a; ignored for fake-host" in outcome.stderr
+    harness.remote.calls.clear()
+    empty = harness.deploy("--workspace", " ", "--confirm")
+    assert empty.exit_code == 2 and harness.remote.calls == []
+
+
 def test_bad_subnet_list_is_a_usage_error(harness: Harness) -> None:
     outcome = harness.deploy(
         "--platform", "cloud-a-orchestrated", "--app", "n", "--subnets", "vpc-1", "--confirm"
@@ -352,6 +389,81 @@ def test_a_failing_health_probe_only_warns(harness: Harness) -> None:
     outcome = harness.first_deploy()
     assert "did not answer within 10 s (HTTP 502)" in outcome.stderr
     assert outcome.stdout.startswith("url:  https://notes.fake.test")
+
+
+def test_a_health_probe_that_raises_only_warns(harness: Harness) -> None:
+    def broken() -> str | None:
+        raise ValueError("unknown url type")
+
+    harness.probe_hook = broken
+    outcome = harness.first_deploy()
+    assert "did not answer within 10 s (ValueError: unknown url type)" in outcome.stderr
+    assert load_state(harness.project) is not None
+
+
+def test_a_health_probe_that_hangs_is_abandoned_after_its_time(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(flow, "HEALTH_PROBE_SECONDS", 0.2)
+    release = threading.Event()
+
+    def hanging() -> str | None:  # a resolver that never answers
+        release.wait(30)
+        return None
+
+    harness.probe_hook = hanging
+    try:
+        outcome = harness.first_deploy()
+    finally:
+        release.set()
+    assert "did not answer within 0.2 s (no answer)" in outcome.stderr
+    assert outcome.stdout.startswith("url:  https://notes.fake.test")
+
+
+def test_no_url_from_the_platform_skips_the_probe_and_prints_none(harness: Harness) -> None:
+    harness.remote.outcome_url = ""
+    harness.remote.healthy_url = ""
+    outcome = harness.first_deploy()
+    assert harness.probes == []
+    assert "skipping the direct GET /health" in outcome.stderr
+    assert outcome.stdout == "url:  -\nsync: -\n"
+    data = json.loads(state_path(harness.project).read_text())
+    assert data["url"] is None and data["sync_url"] is None
+    as_json = json.loads(harness.deploy("--confirm", "--json").stdout)
+    assert as_json["url"] is None and as_json["sync_url"] is None and as_json["next_step"] is None
+
+
+def test_the_url_the_health_wait_found_is_used_and_http_gives_a_ws_sync_url(harness: Harness) -> None:
+    harness.remote.outcome_url = ""  # like ECS: the task's address is known only once it runs
+    harness.remote.healthy_url = "http://203.0.113.7:3001"
+    outcome = harness.first_deploy()
+    assert outcome.stdout == "url:  http://203.0.113.7:3001\nsync: ws://203.0.113.7:3001/offline-sync\n"
+    assert harness.probes == ["http://203.0.113.7:3001/health"]
+    data = json.loads(state_path(harness.project).read_text())
+    assert (data["url"], data["sync_url"]) == (
+        "http://203.0.113.7:3001",
+        "ws://203.0.113.7:3001/offline-sync",
+    )
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        ("https://notes.fly.dev", "wss://notes.fly.dev/offline-sync"),
+        ("https://notes.fly.dev/", "wss://notes.fly.dev/offline-sync"),
+        ("http://203.0.113.7:3001", "ws://203.0.113.7:3001/offline-sync"),
+        ("HTTP://10.0.0.1:8080/x", "ws://10.0.0.1:8080/offline-sync"),
+        ("notes.example.com", "wss://notes.example.com/offline-sync"),
+        ("", None),
+        (None, None),
+    ],
+)
+def test_sync_url_follows_the_scheme(url: str | None, expected: str | None) -> None:
+    from platform_adapters.base import DeployOutcome, sync_url_for
+
+    assert sync_url_for(url) == expected
+    if url is not None:
+        assert DeployOutcome(url, "d1").sync_url == (expected or "")
 
 
 # -- status, logs -----------------------------------------------------------------------------------------------
@@ -532,12 +644,17 @@ def test_help_imports_no_heavy_deploy_dependency() -> None:
         "        cli(args, prog_name='offline')\n"
         "    except SystemExit:\n"
         "        pass\n"
-        "    heavy = [m for m in ('boto3', 'docker', 'jinja2', 'questionary', 'prompt_toolkit', 'shiv') if m in sys.modules]\n"
+        "    heavy = [m for m in ('boto3', 'docker', 'jinja2', 'questionary', 'prompt_toolkit', 'shiv',\n"
+        "                         'offline.store', 'offline_cli.deploy.flow') if m in sys.modules]\n"
         "    print('HEAVY', args[0], heavy)\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert "HEAVY --help []" in result.stdout and "HEAVY deploy []" in result.stdout
+
+
+def test_the_command_module_names_the_same_deploy_folder_as_the_state_module() -> None:
+    assert deploy_command.DEPLOY_DIR == DEPLOY_DIR
 
 
 # -- the direct health probe ----------------------------------------------------------------------------------
@@ -562,6 +679,9 @@ def test_probe_health_answers_none_when_healthy_and_why_otherwise() -> None:
         base = f"http://127.0.0.1:{server.server_address[1]}"
         assert probe_health(f"{base}/health", 5) is None
         assert probe_health(f"{base}/down", 0.5) == "HTTP 503"
+        # What an empty URL used to become: a problem to report, never an exception.
+        assert probe_health("/health", 0.5) is not None
+        assert probe_health("wss:///offline-sync/health", 0.5) is not None
     finally:
         server.shutdown()
         server.server_close()

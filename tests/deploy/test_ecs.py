@@ -177,9 +177,9 @@ def test_task_definition_is_one_fargate_container_with_health_check_and_logs() -
     }
 
 
-def test_health_check_command_is_python_fetching_health_on_the_port() -> None:
+def test_health_check_command_is_python3_fetching_health_on_the_port() -> None:
     command = health_check_command(8080)
-    assert command[:3] == ["CMD", "python", "-c"]
+    assert command[:3] == ["CMD", "python3", "-c"]  # Debian-style images may have no `python`
     assert "urllib.request.urlopen('http://localhost:8080/health'" in command[3]
     compile(command[3], "<health check>", "exec")  # a syntax error would fail every task
 

@@ -269,9 +269,8 @@ def test_first_deploy_without_database_url_keeps_sqlite_on_a_volume(
     railway.set_world("railway", {"workspaces": 2})
     RailwayAdapter().provision(ctx)
 
-    sqlite_vars = [
-        "--set", "PORT=3001", "--set", "OFFLINE_SERVER_DB=/data/offline-server.db", "--set", "RAILWAY_RUN_UID=0",
-    ]  # fmt: skip
+    # No RAILWAY_RUN_UID: the image itself starts as root and hands /data to its user (zipapp entry).
+    sqlite_vars = ["--set", "PORT=3001", "--set", "OFFLINE_SERVER_DB=/data/offline-server.db"]
     assert railway.argvs() == [
         STATUS,
         [*INIT, "--workspace", "team"],

@@ -41,7 +41,7 @@ def test_templates_ship_with_the_package() -> None:
         dockerfile_templates.template_path("nope.j2")
 
 
-def test_dockerfile_runs_the_zipapp_as_a_non_root_user_with_one_port(tmp_path: Path) -> None:
+def test_dockerfile_runs_the_zipapp_with_python3_and_one_port(tmp_path: Path) -> None:
     text = _render(tmp_path, has_client=True, port=8080, python_version="3.12")
     assert "ARG BASE_IMAGE=python:3.12-slim" in text
     assert "FROM ${BASE_IMAGE}" in text
@@ -49,16 +49,24 @@ def test_dockerfile_runs_the_zipapp_as_a_non_root_user_with_one_port(tmp_path: P
     assert "COPY client/ /app/client/" in text
     assert "ENV OFFLINE_STATIC_DIR=/app/client" in text
     assert "OFFLINE_SERVER_DB=/data/offline-server.db" in text
-    assert f"chown {CONTAINER_UID}:{CONTAINER_UID} /data" in text
-    assert re.search(r"^USER (\d+):\d+$", text, re.M) and f"USER {CONTAINER_UID}" in text
-    assert 'CMD ["python", "/app/server.pyz"]' in text
+    # Debian-style images may have only python3 (no `python`): the CMD and the health check use it.
+    assert 'CMD ["python3", "/app/server.pyz"]' in text
+    assert re.search(r'"python"', text) is None
     # One port everywhere: PORT, EXPOSE and the health check's fallback.
     assert "PORT=8080" in text and "EXPOSE 8080" in text and "'8080'" in text
     assert re.findall(r"\b(\d{4})\b", text.split("HEALTHCHECK", 1)[1]).count("8080") == 1
     healthcheck = text[text.index("HEALTHCHECK") :]
+    assert 'CMD ["python3", "-c"' in healthcheck
     assert "urllib.request" in healthcheck and "/health" in healthcheck and "curl" not in healthcheck
-    # The USER line comes after everything that needs root.
-    assert text.index("USER") > text.index("RUN ") and text.index("USER") > text.index("COPY")
+
+
+def test_dockerfile_starts_as_root_and_names_the_user_the_entry_drops_to(tmp_path: Path) -> None:
+    text = _render(tmp_path, has_client=False)
+    # Root at start (to hand a root-owned volume to the server's user); the entry drops to OFFLINE_RUN_AS.
+    assert re.search(r"^USER\b", text, re.M) is None
+    assert f"OFFLINE_RUN_AS={CONTAINER_UID}:{CONTAINER_UID}" in text
+    # /data is the server's already in the image, for an engine started with --user.
+    assert f"chown {CONTAINER_UID}:{CONTAINER_UID} /data" in text
 
 
 def test_dockerfile_without_client_copies_only_the_server(tmp_path: Path) -> None:

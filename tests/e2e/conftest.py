@@ -49,11 +49,11 @@ import pytest
 
 from tests.support.servers import free_port
 
-BASE_IMAGE_VERSION = "bookworm-py311-1"
+BASE_IMAGE_VERSION = "bookworm-py311-2"
 BASE_IMAGE_REPOSITORY = "localhost/offline-test-base"
-#: python-is-python3 because python:3.x-slim (the Dockerfile's default base) has `python`, and the
-#: generated Dockerfile runs `python`; ca-certificates as in the slim images.
-BASE_PACKAGES = ("python3", "python-is-python3", "ca-certificates")
+#: Only python3, no `python` command (no python-is-python3): the generated Dockerfile must work on
+#: Debian-style images that lack it. ca-certificates as in the slim images.
+BASE_PACKAGES = ("python3", "ca-certificates")
 DEBIAN_SUITE = "bookworm"
 DEFAULT_DEBIAN_MIRROR = "http://deb.debian.org/debian"
 

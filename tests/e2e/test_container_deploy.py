@@ -2,8 +2,10 @@
 DockerEngine, run it, and sync two Python clients through the server inside the container (issue 7).
 
 The project is a copy of examples/todo. The base image is the local Debian + CPython 3.11 image of
-``conftest.base_image``, passed as the Dockerfile's BASE_IMAGE build argument (no registry is reachable).
-The container gets no store settings, so the server uses the SQLite file the Dockerfile points at.
+``conftest.base_image`` (python3 only, no `python` command), passed as the Dockerfile's BASE_IMAGE build
+argument (no registry is reachable). The container gets no store settings, so the server uses the SQLite file
+the Dockerfile points at, in /data, where a fresh root-owned folder is mounted the way Fly.io and Railway mount
+their volumes: the image must hand it to its unprivileged user and run the server as that user.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import pytest
 from offline import create_app
 from offline.core.schema import SchemaDefinition
 from offline.store import App
+from offline_cli.deploy.templates import CONTAINER_UID
 from platform_adapters.container_engine import DockerEngine
 from tests.e2e.conftest import Engine
 from tests.support.servers import free_port
@@ -67,12 +70,15 @@ def image_tag(container_engine: Engine) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def running_container(engine: Engine, image: str, container_port: int, host_port: int) -> Iterator[Any]:
+def running_container(
+    engine: Engine, image: str, container_port: int, host_port: int, volumes: dict[str, Any] | None = None
+) -> Iterator[Any]:
     container = engine.client.containers.run(
         image,
         detach=True,
         name=f"offline-e2e-{uuid.uuid4().hex[:12]}",
         ports={f"{container_port}/tcp": ("127.0.0.1", host_port)},
+        volumes=volumes or {},
     )
     try:
         yield container
@@ -107,6 +113,18 @@ async def wait_for(condition: Callable[[], bool], what: str, timeout: float = TI
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for: {what}")
         await asyncio.sleep(0.05)
+
+
+def process_ids(container: Any) -> dict[str, list[int]]:
+    """Uid, Gid and Groups of the container's PID 1 (the server), from /proc/1/status."""
+    done = container.exec_run(["cat", "/proc/1/status"])
+    assert done.exit_code == 0, done.output
+    ids: dict[str, list[int]] = {}
+    for line in done.output.decode().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("Uid", "Gid", "Groups"):
+            ids[key] = [int(item) for item in value.split()]
+    return ids
 
 
 def snapshot(app: App) -> dict[str, list[dict[str, Any]]]:
@@ -144,16 +162,30 @@ def test_generated_image_builds_runs_and_syncs_two_clients(
     assert exposed == [int(environment["PORT"])]
     assert "OFFLINE_SERVER_STORE" not in environment  # SQLite, the store a real deploy gets by default
 
+    # A fresh volume as Fly.io and Railway mount one: an empty folder owned by root, writable only by root.
+    database = Path(environment["OFFLINE_SERVER_DB"])
+    volume = tmp_path / "volume"
+    volume.mkdir(mode=0o755)
+    assert (volume.stat().st_uid, volume.stat().st_gid) == (0, 0)
+    mounts = {str(volume): {"bind": str(database.parent), "mode": "rw"}}
+
     host_port = free_port()
-    with running_container(container_engine, image_tag, exposed[0], host_port) as container:
+    with running_container(container_engine, image_tag, exposed[0], host_port, mounts) as container:
         health = wait_for_health(container, f"http://127.0.0.1:{host_port}/health")
         assert health["status"] == "ok", health
+        # The server runs as the unprivileged user, with no group of root's left.
+        ids = process_ids(container)
+        assert ids["Uid"] == [CONTAINER_UID] * 4 and ids["Gid"] == [CONTAINER_UID] * 4, ids
+        assert ids["Groups"] == [], ids
+        # The base image has python3 only: CMD and HEALTHCHECK must not need a `python` command.
+        assert container.exec_run(["sh", "-c", "command -v python"]).exit_code != 0
         asyncio.run(sync_two_clients(todo_project / "schema.py", host_port, tmp_path))
-        # The operations live in the SQLite file the Dockerfile names, in the container's writable layer.
-        database = environment["OFFLINE_SERVER_DB"]
-        listing = container.exec_run(["python3", "-c", f"import os; print(os.path.getsize({database!r}))"])
-        assert listing.exit_code == 0, listing.output
-        assert int(listing.output.decode().strip()) > 0
+        # The operations live in the SQLite file the Dockerfile names, on the mounted volume, and the file and
+        # the folder now belong to the server's user.
+        stored = volume / database.name
+        assert stored.is_file() and stored.stat().st_size > 0
+        assert (stored.stat().st_uid, stored.stat().st_gid) == (CONTAINER_UID, CONTAINER_UID)
+        assert (volume.stat().st_uid, volume.stat().st_gid) == (CONTAINER_UID, CONTAINER_UID)
         container.stop(timeout=10)
         container.reload()
         assert container.status == "exited"

@@ -104,7 +104,7 @@ class FakeCliEnv:
 def write_build_context(deploy_dir: Path, *, client: bool = False) -> Path:
     """What the deploy command leaves in ``.offline/deploy`` before the adapter runs."""
     deploy_dir.mkdir(parents=True, exist_ok=True)
-    (deploy_dir / "Dockerfile").write_text('FROM python:3.11-slim\nCMD ["python", "/app/server.pyz"]\n')
+    (deploy_dir / "Dockerfile").write_text('FROM python:3.11-slim\nCMD ["python3", "/app/server.pyz"]\n')
     (deploy_dir / ".dockerignore").write_text("*\n!server.pyz\n!client/\n")
     (deploy_dir / "server.pyz").write_bytes(b"PK\x05\x06" + b"\x00" * 18)
     if client:
