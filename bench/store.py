@@ -1,5 +1,5 @@
-"""Local store figures (issue 3): durable inserts, a 1,000-row query, write-to-subscription latency and
-folding remote operations into records."""
+"""Local store figures (issue 3): durable inserts (and the raw SQLite floor under them), a 1,000-row query,
+write-to-subscription latency and folding remote operations into records."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import Any
 
 from bench.timing import best_of
 from offline import create_app, define_schema, op, t
+from offline.store.database import LocalDatabase
 
 SCHEMA = define_schema(
     {
@@ -43,6 +44,28 @@ def _inserts(folder: str, n: int, batched: bool) -> float:
             app.todos.insert({"title": f"todo {i}"})
     elapsed = time.perf_counter() - start
     app.close()
+    return elapsed
+
+
+def _raw_inserts(folder: str, n: int) -> float:
+    """The floor under ``_inserts``: the same operation rows (taken from an app's log) inserted with plain
+    sqlite3 into a database with the store's own tables and settings, one transaction each."""
+    source = create_app(SCHEMA, path=os.path.join(folder, "raw-source.db"))
+    with source.batch():
+        for i in range(n):
+            source.todos.insert({"title": f"todo {i}"})
+    rows = source.db.conn.execute(
+        "SELECT id, node_id, sequence_number, collection, record_id, hlc, wire, local, status, delivery "
+        "FROM _offline_ops ORDER BY sequence_number"
+    ).fetchall()
+    source.close()
+    target = create_app(SCHEMA, path=os.path.join(folder, "raw-target.db"))  # tables and pragmas
+    conn = target.db.conn
+    start = time.perf_counter()
+    for row in rows:
+        conn.execute(LocalDatabase._INSERT_OP, row)  # autocommit: one transaction each
+    elapsed = time.perf_counter() - start
+    target.close()
     return elapsed
 
 
@@ -106,6 +129,7 @@ def run(full: bool = True) -> dict[str, Any]:
         figures: dict[str, Any] = {
             "inserts_10000_each_durable_s": round(_inserts(folder, 10_000, batched=False), 3),
             "inserts_10000_one_batch_s": round(_inserts(folder, 10_000, batched=True), 3),
+            "inserts_10000_raw_sqlite_s": round(_raw_inserts(folder, 10_000), 3),
         }
         figures.update(_query_and_notify(folder))
         figures.update(_fold(folder, 20_000 if full else 2_000, 4))

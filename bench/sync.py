@@ -175,13 +175,8 @@ async def _worker_app_writer(args: dict[str, Any]) -> None:
     """A real client. ``go`` with mode 'flood' (batches of ``batch`` as fast as it can) or 'paced'."""
     app = create_app(SCHEMA, path=args["db"], sync={"url": args["url"]})
     queue = _stdin_commands(asyncio.get_running_loop())
-    sent_ops = 0
-
-    def on_sent(event: Any) -> None:
-        nonlocal sent_ops
-        sent_ops += int(event.get("batchSize") or 0)
-
-    app.events.on("sync:sent", on_sent)
+    # The engine's own count: a sync:sent listener would make it decode every operation it sends again.
+    sent_base = 0
     await app.sync.connect(timeout=60)
     await app.sync.wait_until_synced(timeout=60)
     _emit({"ready": True})
@@ -191,7 +186,7 @@ async def _worker_app_writer(args: dict[str, Any]) -> None:
             break
         duration = float(command["duration"])
         written = 0
-        sent_ops = 0
+        sent_base = app.sync.sent_operations
         start = time.time()
         if command["mode"] == "flood":
             batch = int(command["batch"])
@@ -229,7 +224,8 @@ async def _worker_app_writer(args: dict[str, Any]) -> None:
                 "acked_at": time.time(),
                 "ack_timed_out": timed_out,
                 "pending": app.sync.pending,
-                "sent": sent_ops,  # more than written: batches were sent again (no ack in ack_timeout)
+                # More than written: batches were sent again (no ack in ack_timeout).
+                "sent": app.sync.sent_operations - sent_base,
             }
         )
     await app.sync.disconnect()
@@ -377,7 +373,7 @@ async def _worker_raw_subscribers(args: dict[str, Any]) -> None:
         async for frame in ws:
             if isinstance(frame, bytes):
                 frame = frame.decode()
-            found = dict(pattern.findall(frame[-200:]))
+            found = dict(pattern.findall(frame[:400]))  # the envelope fields precede the operations
             if "maxDeliverySequence" in found and "baseDeliverySequence" in found:
                 got = int(found["maxDeliverySequence"]) - int(found["baseDeliverySequence"])
                 if got:

@@ -147,6 +147,9 @@ class RecordState:
 # state with anything unexpected where a key belongs is written in the plain form.
 
 
+_ABSENT: Any = object()
+
+
 class _Irregular(Exception):
     """A state the compact form does not describe (it is then written in the plain form)."""
 
@@ -160,6 +163,10 @@ def _encode_state(
         map(isinstance, chain.from_iterable(graph.values()), repeat(str))
     ):
         return compact_json(plain)
+    if len(graph) == 1:
+        single = _encode_single(graph, exist, has_insert, fields)
+        if single is not None:
+            return single
     index = {op_id: i for i, op_id in enumerate(graph)}
     get = index.get
     entries: list[list[Any]] = [[op_id, list(map(get, deps, deps))] for op_id, deps in graph.items()]
@@ -194,13 +201,19 @@ def _encode_state(
                 raise _Irregular
             compact_exist = [ref(exist[0]), *exist[1:]]
         registers: dict[str, Any] = {}
+        known = refs.get
         for name, reg in fields.items():
-            if "k" in reg or "lk" in reg:
-                reg = dict(reg)
-                if "k" in reg:
-                    reg["k"] = ref(reg["k"])
-                if "lk" in reg:
-                    reg["lk"] = ref(reg["lk"])
+            # The same key list usually stands in "k", "lk" and "e" alike: look it up by identity first.
+            key = reg.get("k", _ABSENT)
+            last = reg.get("lk", _ABSENT)
+            if key is not _ABSENT or last is not _ABSENT:
+                reg = reg.copy()
+                if key is not _ABSENT:
+                    found = known(id(key))
+                    reg["k"] = found if found is not None else ref(key)
+                if last is not _ABSENT:
+                    found = known(id(last))
+                    reg["lk"] = found if found is not None else ref(last)
             added = reg.get("a")
             if type(added) is dict and (added or reg.get("r")):  # an add-wins set that holds something
                 reg = dict(reg)
@@ -215,6 +228,49 @@ def _encode_state(
     except (_Irregular, TypeError):
         return compact_json(plain)
     return compact_json({"g": entries, "e": compact_exist, "i": has_insert, "f": registers})
+
+
+def _encode_single(
+    graph: dict[str, list[str]], exist: list[Any] | None, has_insert: bool, fields: dict[str, dict[str, Any]]
+) -> str | None:
+    """The compact text of a state made by one operation (a record just inserted), as `_encode_state`
+    writes it, without its general machinery; None when the state is not of that plain shape."""
+    ((op_id, deps),) = graph.items()
+    if op_id in deps or type(exist) is not list or not exist:
+        return None
+    key = exist[0]
+    if type(key) is not list or len(key) != 4 or key[3] != op_id:
+        return None
+    wall, logical, node, _ = key
+    if type(wall) is not int or type(logical) is not int or type(node) is not str:
+        return None
+    registers: dict[str, Any] = {}
+    for name, reg in fields.items():
+        if "a" in reg:
+            added = reg["a"]
+            if type(added) is not dict or added or reg.get("r"):
+                return None
+        k = reg.get("k", _ABSENT)
+        last = reg.get("lk", _ABSENT)
+        if k is not _ABSENT or last is not _ABSENT:
+            reg = reg.copy()
+            if k is not _ABSENT:
+                if k is not key and k != key:
+                    return None
+                reg["k"] = 0
+            if last is not _ABSENT:
+                if last is not key and last != key:
+                    return None
+                reg["lk"] = 0
+        registers[name] = reg
+    return compact_json(
+        {
+            "g": [[op_id, list(deps), wall, logical, node]],
+            "e": [0, *exist[1:]],
+            "i": has_insert,
+            "f": registers,
+        }
+    )
 
 
 def _compact_additions(additions: Any, locate: Callable[[Any], Any]) -> list[Any]:
@@ -447,8 +503,10 @@ class MergeEngine:
         for name, value in data.items():
             kind = plan.kinds[name]
             register = state.fields.get(name)
-            conflict = self._apply_field(plan, state, name, kind, register, op, key, value, previous)
-            if conflict is not None and want_conflicts:
+            conflict = self._apply_field(
+                plan, state, name, kind, register, op, key, value, previous, want_conflicts
+            )
+            if conflict is not None:
                 conflicts.append(conflict)
         return conflicts
 
@@ -469,11 +527,14 @@ class MergeEngine:
         key: OpKey,
         value: Any,
         previous: dict[str, Any],
+        want_conflict: bool = True,
     ) -> Conflict | None:
         fields = state.fields
         last_key: OpKey | None = register.get("lk") if register else None
         base = previous.get(name)
-        concurrent = last_key is not None and self._concurrent(state, last_key, key)
+        # Concurrency only decides whether a conflict is reported, never the value: a caller that does not
+        # want the conflicts skips the walk of the causal graph.
+        concurrent = want_conflict and last_key is not None and self._concurrent(state, last_key, key)
         # The losing side's value is only needed for a trace; read it before the register changes.
         last_value = self.value_of(plan, name, register, state) if concurrent else None
 

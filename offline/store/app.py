@@ -521,7 +521,7 @@ class App:
                 earlier = [
                     o
                     for o in (
-                        self.db.load_operation(i)
+                        self.db.load_operation(i, (violation.collection, loser_id))
                         for i in (state.graph if state else {})
                         if i not in committed
                     )
@@ -584,27 +584,75 @@ class App:
                     INVALID_OPERATION,
                     {"field": "id", "reason": "HASH_MISMATCH", "operationId": op.id},
                 )
+            incoming.append(op)
+        return self.apply_verified(incoming, None, delivery=delivery, watermark=watermark, started=started)
+
+    def apply_verified(
+        self,
+        incoming: list[Operation],
+        wires: list[str] | None,
+        *,
+        delivery: int | None = None,
+        watermark: int | None = None,
+        started: float | None = None,
+    ) -> list[Operation]:
+        """`apply()` of operations whose ids were verified; ``wires`` (parallel, optional) are their compact
+        wire JSON texts, stored as they are instead of encoding each operation again (the sync engine has
+        them from decoding). The whole batch is one transaction: each record is loaded, folded and written
+        once, however many of the operations it receives."""
+        self._check_open()
+        if started is None:
+            started = time.perf_counter()
+        for op in incoming:
             if op.collection not in self.codecs:
                 raise OfflineError(
                     f"operation {op.id} is for unknown collection {op.collection!r}",
                     INVALID_OPERATION,
                     {"field": "collection", "collection": op.collection, "operationId": op.id},
                 )
-            incoming.append(op)
         if not incoming:
             if watermark is not None:
                 with self.db.lock, self.db.transaction():
                     if watermark > int(self.db.get_meta("delivery_watermark") or 0):
                         self.db.set_meta("delivery_watermark", str(watermark))
             return []
+        events = self.events
+        # Conflicts only become traces for these listeners; without them the fold skips detecting them.
+        want_traces = (
+            events.has_listeners("merge:conflict")
+            or events.has_listeners("merge:completed")
+            or events.has_listeners("merge:started")
+        )
         traces: list[tuple[Operation, Conflict]] = []
         self.flush()
         with self.db.lock, self.db.transaction():
-            known = self.db.known_ids(op.id for op in incoming)
+            # Duplicates: the same id at the same (node, sequence number); the same place held by another
+            # id, or taken twice in this batch, is a forgery and refuses the whole batch.
+            held = self.db.held_ids(incoming)
             fresh: dict[str, Operation] = {}
-            for op in incoming:
-                if op.id not in known and op.id not in fresh:
-                    fresh[op.id] = op
+            taken: dict[tuple[str, int], str] = {}
+            wire_of: dict[str, str] = {}
+            forged: Operation | None = None
+            for index, op in enumerate(incoming):
+                place = (op.node_id, op.sequence_number)
+                have = held.get(place) or taken.get(place)
+                if have is not None:
+                    if have != op.id and forged is None:
+                        forged = op
+                    continue
+                if op.id in fresh:
+                    continue  # the same operation again, under another place (a misbehaving peer)
+                taken[place] = op.id
+                fresh[op.id] = op
+                if wires is not None:
+                    wire_of[op.id] = wires[index]
+            if forged is not None:
+                raise OfflineError(
+                    f"operation {forged.id} reuses sequence number {forged.sequence_number} of node "
+                    f"{forged.node_id} with different content",
+                    INVALID_OPERATION,
+                    {"field": "sequenceNumber", "operationId": forged.id},
+                )
             if watermark is not None:
                 # The server's delivery sequence of this batch, committed with its operations, so a restart
                 # resumes exactly after what was applied.
@@ -613,34 +661,41 @@ class App:
                     self.db.set_meta("delivery_watermark", str(watermark))
             if not fresh:
                 return []
-            forged = self.db.find_conflicting(fresh.values())
-            if forged:
-                raise OfflineError(
-                    f"operation {forged[0].id} reuses sequence number {forged[0].sequence_number} of node "
-                    f"{forged[0].node_id} with different content",
-                    INVALID_OPERATION,
-                    {"field": "sequenceNumber", "operationId": forged[0].id},
-                )
             ordered = topological_sort(fresh.values())
-            for op in ordered:
-                try:
-                    self.clock.receive(op.timestamp)
-                except OfflineError as exc:
-                    if exc.code == CLOCK_DRIFT:
-                        raise OfflineError(
-                            f"operation {op.id} is stamped more than 5 minutes ahead of this clock",
-                            CLOCK_DRIFT,
-                            {**(exc.context or {}), "operationId": op.id},
-                        ) from None
-                    raise
+            # Receiving the latest timestamp of the batch leaves the clock after every one of them, as
+            # receiving each in turn would; and if any is too far ahead, that one is.
+            latest = max(ordered, key=_timestamp_key)
+            try:
+                self.clock.receive(latest.timestamp)
+            except OfflineError as exc:
+                if exc.code == CLOCK_DRIFT:
+                    raise OfflineError(
+                        f"operation {latest.id} is stamped more than 5 minutes ahead of this clock",
+                        CLOCK_DRIFT,
+                        {**(exc.context or {}), "operationId": latest.id},
+                    ) from None
+                raise
             keys = list(dict.fromkeys((op.collection, op.record_id) for op in ordered))
             states = self.db.load_states(keys)
+            # An id its record's state already holds is a duplicate held under another sequence number
+            # (only a misbehaving peer resends an operation so): keep one copy.
+            repeated = {
+                op.id
+                for op in ordered
+                if (state := states.get((op.collection, op.record_id))) is not None and op.id in state.graph
+            }
+            if repeated:
+                ordered = [op for op in ordered if op.id not in repeated]
+                if not ordered:
+                    return []
+                keys = list(dict.fromkeys((op.collection, op.record_id) for op in ordered))
+            engine_apply = self.engine.apply
             for op in ordered:
                 key = (op.collection, op.record_id)
                 state = states.get(key)
                 if state is None:
                     state = states[key] = RecordState()
-                for conflict in self.engine.apply(state, op):
+                for conflict in engine_apply(state, op, want_conflicts=want_traces):
                     traces.append((op, conflict))
             staged = self._batch.staged if self._batch is not None else {}
             materialize = self.engine.materialize
@@ -653,12 +708,29 @@ class App:
                     # Inside app.batch(): the batch's copy is written again at commit; keep it current.
                     staged[(collection, record_id)] = state
             self._write_records(items)
-            self.db.insert_operations(
-                [
-                    self.db.op_row(op, local=op.node_id == self.node_id, status=ACKED, delivery=delivery)
+            node_id = self.node_id
+            if wires is None:
+                op_row = self.db.op_row
+                rows = [
+                    op_row(op, local=op.node_id == node_id, status=ACKED, delivery=delivery) for op in ordered
+                ]
+            else:
+                rows = [
+                    (
+                        op.id,
+                        op.node_id,
+                        op.sequence_number,
+                        op.collection,
+                        op.record_id,
+                        serialize_timestamp(op.timestamp),
+                        wire_of[op.id],
+                        1 if op.node_id == node_id else 0,
+                        ACKED,
+                        delivery,
+                    )
                     for op in ordered
                 ]
-            )
+            self.db.insert_operations(rows)
             vector: dict[str, int] = {}
             for op in ordered:
                 vector[op.node_id] = max(vector.get(op.node_id, -1), op.sequence_number)
@@ -671,7 +743,7 @@ class App:
 
     def _trace(self, op: Operation, conflict: Conflict) -> MergeTrace | None:
         other_id = conflict.earlier_op if conflict.later_op == op.id else conflict.later_op
-        other = self.db.load_operation(other_id)
+        other = self.db.load_operation(other_id, (op.collection, op.record_id))
         if other is None:
             return None
         a, b = (other, op) if conflict.earlier_op == other_id else (op, other)
@@ -738,6 +810,11 @@ class App:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _timestamp_key(op: Operation) -> tuple[int, int, str]:
+    ts = op.timestamp
+    return (ts.wall_time, ts.logical, ts.node_id)
 
 
 def _local_operation(

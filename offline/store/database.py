@@ -26,14 +26,16 @@ PENDING = 0  # written here, not yet acknowledged by a server
 ACKED = 1  # acknowledged (or received from elsewhere)
 REJECTED = 2  # refused by the server: kept for the record, excluded from every fold
 
-_INTERNAL = (
-    """CREATE TABLE IF NOT EXISTS _offline_meta (key TEXT PRIMARY KEY NOT NULL, value TEXT NOT NULL)""",
-    # Keyed by (node, sequence number), which a node never reuses, plus the content id: two B-trees, so a
-    # local write commits one row cheaply. Arrival order is not needed: records are a function of the set.
-    """CREATE TABLE IF NOT EXISTS _offline_ops (
+# Keyed by (node, sequence number), which a node never reuses: a node's operations are appended in order,
+# so a local write adds to the last page of the table. Operation ids are content hashes, spread at random:
+# an index on them cost most of the write (a random page per write, hundreds per received batch), so there
+# is none. Duplicates are found by (node, sequence number), or by the id in the record's merge state; an
+# operation is looked up by its place, or by id within its record's operations (the record index), and
+# only a caller that knows neither (a refusal from a past session) searches the whole log.
+_OPS_TABLE = """CREATE TABLE IF NOT EXISTS _offline_ops (
         node_id TEXT NOT NULL,
         sequence_number INTEGER NOT NULL,
-        id TEXT NOT NULL UNIQUE,
+        id TEXT NOT NULL,
         collection TEXT NOT NULL,
         record_id TEXT NOT NULL,
         hlc TEXT NOT NULL,
@@ -42,13 +44,45 @@ _INTERNAL = (
         status INTEGER NOT NULL DEFAULT 0,
         delivery INTEGER,
         PRIMARY KEY (node_id, sequence_number)
-    ) WITHOUT ROWID""",
+    ) WITHOUT ROWID"""
+_OPS_COLUMNS = "node_id, sequence_number, id, collection, record_id, hlc, wire, local, status, delivery"
+
+_INTERNAL = (
+    """CREATE TABLE IF NOT EXISTS _offline_meta (key TEXT PRIMARY KEY NOT NULL, value TEXT NOT NULL)""",
+    _OPS_TABLE,
+    # Records are mostly written in the order they were created (UUID v7 ids): appends again.
+    """CREATE INDEX IF NOT EXISTS _offline_ops_record ON _offline_ops (collection, record_id)""",
     """CREATE TABLE IF NOT EXISTS _offline_vv (node_id TEXT PRIMARY KEY NOT NULL, seq INTEGER NOT NULL)""",
     """CREATE TABLE IF NOT EXISTS _offline_state (
         collection TEXT NOT NULL, record_id TEXT NOT NULL, state TEXT NOT NULL,
         PRIMARY KEY (collection, record_id)
     ) WITHOUT ROWID""",
 )
+
+
+def _upgrade_operation_log(conn: sqlite3.Connection) -> None:
+    """Rebuild an operation log written with a unique index on the id (before the layout above), once."""
+
+    def outdated() -> bool:
+        # index_list rows: (seq, name, unique, origin, partial); origin "u" is a UNIQUE column constraint.
+        return any(row[3] == "u" for row in conn.execute("PRAGMA index_list('_offline_ops')"))
+
+    if not outdated():
+        return
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        if outdated():  # another process may have done it meanwhile
+            conn.execute("ALTER TABLE _offline_ops RENAME TO _offline_ops_before_upgrade")
+            conn.execute(_OPS_TABLE)
+            conn.execute(
+                f"INSERT INTO _offline_ops ({_OPS_COLUMNS}) "
+                f"SELECT {_OPS_COLUMNS} FROM _offline_ops_before_upgrade"
+            )
+            conn.execute("DROP TABLE _offline_ops_before_upgrade")
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
 
 
 def storage_error(message: str, exc: BaseException | None = None, **context: Any) -> OfflineError:
@@ -119,6 +153,10 @@ class LocalDatabase:
         conn.execute(f"PRAGMA synchronous={'FULL' if durability == 'full' else 'NORMAL'}")
         conn.execute("PRAGMA foreign_keys=OFF")
         conn.execute("PRAGMA busy_timeout=5000")
+        try:
+            _upgrade_operation_log(conn)
+        except sqlite3.Error as exc:
+            raise storage_error(f"cannot upgrade the operation log of {path!r}", exc, path=path) from exc
         for statement in _INTERNAL:
             conn.execute(statement)
 
@@ -157,20 +195,36 @@ class LocalDatabase:
 
     # -- operation log ----------------------------------------------------------------------------------------
 
-    def has_operation(self, op_id: str) -> bool:
-        return self.conn.execute("SELECT 1 FROM _offline_ops WHERE id = ?", (op_id,)).fetchone() is not None
-
-    def known_ids(self, ids: Iterable[str]) -> set[str]:
-        ids = list(ids)
-        found: set[str] = set()
-        for start in range(0, len(ids), 500):
-            chunk = ids[start : start + 500]
-            marks = ",".join("?" for _ in chunk)
-            found.update(
-                row[0]
-                for row in self.conn.execute(f"SELECT id FROM _offline_ops WHERE id IN ({marks})", chunk)
-            )
-        return found
+    def held_ids(self, ops: Iterable[Operation]) -> dict[tuple[str, int], str]:
+        """The ids of the held operations at the (node, sequence number) of ``ops``: a held id equal to an
+        op's id makes it a duplicate; a different one, a forgery (a node never reuses a sequence number)."""
+        by_node: dict[str, list[int]] = {}
+        for op in ops:
+            by_node.setdefault(op.node_id, []).append(op.sequence_number)
+        held: dict[tuple[str, int], str] = {}
+        for node_id, sequences in by_node.items():
+            sequences.sort()
+            low, high = sequences[0], sequences[-1]
+            if high - low < 2 * len(sequences) + 500:
+                # A run of sequence numbers (the usual batch): one range scan, no list of parameters.
+                rows = self.conn.execute(
+                    "SELECT sequence_number, id FROM _offline_ops WHERE node_id = ? "
+                    "AND sequence_number BETWEEN ? AND ?",
+                    (node_id, low, high),
+                )
+                wanted = set(sequences)
+                held.update(((node_id, seq), op_id) for seq, op_id in rows if seq in wanted)
+                continue
+            for start in range(0, len(sequences), 500):
+                chunk = sequences[start : start + 500]
+                marks = ",".join("?" * len(chunk))
+                for seq, op_id in self.conn.execute(
+                    "SELECT sequence_number, id FROM _offline_ops WHERE node_id = ? "
+                    f"AND sequence_number IN ({marks})",
+                    [node_id, *chunk],
+                ):
+                    held[(node_id, seq)] = op_id
+        return held
 
     _INSERT_OP = (
         "INSERT INTO _offline_ops (id, node_id, sequence_number, collection, record_id, hlc, wire, local, "
@@ -182,32 +236,6 @@ class LocalDatabase:
             self.conn.execute(self._INSERT_OP, rows[0])
         else:
             self.conn.executemany(self._INSERT_OP, rows)
-
-    def find_conflicting(self, ops: Iterable[Operation]) -> list[Operation]:
-        """Held operations that reuse the (node, sequence number) of ``ops`` with different content."""
-        ops = list(ops)
-        by_node: dict[str, list[int]] = {}
-        for op in ops:
-            by_node.setdefault(op.node_id, []).append(op.sequence_number)
-        held: dict[tuple[str, int], str] = {}
-        for node_id, sequences in by_node.items():
-            for start in range(0, len(sequences), 500):
-                chunk = sequences[start : start + 500]
-                marks = ",".join("?" * len(chunk))
-                for seq, op_id in self.conn.execute(
-                    "SELECT sequence_number, id FROM _offline_ops WHERE node_id = ? "
-                    f"AND sequence_number IN ({marks})",
-                    [node_id, *chunk],
-                ):
-                    held[(node_id, seq)] = op_id
-        if not held:
-            return []
-        out = []
-        for op in ops:
-            found = held.get((op.node_id, op.sequence_number))
-            if found is not None and found != op.id:
-                out.append(op)
-        return out
 
     @staticmethod
     def op_row(op: Operation, *, local: bool, status: int, delivery: int | None = None) -> tuple[Any, ...]:
@@ -224,11 +252,28 @@ class LocalDatabase:
             delivery,
         )
 
-    def load_operation(self, op_id: str) -> Operation | None:
-        row = self.conn.execute("SELECT wire FROM _offline_ops WHERE id = ?", (op_id,)).fetchone()
+    def load_operation(self, op_id: str, record: tuple[str, str] | None = None) -> Operation | None:
+        """The operation with ``op_id`` (rejected ones too). Give its ``(collection, record id)`` when known:
+        without it, the whole log is searched."""
+        if record is not None:
+            row = self.conn.execute(
+                "SELECT wire FROM _offline_ops WHERE collection = ? AND record_id = ? AND id = ?",
+                (*record, op_id),
+            ).fetchone()
+        else:
+            row = self.conn.execute("SELECT wire FROM _offline_ops WHERE id = ?", (op_id,)).fetchone()
+        return None if row is None else Operation.from_wire(json.loads(row[0]), verify=False)
+
+    def find_operation(self, op_id: str, node_id: str, sequence_number: int) -> Operation | None:
+        """The operation with ``op_id`` at (``node_id``, ``sequence_number``), if that is where it is held."""
+        row = self.conn.execute(
+            "SELECT wire FROM _offline_ops WHERE node_id = ? AND sequence_number = ? AND id = ?",
+            (node_id, sequence_number, op_id),
+        ).fetchone()
         return None if row is None else Operation.from_wire(json.loads(row[0]), verify=False)
 
     def record_operations(self, collection: str, record_id: str) -> list[Operation]:
+        """The operations of one record that count (not rejected)."""
         rows = self.conn.execute(
             "SELECT wire FROM _offline_ops WHERE collection = ? AND record_id = ? AND status != ?",
             (collection, record_id, REJECTED),

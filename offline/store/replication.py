@@ -53,44 +53,62 @@ def pending_operations(app: App, exclude: Container[str] = ()) -> list[Operation
     return [Operation.from_wire(json.loads(w), verify=False) for i, w in rows if i not in exclude]
 
 
+def pending_wires(app: App, after: int = 0) -> list[tuple[int, str, str]]:
+    """``(sequence number, id, wire JSON)`` of the local operations not yet acknowledged by a server whose
+    sequence number is above ``after``, in sequence order.
+
+    The sync engine sends the stored wire text as it is (no decoding and encoding again) and asks only for
+    what follows the last operation it sent, so a long queue of unacknowledged writes costs nothing per
+    new write.
+    """
+    with app.db.lock:
+        rows = app.db.conn.execute(
+            "SELECT sequence_number, id, wire FROM _offline_ops WHERE node_id = ? AND status = ? "
+            "AND sequence_number > ? ORDER BY sequence_number",
+            (app.node_id, PENDING, after),
+        ).fetchall()
+    return [(int(seq), str(op_id), str(wire)) for seq, op_id, wire in rows]
+
+
 def pending_count(app: App) -> int:
     with app.db.lock:
         return app.db.pending_count(app.node_id)
 
 
-def mark_acknowledged(app: App, op_ids: Iterable[str]) -> None:
-    ids = list(op_ids)
-    if not ids:
+def mark_acknowledged(app: App, sequences: Iterable[int]) -> None:
+    """This node's operations with these sequence numbers were stored by the server."""
+    rows = [(ACKED, app.node_id, seq, PENDING) for seq in sequences]
+    if not rows:
         return
     with app.db.lock, app.db.transaction():
         app.db.conn.executemany(
-            "UPDATE _offline_ops SET status = ? WHERE id = ? AND status = ?",
-            [(ACKED, i, PENDING) for i in ids],
+            "UPDATE _offline_ops SET status = ? WHERE node_id = ? AND sequence_number = ? AND status = ?",
+            rows,
         )
 
 
-def reject_operation(app: App, op_id: str, code: str, message: str) -> Operation | None:
+def reject_operation(
+    app: App, op_id: str, code: str, message: str, *, place: tuple[str, int] | None = None
+) -> Operation | None:
     """Take a refused operation out of this replica's operation set and refold its record without it.
 
     The operation stays in the log (status REJECTED) so it is never resent; every replica then holds the same
-    set, and so the same records, as the server that refused it.
+    set, and so the same records, as the server that refused it. ``place``: its (node id, sequence number)
+    when the caller knows it (the log is searched by id otherwise).
     """
     app.flush()
     with app.db.lock, app.db.transaction():
-        op = app.db.load_operation(op_id)
+        op = app.db.find_operation(op_id, *place) if place is not None else None
+        if op is None:
+            op = app.db.load_operation(op_id)
         if op is None:
             return None
-        app.db.conn.execute("UPDATE _offline_ops SET status = ? WHERE id = ?", (REJECTED, op_id))
+        app.db.conn.execute(
+            "UPDATE _offline_ops SET status = ? WHERE node_id = ? AND sequence_number = ?",
+            (REJECTED, op.node_id, op.sequence_number),
+        )
         if op.collection in app.codecs:
-            state = app.db.load_state(op.collection, op.record_id)
-            others = [app.db.load_operation(i) for i in (state.graph if state else {}) if i != op_id]
-            kept = [
-                o
-                for o in others
-                if o is not None
-                and app.db.conn.execute("SELECT status FROM _offline_ops WHERE id = ?", (o.id,)).fetchone()[0]
-                != REJECTED
-            ]
+            kept = app.db.record_operations(op.collection, op.record_id)  # the rejected one no longer counts
             new_state, record = app.engine.fold(op.collection, op.record_id, kept)
             app._persist(op.collection, op.record_id, new_state, record)
     if app.events.has_listeners("sync:rejected"):

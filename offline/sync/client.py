@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import random
 import time
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from offline.core.errors import SYNC_ERROR, OfflineError
 from offline.core.operations import Operation
 from offline.core.scopes import build_scope_map
+from offline.merge.values import compact_json
 from offline.store import replication
 
 from . import protocol as p
@@ -55,6 +57,12 @@ class SyncEngine:
         self.scope: dict[str, Any] = dict(config.get("scope") or {})
         self.transport: Transport = config.get("transport") or WebSocketTransport(compression=None)
         self.batch_size = int(config.get("batch_size", 500))
+        # Batches sent and not yet acknowledged, at most. Writes made meanwhile wait and go out together in
+        # the next batch, so a fast writer sends fewer, larger batches instead of queueing one tiny batch
+        # per write at a server that commits (and fsyncs) each message on its own.
+        self.max_in_flight = max(1, int(config.get("max_in_flight", 4)))
+        # A batch also ends at this many bytes of operations, well inside the server's frame limit.
+        self.batch_bytes = int(config.get("batch_bytes", p.MAX_MESSAGE_BYTES // 4))
         self.backoff_initial = float(config.get("backoff_initial", 0.2))
         self.backoff_max = float(config.get("backoff_max", 15.0))
         self.handshake_timeout = float(config.get("handshake_timeout", 15.0))
@@ -70,10 +78,19 @@ class SyncEngine:
         self._ready: asyncio.Event | None = None
         self._synced: asyncio.Event | None = None
         self._stopping = False
-        self._in_flight: dict[str, tuple[float, list[str]]] = {}
-        self._expired: dict[str, list[str]] = {}
+        self._progress: asyncio.Event | None = None  # set on acknowledgements and status changes
+        # Batch message id -> (send time, operation ids, this node's sequence numbers among them).
+        self._in_flight: dict[str, tuple[float, list[str], list[int]]] = {}
+        # Batches given up on (see _expire_in_flight): message id -> (operation ids, own sequence numbers).
+        self._expired: dict[str, tuple[list[str], list[int]]] = {}
+        # Where each operation sent in this session is held (node id, sequence number), for refusals.
+        self._places: dict[str, tuple[str, int]] = {}
         self._cursor = 0
         self._sent: set[str] = set()
+        # This session sent (or holds in _sent) every pending local operation up to this sequence number.
+        self._scan_from = 0
+        #: Operations sent (resends included), for monitoring.
+        self.sent_operations = 0
         # Acknowledgement timing, for deciding when an unacknowledged batch is lost (see _expire_in_flight).
         self._last_ack = 0.0  # when the server last acknowledged one of our batches
         self._acked_upto = 0.0  # send time of the latest-sent batch the server acknowledged
@@ -91,6 +108,7 @@ class SyncEngine:
             self._wake = asyncio.Event()
             self._ready = asyncio.Event()
             self._synced = asyncio.Event()
+            self._progress = asyncio.Event()
             self._stopping = False
             self.last_error = None
             self._task = asyncio.create_task(self._run(), name="offline-sync")
@@ -130,16 +148,31 @@ class SyncEngine:
             if self.status == ERROR and self.last_error is not None:
                 raise self.last_error
             synced = self._synced is not None and self._synced.is_set()
-            if synced and self.status == CONNECTED and replication.pending_count(self.app) == 0:
+            # Batches in flight are unacknowledged operations: no need to count them in the database.
+            if (
+                synced
+                and self.status == CONNECTED
+                and not self._in_flight
+                and replication.pending_count(self.app) == 0
+            ):
                 return
-            if time.monotonic() > deadline:
+            remaining = deadline - time.monotonic()
+            if remaining < 0:
                 raise OfflineError(
                     f"not in sync with {self.url} after {timeout} s (status {self.status}, "
                     f"{replication.pending_count(self.app)} operations waiting)",
                     SYNC_ERROR,
                     {"url": self.url, "status": self.status},
                 )
-            await asyncio.sleep(0.02)
+            progress = self._progress
+            if progress is None:
+                await asyncio.sleep(min(remaining, 0.02))
+                continue
+            # Woken by every acknowledgement and status change; the bound covers states nobody signals
+            # (an app closed underneath, a local write made while connected).
+            progress.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(progress.wait(), min(remaining, 0.05))
 
     @property
     def pending(self) -> int:
@@ -283,6 +316,8 @@ class SyncEngine:
         self.status = SYNCING
         self._in_flight.clear()
         self._sent.clear()
+        self._places.clear()
+        self._scan_from = 0
         self._last_ack = time.monotonic()
         self._acked_upto = 0.0
         self._cursor = replication.delivery_watermark(app)
@@ -294,11 +329,14 @@ class SyncEngine:
         reader = asyncio.create_task(self._reader(conn), name="offline-sync-reader")
         try:
             server_vector = dict(reply.version_vector)
-            await self._send_ops(conn, app.operations(after=server_vector))
+            missing = app.operations(after=server_vector)
+            # All of them at once, however many batches that takes: the window applies to new writes.
+            await self._send_operations(conn, missing)
             while True:
                 self._wake.clear()
                 self._expire_in_flight()
-                await self._send_ops(conn, replication.pending_operations(app, exclude=self._sent))
+                if len(self._in_flight) < self.max_in_flight:
+                    await self._send_pending(conn)
                 waiter = asyncio.create_task(self._wake.wait())
                 try:
                     done, _ = await asyncio.wait(
@@ -329,30 +367,67 @@ class SyncEngine:
         now = time.monotonic()
         timeout = max(self.ack_timeout, 2 * self._ack_rtt)
         silent = now - self._last_ack > timeout
-        for message_id, (sent_at, ids) in list(self._in_flight.items()):
+        for message_id, (sent_at, ids, sequences) in list(self._in_flight.items()):
             if now - sent_at > timeout and (silent or sent_at < self._acked_upto):
                 del self._in_flight[message_id]
                 # An acknowledgement may still arrive for it: remember its operations until then.
-                self._expired[message_id] = ids
+                self._expired[message_id] = (ids, sequences)
                 while len(self._expired) > 1000:
                     self._expired.pop(next(iter(self._expired)))
                 self._sent.difference_update(ids)
+                if sequences:  # look at this node's pending operations from there again
+                    self._scan_from = min(self._scan_from, min(sequences) - 1)
 
-    async def _send_ops(self, conn: Any, ops: list[Operation]) -> None:
-        fresh = [op for op in ops if op.id not in self._sent]
-        for start in range(0, len(fresh), self.batch_size):
-            chunk = fresh[start : start + self.batch_size]
-            message = p.OperationBatch(
-                message_id=p.new_message_id(),
-                operations=tuple(op.to_wire() for op in chunk),
-                is_final=start + self.batch_size >= len(fresh),
-                batch_index=start // self.batch_size,
+    async def _send_pending(self, conn: Any) -> None:
+        """Send this node's unacknowledged operations that this session has not sent, as stored."""
+        node_id = self.app.node_id
+        rows = replication.pending_wires(self.app, after=self._scan_from)
+        await self._send_batches(conn, [(node_id, seq, op_id, wire) for seq, op_id, wire in rows])
+
+    async def _send_operations(self, conn: Any, ops: list[Operation]) -> None:
+        items = [(op.node_id, op.sequence_number, op.id, compact_json(op.to_wire())) for op in ops]
+        await self._send_batches(conn, items, windowed=False)
+
+    async def _send_batches(
+        self, conn: Any, items: list[tuple[str, int, str, str]], *, windowed: bool = True
+    ) -> None:
+        """Send ``(node id, sequence number, id, wire JSON)`` items not sent yet, in batches; ``windowed``:
+        only while fewer than ``max_in_flight`` batches await their acknowledgement (the pending operations
+        not sent now are found again on the next round)."""
+        sent = self._sent
+        own = self.app.node_id
+        fresh = [item for item in items if item[2] not in sent]
+        index = 0
+        start = 0
+        while start < len(fresh) and (not windowed or len(self._in_flight) < self.max_in_flight):
+            end, size = start, 0
+            while end < len(fresh) and end - start < self.batch_size:
+                size += len(fresh[end][3])
+                if size > self.batch_bytes and end > start:
+                    break
+                end += 1
+            chunk = fresh[start:end]
+            message_id = p.new_message_id()
+            frame = p.encode_batch_frame(
+                message_id, [item[3] for item in chunk], is_final=end >= len(fresh), batch_index=index
             )
-            self._in_flight[message.message_id] = (time.monotonic(), [op.id for op in chunk])
-            self._sent.update(op.id for op in chunk)
-            await conn.send(p.encode(message))
+            ids = [item[2] for item in chunk]
+            sequences = [seq for node, seq, _, _ in chunk if node == own]
+            self._in_flight[message_id] = (time.monotonic(), ids, sequences)
+            sent.update(ids)
+            self._places.update((op_id, (node, seq)) for node, seq, op_id, _ in chunk)
+            if sequences and windowed:
+                # Pending operations come in sequence order: every one up to here is sent or in _sent. (Not
+                # so for the operations missing at the start of a session, which come in causal order and
+                # leave out the ones the server holds unacknowledged: the first scan finds those.)
+                self._scan_from = max(self._scan_from, sequences[-1])
+            await conn.send(frame)
+            self.sent_operations += len(chunk)
             if self.app.events.has_listeners("sync:sent"):
-                self.app.events.emit("sync:sent", operations=chunk, batchSize=len(chunk))
+                operations = [Operation.from_wire(json.loads(item[3]), verify=False) for item in chunk]
+                self.app.events.emit("sync:sent", operations=operations, batchSize=len(chunk))
+            start = end
+            index += 1
 
     async def _reader(self, conn: Any) -> None:
         app = self.app
@@ -385,28 +460,39 @@ class SyncEngine:
                 if message.is_final and self._synced is not None and not self._synced.is_set():
                     self._synced.set()
                     self.status = CONNECTED
+                    self._signal()
             elif isinstance(message, p.OperationMessage):
                 await self._receive(conn, message.message_id, [message.operation], message.delivery_sequence)
             elif isinstance(message, p.Acknowledgment):
                 entry = self._in_flight.pop(message.acknowledged_message_id, None)
                 late = self._expired.pop(message.acknowledged_message_id, None)
                 if late is not None:  # acknowledged after we gave up on it: it was stored all the same
-                    replication.mark_acknowledged(app, late)
+                    replication.mark_acknowledged(app, late[1])
+                    self._forget(late[0])
                 if entry is not None:
-                    sent_at, ids = entry
+                    sent_at, ids, sequences = entry
                     now = time.monotonic()
                     rtt = now - sent_at
                     self._ack_rtt = 0.8 * self._ack_rtt + 0.2 * rtt if self._ack_rtt else rtt
                     self._last_ack = now
                     self._acked_upto = max(self._acked_upto, sent_at)
-                    replication.mark_acknowledged(app, ids)
+                    replication.mark_acknowledged(app, sequences)
+                    # Stored: never pending again, and past refusal (refusals precede the acknowledgement).
+                    self._forget(ids)
                 if app.events.has_listeners("sync:acknowledged"):
                     app.events.emit("sync:acknowledged", sequenceNumber=message.last_sequence_number)
+                self._signal()  # a slot for another batch opened; wait_until_synced may be done
             elif isinstance(message, p.OperationRejected):
                 log.warning(
                     "server refused operation %s: %s %s", message.operation_id, message.code, message.message
                 )
-                replication.reject_operation(app, message.operation_id, message.code, message.message)
+                replication.reject_operation(
+                    app,
+                    message.operation_id,
+                    message.code,
+                    message.message,
+                    place=self._places.get(message.operation_id),
+                )
             elif isinstance(message, p.HandshakeResponse) and message.message_id == self._handshake_reply:
                 continue  # the same reply delivered twice: a duplicate is ignored, never a reason to reconnect
             elif isinstance(message, p.ErrorMessage):
@@ -418,26 +504,43 @@ class SyncEngine:
                     p.PROTOCOL_VIOLATION, f"unexpected {type(message).__name__} from the server"
                 )
 
+    def _forget(self, ids: list[str]) -> None:
+        self._sent.difference_update(ids)
+        places = self._places
+        for op_id in ids:
+            places.pop(op_id, None)
+
+    def _signal(self) -> None:
+        if self._wake is not None:
+            self._wake.set()
+        if self._progress is not None:
+            self._progress.set()
+
     async def _receive(self, conn: Any, message_id: str, raw_ops: list[Any], watermark: int | None) -> None:
         app = self.app
         ops: list[Operation] = []
+        wires: list[str] = []
         for raw in raw_ops:
             try:
-                ops.append(p.decode_operation(raw))
+                op, wire = p.decode_operation_text(raw)
             except p.ProtocolError as exc:  # never let one bad operation stall the stream
                 log.warning("ignoring an operation from the server: %s", exc)
+                continue
+            ops.append(op)
+            wires.append(wire)
         try:
-            # decode_operation verified every id: apply() need not hash the operations again.
-            applied = app.apply(ops, watermark=watermark, verified=True)
+            # decode_operation_text verified every id: the store need not hash the operations again, and
+            # it stores the texts as they are.
+            applied = app.apply_verified(ops, wires, watermark=watermark)
         except OfflineError:
             applied = []
-            for op in ops:  # isolate the operation this replica cannot take; keep the rest
+            for op, wire in zip(ops, wires, strict=True):  # isolate what this replica cannot take
                 try:
-                    applied.extend(app.apply([op], verified=True))
+                    applied.extend(app.apply_verified([op], [wire]))
                 except OfflineError as exc:
                     log.warning("could not apply operation %s: %s", op.id, exc)
             if watermark is not None:
-                app.apply([], watermark=watermark)
+                app.apply_verified([], None, watermark=watermark)
         if ops and app.events.has_listeners("sync:received"):
             app.events.emit("sync:received", operations=applied, batchSize=len(ops))
         ack = p.Acknowledgment(

@@ -18,7 +18,7 @@ import json
 import math
 import uuid
 from array import array
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 from typing import Any, ClassVar, Final, TypeAlias
@@ -68,7 +68,9 @@ __all__ = [
     "ProtocolError",
     "decode",
     "decode_operation",
+    "decode_operation_text",
     "encode",
+    "encode_batch_frame",
     "from_dict",
     "new_message_id",
 ]
@@ -426,6 +428,33 @@ def encode(message: Message) -> str:
         raise ProtocolError(
             MALFORMED_MESSAGE, f"cannot encode {message.TYPE} message: {exc}", field=message.TYPE
         ) from None
+
+
+def encode_batch_frame(
+    message_id: str,
+    operations_json: Sequence[str],
+    *,
+    is_final: bool,
+    batch_index: int,
+    base_delivery_sequence: int | None = None,
+    max_delivery_sequence: int | None = None,
+) -> str:
+    """An ``operation-batch`` frame around operations already encoded as compact JSON objects.
+
+    The same message as ``encode(OperationBatch(...))`` (field order aside): senders that hold operations
+    as stored JSON text (the server's log, a client's pending writes) join them instead of decoding and
+    encoding every operation again. Each text must be one JSON object (``decode`` checks the rest).
+    """
+    head: dict[str, Any] = {
+        "type": OperationBatch.TYPE,
+        "messageId": message_id,
+        "isFinal": is_final,
+        "batchIndex": batch_index,
+    }
+    _put(head, "baseDeliverySequence", base_delivery_sequence)
+    _put(head, "maxDeliverySequence", max_delivery_sequence)
+    text = json.dumps(head, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    return text[:-1] + ',"operations":[' + ",".join(operations_json) + "]}"
 
 
 # ---------------------------------------------------------------------------------------------- decoding
@@ -852,13 +881,22 @@ def _walk_operation(raw: Mapping[str, Any], max_depth: int, budget: int) -> None
                 field="data",
                 context={"reason": "TOO_DEEP", "limit": max_depth},
             )
-        children = value.values() if isinstance(value, Mapping) else value
+        children = value.values() if type(value) is dict or isinstance(value, Mapping) else value
+        visited += len(children)  # every value takes at least one byte of JSON
         for child in children:
-            visited += 1  # every value takes at least one byte of JSON
-            if isinstance(child, (Mapping, list, tuple)):
+            # Exact JSON types first: the abstract-class checks cost more than the whole walk otherwise.
+            kind = type(child)
+            if (
+                kind is dict
+                or kind is list
+                or (kind not in _JSON_SCALARS and isinstance(child, (Mapping, list, tuple)))
+            ):
                 stack.append((child, depth + 1))
         if visited > budget:
             raise _operation_too_large(visited, budget)
+
+
+_JSON_SCALARS: Final = frozenset({str, int, float, bool, type(None)})
 
 
 def _operation_too_large(size: int, limit: int, **context: Any) -> ProtocolError:
@@ -876,6 +914,17 @@ def decode_operation(raw: Mapping[str, Any], *, max_bytes: int = MAX_OPERATION_B
     Raises ``ProtocolError`` only: ``OPERATION_TOO_LARGE`` when its compact JSON exceeds ``max_bytes``,
     ``HASH_MISMATCH`` when its id is not its content hash, else ``INVALID_OPERATION`` naming the field.
     ``context["operationId"]`` holds the operation's claimed id when it has one (for ``operation-rejected``).
+    """
+    return decode_operation_text(raw, max_bytes=max_bytes)[0]
+
+
+def decode_operation_text(
+    raw: Mapping[str, Any], *, max_bytes: int = MAX_OPERATION_BYTES
+) -> tuple[Operation, str]:
+    """``decode_operation``, plus the operation's compact JSON text (the size check computes it anyway).
+
+    The text reads back (``Operation.from_wire(json.loads(text))``) as the same operation, so a receiver
+    can store it instead of encoding the operation again.
     """
     if not isinstance(raw, Mapping):
         raise ProtocolError(
@@ -905,7 +954,7 @@ def decode_operation(raw: Mapping[str, Any], *, max_bytes: int = MAX_OPERATION_B
         if size > max_bytes:
             raise _operation_too_large(size, max_bytes)
         try:
-            return Operation.from_wire(raw, verify=True)
+            return Operation.from_wire(raw, verify=True), text
         except OfflineError as exc:
             context = dict(exc.context or {})
             context.setdefault("field", "operation")

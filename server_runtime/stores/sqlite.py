@@ -18,8 +18,9 @@ import contextlib
 import logging
 import os
 import sqlite3
-from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from functools import partial
 from typing import Any, ClassVar, Final
 
 import aiosqlite
@@ -76,25 +77,87 @@ async def _exec(conn: aiosqlite.Connection, sql: str, params: Iterable[Any] = ()
     await cursor.close()
 
 
+# One statement of a batch run by `_run_steps`: ("execute" | "executemany" | "fetch", sql, parameters).
+_Step = tuple[str, str, Any]
+
+
+def _thread_runner(
+    conn: aiosqlite.Connection,
+) -> tuple[Callable[[Callable[[], Any]], Awaitable[Any]], sqlite3.Connection] | None:
+    """aiosqlite's own "run this on the connection's thread" (one queue round trip for many statements)
+    and the sqlite3 connection, or None when this aiosqlite version does not have them under these names."""
+    run = getattr(conn, "_execute", None)
+    raw = getattr(conn, "_connection", None)
+    if run is None or not isinstance(raw, sqlite3.Connection):
+        return None
+    return run, raw
+
+
+def _steps_on(raw: sqlite3.Connection, steps: Sequence[_Step]) -> list[list[Any] | None]:
+    out: list[list[Any] | None] = []
+    for kind, sql, params in steps:
+        if kind == "fetch":
+            out.append(raw.execute(sql, params).fetchall())
+            continue
+        if kind == "executemany":
+            raw.executemany(sql, params)
+        else:
+            raw.execute(sql, params)
+        out.append(None)
+    return out
+
+
+async def _run_steps(conn: aiosqlite.Connection, steps: Sequence[_Step]) -> list[list[Any] | None]:
+    """Run ``steps`` in order on ``conn``; the rows of each "fetch" step (None for the others).
+
+    Every aiosqlite call is a round trip to the connection's thread and back to the event loop; a write
+    transaction made of one call per statement spent most of its time in those trips. This runs them all
+    in one trip. Without the private runner (another aiosqlite version) it falls back to one call each.
+    """
+    runner = _thread_runner(conn)
+    if runner is not None:
+        run, raw = runner
+        # The sqlite3 connection is only touched on its own thread, inside _steps_on.
+        return await run(partial(_steps_on, raw, steps))  # type: ignore[no-any-return]
+    out: list[list[Any] | None] = []
+    for kind, sql, params in steps:
+        if kind == "fetch":
+            out.append(list(await conn.execute_fetchall(sql, params)))
+            continue
+        cursor = await (conn.executemany(sql, params) if kind == "executemany" else conn.execute(sql, params))
+        await cursor.close()
+        out.append(None)
+    return out
+
+
+def _known_ids_steps(ids: Sequence[str]) -> list[_Step]:
+    return [
+        ("fetch", f"SELECT id FROM offline_operations WHERE id IN ({','.join('?' * len(part))})", tuple(part))
+        for part in _codec.chunks(ids, _CHUNK)
+    ]
+
+
+_OPERATIONS_SINCE: Final = (
+    "SELECT delivery, wire, scope FROM offline_operations WHERE delivery > ? ORDER BY delivery LIMIT ?"
+)
+_MAX_DELIVERY: Final = "SELECT COALESCE(MAX(delivery), 0) FROM offline_operations"
+_INSERT_OPERATIONS: Final = (
+    "INSERT INTO offline_operations (delivery, id, node_id, sequence_number, collection, record_id, wire, scope)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+)
+_UPSERT_RECORDS: Final = (
+    "INSERT INTO offline_records (collection, record_id, state, record) VALUES (?, ?, ?, ?)"
+    " ON CONFLICT (collection, record_id) DO UPDATE SET state = excluded.state, record = excluded.record"
+)
+
+
 async def _operations_since(
     conn: aiosqlite.Connection, after: int, limit: int | None
 ) -> list[StoredOperation]:
     rows = await conn.execute_fetchall(
-        "SELECT delivery, wire, scope FROM offline_operations WHERE delivery > ? ORDER BY delivery LIMIT ?",
-        (int(after), -1 if limit is None else max(int(limit), 0)),
+        _OPERATIONS_SINCE, (int(after), -1 if limit is None else max(int(limit), 0))
     )
     return [_codec.stored_operation(d, w, s) for d, w, s in rows]
-
-
-async def _known_ids(conn: aiosqlite.Connection, ids: Iterable[str]) -> set[str]:
-    wanted = list(dict.fromkeys(ids))
-    found: set[str] = set()
-    for part in _codec.chunks(wanted, _CHUNK):
-        rows = await conn.execute_fetchall(
-            f"SELECT id FROM offline_operations WHERE id IN ({','.join('?' * len(part))})", part
-        )
-        found.update(row[0] for row in rows)
-    return found
 
 
 async def _load_rows(conn: aiosqlite.Connection, keys: Iterable[RecordKey]) -> dict[RecordKey, RecordRow]:
@@ -219,13 +282,18 @@ class SQLiteServerStore(ServerStore):
             with self._errors("beginning a write transaction"):
                 if conn.in_transaction:  # left open by a writer cancelled mid-rollback
                     await _exec(conn, "ROLLBACK")
-                await _exec(conn, "BEGIN IMMEDIATE")
-            writer = _SQLiteWriter(self, conn)
+                # The highest delivery comes with BEGIN: nobody else can write until this writer ends.
+                _, top = await _run_steps(
+                    conn, [("execute", "BEGIN IMMEDIATE", ()), ("fetch", _MAX_DELIVERY, ())]
+                )
+            assert top is not None
+            writer = _SQLiteWriter(self, conn, int(top[0][0]))
             try:
                 yield writer
                 writer.active = False
                 with self._errors("committing"):
-                    await _exec(conn, "COMMIT")
+                    # The writes the writer queued and COMMIT: one trip to the connection's thread.
+                    await _run_steps(conn, [*writer.take_queued(), ("execute", "COMMIT", ())])
             except BaseException:
                 writer.active = False
                 if conn.in_transaction:
@@ -260,6 +328,19 @@ class SQLiteServerStore(ServerStore):
     async def operations_since(self, after: int, limit: int | None = None) -> list[StoredOperation]:
         async with self._reading("reading operations") as conn:
             return await _operations_since(conn, after, limit)
+
+    async def operation_texts_since(
+        self, after: int, limit: int | None = None
+    ) -> list[tuple[int, str, str, str | None, str]]:
+        """``operations_since`` as stored, undecoded: ``(delivery, node id, collection, scope JSON or None,
+        wire JSON)``. The relay sends the wire text as it is."""
+        async with self._reading("reading operations") as conn:
+            rows = await conn.execute_fetchall(
+                "SELECT delivery, node_id, collection, scope, wire FROM offline_operations"
+                " WHERE delivery > ? ORDER BY delivery LIMIT ?",
+                (int(after), -1 if limit is None else max(int(limit), 0)),
+            )
+        return [(int(d), str(n), str(c), s, str(w)) for d, n, c, s, w in rows]
 
     async def max_delivery(self) -> int:
         async with self._reading("reading the max delivery") as conn:
@@ -326,30 +407,92 @@ class SQLiteServerStore(ServerStore):
 
 
 class _SQLiteWriter(StoreWriter):
-    def __init__(self, store: SQLiteServerStore, conn: aiosqlite.Connection) -> None:
+    """Writes are queued and run with COMMIT, in one trip to the connection's thread; a read first runs
+    what is queued (in the same trip), so reads see this writer's own writes."""
+
+    def __init__(self, store: SQLiteServerStore, conn: aiosqlite.Connection, max_delivery: int) -> None:
         self.store = store
-        self.conn = conn
+        self._conn = conn
         self.active = True
+        self._queued: list[_Step] = []
+        self._max_delivery = max_delivery  # the highest delivery, this writer's appends included
+        # Ids this transaction found not stored (known_ids) or stored itself (append): append needs no
+        # query for them.
+        self._absent: set[str] = set()
+        self._appended: set[str] = set()
+
+    @property
+    def conn(self) -> aiosqlite.Connection:
+        """The raw connection, inside this writer's transaction (for statements of one's own)."""
+        if self._queued:
+            # Its statements would run before the queued ones: out of order.
+            raise RuntimeError("the writer has queued writes; use its methods, not its raw connection")
+        return self._conn
+
+    def take_queued(self) -> list[_Step]:
+        queued, self._queued = self._queued, []
+        return queued
 
     def _check(self) -> None:
         self.store._check_open()
         if not self.active:
             raise RuntimeError("a store writer is only valid inside its 'async with' block")
 
+    async def _read(self, steps: list[_Step]) -> list[list[Any] | None]:
+        """Run the queued writes, then ``steps``; the results of ``steps``."""
+        queued = self.take_queued()
+        results = await _run_steps(self._conn, [*queued, *steps])
+        return results[len(queued) :]
+
     async def operations_since(self, after: int, limit: int | None = None) -> list[StoredOperation]:
         self._check()
+        if after >= self._max_delivery:
+            return []  # nothing was stored after that, by anyone: this writer holds the lock since BEGIN
+        limit_value = -1 if limit is None else max(int(limit), 0)
         with self.store._errors("reading operations"):
-            return await _operations_since(self.conn, after, limit)
+            (rows,) = await self._read([("fetch", _OPERATIONS_SINCE, (int(after), limit_value))])
+        assert rows is not None
+        return [_codec.stored_operation(d, w, s) for d, w, s in rows]
+
+    async def _known(self, ids: Iterable[str]) -> set[str]:
+        wanted = list(dict.fromkeys(ids))
+        if not wanted:
+            return set()
+        results = await self._read(_known_ids_steps(wanted))
+        found = {row[0] for rows in results if rows for row in rows}
+        self._absent.update(i for i in wanted if i not in found and i not in self._appended)
+        return found
 
     async def known_ids(self, ids: Iterable[str]) -> set[str]:
         self._check()
         with self.store._errors("reading operation ids"):
-            return await _known_ids(self.conn, ids)
+            return await self._known(ids)
 
     async def load_rows(self, keys: Iterable[RecordKey]) -> dict[RecordKey, RecordRow]:
         self._check()
+        by_collection: dict[str, list[str]] = {}
+        for collection, record_id in dict.fromkeys(keys):
+            by_collection.setdefault(collection, []).append(record_id)
+        steps: list[_Step] = []
+        for collection, record_ids in by_collection.items():
+            for part in _codec.chunks(record_ids, _CHUNK):
+                steps.append(
+                    (
+                        "fetch",
+                        "SELECT collection, record_id, state, record FROM offline_records"
+                        f" WHERE collection = ? AND record_id IN ({','.join('?' * len(part))})",
+                        (collection, *part),
+                    )
+                )
+        out: dict[RecordKey, RecordRow] = {}
+        if not steps:
+            return out
         with self.store._errors("reading records"):
-            return await _load_rows(self.conn, keys)
+            results = await self._read(steps)
+        for rows in results:
+            for collection, record_id, state, record in rows or ():
+                out[(collection, record_id)] = _codec.record_row(collection, record_id, state, record)
+        return out
 
     async def append(self, ops: Sequence[tuple[Operation, Mapping[str, Any] | None]]) -> list[int | None]:
         self._check()
@@ -357,11 +500,10 @@ class _SQLiteWriter(StoreWriter):
         if not ops:
             return []
         with self.store._errors("appending operations"):
-            seen = await _known_ids(self.conn, (op.id for op, _ in ops))
-            rows = list(
-                await self.conn.execute_fetchall("SELECT COALESCE(MAX(delivery), 0) FROM offline_operations")
-            )
-            delivery = int(rows[0][0])
+            unchecked = [op.id for op, _ in ops if op.id not in self._absent and op.id not in self._appended]
+            seen = await self._known(unchecked) if unchecked else set()
+            seen |= self._appended
+            delivery = self._max_delivery
             result: list[int | None] = []
             values: list[tuple[Any, ...]] = []
             for op, scope in ops:
@@ -384,13 +526,10 @@ class _SQLiteWriter(StoreWriter):
                     )
                 )
             if values:
-                cursor = await self.conn.executemany(
-                    "INSERT INTO offline_operations"
-                    " (delivery, id, node_id, sequence_number, collection, record_id, wire, scope)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                    values,
-                )
-                await cursor.close()
+                self._queued.append(("executemany", _INSERT_OPERATIONS, values))
+                self._max_delivery = delivery
+                self._appended.update(v[1] for v in values)
+                self._absent.difference_update(self._appended)
         return result
 
     async def save_rows(self, rows: Iterable[RecordRow]) -> None:
@@ -399,26 +538,20 @@ class _SQLiteWriter(StoreWriter):
             (row.collection, row.record_id, row.state.to_json(), _codec.encode_optional(row.record))
             for row in _codec.check_rows(rows)
         ]
-        if not values:
-            return
-        with self.store._errors("saving records"):
-            cursor = await self.conn.executemany(
-                "INSERT INTO offline_records (collection, record_id, state, record) VALUES (?, ?, ?, ?)"
-                " ON CONFLICT (collection, record_id) DO UPDATE SET state = excluded.state, record = excluded.record",
-                values,
-            )
-            await cursor.close()
+        if values:
+            self._queued.append(("executemany", _UPSERT_RECORDS, values))
 
     async def set_meta(self, key: str, value: str) -> None:
         self._check()
         _codec.check_meta(key, value)
-        with self.store._errors("writing meta"):
-            await _exec(
-                self.conn,
+        self._queued.append(
+            (
+                "execute",
                 "INSERT INTO offline_meta (key, value) VALUES (?, ?)"
                 " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
                 (key, value),
             )
+        )
 
 
 def create_sqlite_server_store(

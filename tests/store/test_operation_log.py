@@ -1,0 +1,172 @@
+"""The local operation log: keyed by (node, sequence number), without an index on operation ids.
+
+Duplicates are still ignored by id, forgeries still refused, logs written with the former layout (a unique
+index on the id) are rebuilt on open, and acknowledgements, refusals and stored wire texts behave as before.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from offline import OfflineError, create_app, define_schema, t
+from offline.core.operations import Operation, create_operation
+from offline.merge.values import compact_json
+from offline.store import App
+from offline.store.database import ACKED, PENDING, REJECTED
+from offline.store.replication import mark_acknowledged, pending_wires, reject_operation
+
+SCHEMA = define_schema(
+    {
+        "version": 1,
+        "collections": {
+            "todos": {
+                "fields": {
+                    "title": t.string(),
+                    "votes": t.number().merge("counter").default(0),
+                }
+            }
+        },
+    }
+)
+
+# The operation log as databases written before this layout hold it.
+_OLD_LOG = """CREATE TABLE _offline_ops (
+    node_id TEXT NOT NULL,
+    sequence_number INTEGER NOT NULL,
+    id TEXT NOT NULL UNIQUE,
+    collection TEXT NOT NULL,
+    record_id TEXT NOT NULL,
+    hlc TEXT NOT NULL,
+    wire TEXT NOT NULL,
+    local INTEGER NOT NULL,
+    status INTEGER NOT NULL DEFAULT 0,
+    delivery INTEGER,
+    PRIMARY KEY (node_id, sequence_number)
+) WITHOUT ROWID"""
+
+
+@pytest.fixture
+def app(tmp_path: Path) -> Iterator[App]:
+    with create_app(SCHEMA, path=str(tmp_path / "app.db")) as app:
+        yield app
+
+
+def _remote_ops(tmp_path: Path, count: int, name: str = "other") -> list[Operation]:
+    with create_app(SCHEMA, path=str(tmp_path / f"{name}.db")) as other:
+        for i in range(count):
+            other.todos.insert({"title": f"r{i}"})
+        return other.operations()
+
+
+def _log(app: App) -> list[tuple[str, int, str, int]]:
+    rows = app.db.conn.execute(
+        "SELECT node_id, sequence_number, id, status FROM _offline_ops ORDER BY node_id, sequence_number"
+    )
+    return [(str(n), int(s), str(i), int(st)) for n, s, i, st in rows]
+
+
+def _indexes(path: Path) -> list[tuple[str, int, str]]:
+    conn = sqlite3.connect(path)
+    try:
+        return [(str(r[1]), int(r[2]), str(r[3])) for r in conn.execute("PRAGMA index_list('_offline_ops')")]
+    finally:
+        conn.close()
+
+
+def test_an_operation_log_with_a_unique_id_index_is_rebuilt_without_it(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    remote = _remote_ops(tmp_path, 2)
+    with create_app(SCHEMA, path=str(path)) as app:
+        first = app.todos.insert({"title": "kept"})
+        app.apply(remote)
+        before = _log(app)
+        node_id = app.node_id
+    # Put the log back into the former layout, rows unchanged.
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("ALTER TABLE _offline_ops RENAME TO moved")
+    conn.execute(_OLD_LOG)
+    conn.execute("INSERT INTO _offline_ops SELECT * FROM moved")
+    conn.execute("DROP TABLE moved")
+    conn.close()
+    assert any(origin == "u" for _, _, origin in _indexes(path))
+
+    with create_app(SCHEMA, path=str(path)) as app:
+        assert app.node_id == node_id
+        assert _log(app) == before
+        assert app.todos.find_by_id(first["id"]) == first
+        assert app.todos.count() == 3
+        assert app.apply(remote) == []  # the same operations again: duplicates
+        assert _log(app) == before
+        app.todos.insert({"title": "after the upgrade"})
+    indexes = _indexes(path)
+    assert not any(origin == "u" for _, _, origin in indexes)
+    assert "_offline_ops_record" in {name for name, _, _ in indexes}
+
+
+def test_an_operation_held_under_another_sequence_number_is_a_duplicate(tmp_path: Path, app: App) -> None:
+    (remote,) = _remote_ops(tmp_path, 1)
+    assert app.apply([remote]) == [remote]
+    # Same content (so the same id), another sequence number: only a misbehaving peer sends this.
+    moved = dataclasses.replace(remote, sequence_number=remote.sequence_number + 7)
+    assert app.apply([moved]) == []
+    assert [row[2] for row in _log(app)] == [remote.id]
+    # Both in one batch: the first one counts.
+    with create_app(SCHEMA, path=str(tmp_path / "fresh.db")) as fresh:
+        assert fresh.apply([remote, moved]) == [remote]
+        assert [(seq, op_id) for _, seq, op_id, _ in _log(fresh)] == [(remote.sequence_number, remote.id)]
+
+
+def test_two_operations_at_one_place_in_a_batch_are_refused(tmp_path: Path, app: App) -> None:
+    ops = _remote_ops(tmp_path, 2)
+    rewritten = create_operation(
+        {
+            **{f.name: getattr(ops[1], f.name) for f in dataclasses.fields(Operation) if f.name != "id"},
+            "data": {"title": "other"},
+        }
+    )
+    with pytest.raises(OfflineError) as refused:
+        app.apply([ops[0], ops[1], rewritten])
+    assert refused.value.context == {"field": "sequenceNumber", "operationId": rewritten.id}
+    assert _log(app) == []
+    assert app.apply(ops) == ops
+
+
+def test_apply_verified_stores_the_wire_texts_it_is_given(tmp_path: Path, app: App) -> None:
+    ops = _remote_ops(tmp_path, 3)
+    # Another key order than the store would write: the text is kept as received.
+    wires = [json.dumps(dict(reversed(list(op.to_wire().items()))), separators=(",", ":")) for op in ops]
+    assert app.apply_verified(ops, wires, watermark=3) == ops
+    stored = dict(app.db.conn.execute("SELECT id, wire FROM _offline_ops"))
+    assert [stored[op.id] for op in ops] == wires
+    assert [Operation.from_wire(json.loads(w)) for w in wires] == ops
+    assert app.operations() == ops
+    assert app.db.get_meta("delivery_watermark") == "3"
+
+
+def test_acknowledgements_and_refusals_find_operations_by_place(tmp_path: Path, app: App) -> None:
+    records = [app.todos.insert({"title": f"mine {i}"}) for i in range(3)]
+    own = app.operations()
+    assert [seq for seq, _, _ in pending_wires(app)] == [1, 2, 3]
+    assert [(op_id, wire) for _, op_id, wire in pending_wires(app, after=1)] == [
+        (op.id, compact_json(op.to_wire())) for op in own[1:]
+    ]
+    mark_acknowledged(app, [1])
+    assert [status for *_, status in _log(app)] == [ACKED, PENDING, PENDING]
+
+    refused = reject_operation(app, own[1].id, "SCOPE_VIOLATION", "no", place=(app.node_id, 2))
+    assert refused == own[1]
+    assert app.todos.find_by_id(records[1]["id"]) is None
+    # Without the place the log is searched by id.
+    assert reject_operation(app, own[2].id, "SCOPE_VIOLATION", "no") == own[2]
+    assert app.todos.find_by_id(records[2]["id"]) is None
+    assert [status for *_, status in _log(app)] == [ACKED, REJECTED, REJECTED]
+    assert reject_operation(app, "f" * 64, "SCOPE_VIOLATION", "no", place=(app.node_id, 1)) is None
+    mark_acknowledged(app, [2, 3])  # a refusal is final
+    assert [status for *_, status in _log(app)] == [ACKED, REJECTED, REJECTED]
+    assert pending_wires(app) == []

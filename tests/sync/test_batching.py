@@ -1,0 +1,195 @@
+"""How the client engine batches its writes, against a real server process (memory store) on loopback.
+
+While ``max_in_flight`` batches await their acknowledgement, new local writes wait and then go out together;
+what is sent is the stored wire text of each operation. The acknowledgements reach the engine through a
+transport that holds them back until the test lets them through, so nothing depends on timing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from offline import HybridLogicalClock, create_app, create_operation
+from offline.core.uuid7 import generate_uuid_v7
+from offline.merge.values import compact_json
+from offline.store import App
+from offline.sync import protocol as p
+from offline.sync.transport import WebSocketTransport
+from tests.support.servers import ServerProcess, write_entry
+
+SCHEMA_SOURCE = """
+from offline import define_schema, t
+
+schema = define_schema({"version": 1, "collections": {"items": {"fields": {"title": t.string()}}}})
+"""
+
+
+def _schema() -> Any:
+    namespace: dict[str, Any] = {}
+    exec(SCHEMA_SOURCE, namespace)
+    return namespace["schema"]
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[ServerProcess]:
+    folder = tmp_path / "server"
+    folder.mkdir()
+    process = ServerProcess(write_entry(folder, SCHEMA_SOURCE), store="memory").start()
+    try:
+        yield process
+    finally:
+        process.terminate(timeout=10)
+
+
+class GatedTransport:
+    """The real WebSocket transport; acknowledgments from the server wait until `release()`."""
+
+    def __init__(self) -> None:
+        self.inner = WebSocketTransport()
+        self.gate = asyncio.Event()
+        self.gate.set()
+        self.sent: list[dict[str, Any]] = []  # every operation-batch the client sent
+
+    def hold(self) -> None:
+        self.gate.clear()
+
+    def release(self) -> None:
+        self.gate.set()
+
+    async def connect(self, url: str) -> Any:
+        return _GatedConnection(await self.inner.connect(url), self)
+
+
+class _GatedConnection:
+    def __init__(self, inner: Any, owner: GatedTransport) -> None:
+        self.inner = inner
+        self.owner = owner
+
+    async def send(self, text: str) -> None:
+        message = json.loads(text)
+        if message["type"] == "operation-batch":
+            self.owner.sent.append(message)
+        await self.inner.send(text)
+
+    async def recv(self) -> str:
+        frame: str = await self.inner.recv()
+        if json.loads(frame)["type"] == "acknowledgment":
+            await self.owner.gate.wait()
+        return frame
+
+    async def close(self, code: int = 1000, reason: str = "") -> None:
+        await self.inner.close(code, reason)
+
+
+async def _until(condition: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
+def _app(tmp_path: Path, url: str, transport: GatedTransport, **options: Any) -> App:
+    sync = {"url": url, "transport": transport, "backoff_initial": 0.05, "ack_timeout": 30.0, **options}
+    return create_app(_schema(), sync=sync, path=str(tmp_path / "client.db"))
+
+
+def test_writes_made_while_the_window_is_full_go_out_together(tmp_path: Path, server: ServerProcess) -> None:
+    async def scenario() -> None:
+        transport = GatedTransport()
+        app = _app(tmp_path, server.sync_url, transport, max_in_flight=1)
+        try:
+            await app.sync.connect()
+            await app.sync.wait_until_synced()
+            transport.hold()
+            first = app.items.insert({"title": "first"})
+            await _until(lambda: len(transport.sent) == 1, "the first batch")
+            later = []
+            for i in range(5):
+                later.append(app.items.insert({"title": f"later {i}"}))
+                await asyncio.sleep(0.02)  # the engine runs between writes, and must not send
+            assert len(transport.sent) == 1
+            assert app.sync.pending == 6
+            transport.release()
+            await app.sync.wait_until_synced()
+            assert [len(batch["operations"]) for batch in transport.sent] == [1, 5]
+            assert [op["recordId"] for op in transport.sent[1]["operations"]] == [r["id"] for r in later]
+            assert transport.sent[0]["operations"][0]["recordId"] == first["id"]
+            assert app.sync.sent_operations == 6
+            # The operations went out as stored.
+            stored = dict(app.db.conn.execute("SELECT id, wire FROM _offline_ops"))
+            for batch in transport.sent:
+                for op in batch["operations"]:
+                    assert json.loads(stored[op["id"]]) == op
+        finally:
+            with contextlib.suppress(Exception):
+                await app.sync.disconnect()
+            app.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_batch_ends_at_its_byte_budget(tmp_path: Path, server: ServerProcess) -> None:
+    async def scenario() -> None:
+        transport = GatedTransport()
+        app = _app(tmp_path, server.sync_url, transport, batch_bytes=2000)
+        try:
+            with app.batch():
+                for i in range(10):
+                    app.items.insert({"title": f"{i}" * 300})
+            await app.sync.connect()
+            await app.sync.wait_until_synced()
+            sizes = [len(batch["operations"]) for batch in transport.sent]
+            assert sum(sizes) == 10 and len(sizes) > 1
+            for batch in transport.sent:
+                text = sum(len(json.dumps(op, separators=(",", ":"))) for op in batch["operations"])
+                assert text <= 2000 or len(batch["operations"]) == 1
+        finally:
+            with contextlib.suppress(Exception):
+                await app.sync.disconnect()
+            app.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_frame_around_encoded_operations_is_the_batch_message() -> None:
+    node = generate_uuid_v7()
+    clock = HybridLogicalClock(node)
+    ops = [
+        create_operation(
+            {
+                "node_id": node,
+                "type": "insert",
+                "collection": "items",
+                "record_id": generate_uuid_v7(),
+                "data": {"title": f"\u00e9 {i}", "blob": b"\x00\x01"},
+                "timestamp": clock.now(),
+                "sequence_number": i + 1,
+                "schema_version": 1,
+            }
+        )
+        for i in range(3)
+    ]
+    wires = [compact_json(op.to_wire()) for op in ops]
+    for base, top in ((None, None), (7, 10)):
+        framed = p.encode_batch_frame(
+            "m1", wires, is_final=False, batch_index=2, base_delivery_sequence=base, max_delivery_sequence=top
+        )
+        built = p.encode(p.OperationBatch("m1", tuple(op.to_wire() for op in ops), False, 2, base, top))
+        assert p.decode(framed) == p.decode(built)
+    decoded = p.decode(p.encode_batch_frame("m2", wires, is_final=True, batch_index=0))
+    assert isinstance(decoded, p.OperationBatch)
+    for op, raw, wire in zip(ops, decoded.operations, wires, strict=True):
+        got, text = p.decode_operation_text(raw)
+        assert got == op and text == wire
+    assert p.decode(p.encode_batch_frame("m3", [], is_final=True, batch_index=0)) == p.OperationBatch(
+        "m3", (), True, 0
+    )
