@@ -97,6 +97,7 @@ class SyncEngine:
         self._ack_rtt = 0.0  # smoothed time from sending a batch to its acknowledgement
         self.connections = 0
         self._accepted = False  # whether the current session's handshake was accepted
+        self._auth_retry_used = False  # one refresh-and-retry per refused handshake (reset when accepted)
         app.commit_listeners.append(self._on_local_commit)
 
     # -- public API ------------------------------------------------------------------------------------------
@@ -281,6 +282,30 @@ class SyncEngine:
                 return None if token is None else str(token)
         return None
 
+    async def _session_token(self) -> str | None:
+        try:
+            return await self._auth_token()
+        except OfflineError as exc:
+            if exc.code == p.AUTH_FAILED:  # signed out or the session ended: only a new sign-in helps
+                raise SyncFatal(exc.message, exc.code, {"url": self.url}) from None
+            raise ConnectionLost(f"{exc.code}: {exc.message}") from None  # auth server unreachable: retry
+
+    async def _refresh_once(self) -> bool:
+        client = self.auth_client
+        if client is None or self._auth_retry_used:
+            return False
+        refresh = getattr(client, "refresh_access_token", None) or getattr(client, "refresh", None)
+        if refresh is None:
+            return False
+        self._auth_retry_used = True
+        try:
+            result = refresh()
+            if asyncio.iscoroutine(result):
+                result = await result
+        except OfflineError:
+            return False
+        return result is not None
+
     async def _session(self, conn: Any) -> None:
         app = self.app
         hello = p.Handshake(
@@ -289,7 +314,7 @@ class SyncEngine:
             version_vector=app.version_vector,
             schema_version=app.schema.version,
             last_delivery_sequence=replication.delivery_watermark(app),
-            auth_token=await self._auth_token(),
+            auth_token=await self._session_token(),
             sync_scope=build_scope_map(app.schema, self.scope) if self.scope else None,
         )
         await conn.send(p.encode(hello))
@@ -297,6 +322,10 @@ class SyncEngine:
         if isinstance(reply, p.ErrorMessage):
             if reply.retriable:
                 raise ConnectionLost(f"{reply.code}: {reply.message}")
+            if reply.code == p.AUTH_FAILED and await self._refresh_once():
+                # The token may have expired between reading it and the server checking it: one refresh
+                # and a reconnect, never a loop (the flag clears only when a handshake is accepted).
+                raise ConnectionLost("AUTH_FAILED: retrying once with a refreshed token")
             raise SyncFatal(reply.message, reply.code, {"url": self.url})
         if not isinstance(reply, p.HandshakeResponse):
             raise p.ProtocolError(
@@ -310,6 +339,7 @@ class SyncEngine:
             # database replaced): resuming from it would skip operations. Start over from delivery 0.
             raise ConnectionLost(f"server {reply.node_id} did not issue our delivery watermark; resyncing")
         self._accepted = True
+        self._auth_retry_used = False
         self.server_node_id = reply.node_id
         self._handshake_reply = reply.message_id
         app.set_authoritative_nodes([reply.node_id])
