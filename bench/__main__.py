@@ -6,9 +6,9 @@ import argparse
 import json
 import sys
 
-from bench import cli_startup, core, store, sync
+from bench import cli_startup, core, load, store, sync
 
-SUITES = {"core": core.run, "store": store.run, "cli": cli_startup.run, "sync": sync.run}
+SUITES = {"core": core.run, "store": store.run, "cli": cli_startup.run, "sync": sync.run, "load": load.run}
 
 
 def main() -> None:

@@ -1,7 +1,8 @@
 """`python -m server_runtime [server.py]`: run the server a project's entry file describes.
 
 The entry defines `schema` and may define `server` (from `create_production_server`); without `server`, one is
-built from the environment (see server_runtime.environment).
+built from the environment (see server_runtime.environment). `OFFLINE_LOG_LEVEL` (default INFO) sets the log
+level. SIGTERM or SIGINT stops the server gracefully (see `ProductionServer.stop`).
 """
 
 from __future__ import annotations
@@ -9,15 +10,37 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
 
 from .environment import find_entry, load_entry, server_from_environment
+from .redaction import SecretRedactor, install, secrets_from_environment
+
+
+def _raise_open_file_limit() -> None:
+    """Every connection is a file descriptor: take the hard limit (often 1024 soft vs much more hard)."""
+    try:
+        import resource
+    except ImportError:  # not on this platform
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else 1 << 20
+    if soft != resource.RLIM_INFINITY and soft < target:
+        # Failing keeps the soft limit; max_connections should then stay below it.
+        with contextlib.suppress(OSError, ValueError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
 
 
 async def _main(argv: list[str]) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    level = getattr(logging, os.environ.get("OFFLINE_LOG_LEVEL", "INFO").strip().upper(), None)
+    logging.basicConfig(
+        level=level if isinstance(level, int) else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    install(SecretRedactor(secrets_from_environment(os.environ)), logging.getLogger().handlers)
+    _raise_open_file_limit()
     entry = Path(argv[0]) if argv else find_entry(Path.cwd())
     if entry is None or not entry.is_file():
         print("no server entry: pass a path, or create server.py (or src/server.py) here", file=sys.stderr)

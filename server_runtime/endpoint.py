@@ -1,4 +1,13 @@
-"""The WebSocket sync endpoint: one `Session` per connection, driven by `SyncService`."""
+"""The WebSocket sync endpoint: one `Session` per connection, driven by `SyncService`.
+
+Admission and limits (see ``server_runtime.limits``): the ``Origin`` allow-list is checked before the upgrade
+(HTTP 403); a process at ``max_connections`` answers ``error OVERLOADED`` and closes with 1013; a server
+shutting down answers ``error SERVER_SHUTDOWN``. Once a session runs, its writes pass a per-session rate
+(waited out, never refused), and the `ConnectionGuard` may ask it to leave: on shutdown after the batch in
+hand is stored and acknowledged (``SERVER_SHUTDOWN``, close 1012), or when it falls too far behind
+(``RESYNC_REQUIRED``, close 1013). Both codes are retriable: the client reconnects and resumes from its
+watermark, resending whatever was not acknowledged.
+"""
 
 from __future__ import annotations
 
@@ -6,20 +15,42 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from offline.core.errors import OfflineError
 from offline.sync import protocol as p
 
+from .connections import RESYNC, SHUTDOWN, Connection, ConnectionGuard
+from .limits import OriginPolicy
 from .sync import Refusal, Session, SyncService
 
 log = logging.getLogger("offline.server.sync")
 
-# WebSocket close codes: 1008 policy violation (auth, schema), 1011 server error, 1013 try again later.
+# WebSocket close codes: 1008 policy violation (auth, schema), 1011 server error, 1012 service restart,
+# 1013 try again later.
 POLICY = 1008
+SERVICE_RESTART = 1012
 TRY_AGAIN = 1013
+
+#: ASGI scope key under which the server puts a callable that drops the connection's TCP socket at once.
+ABORT_KEY = "offline.abort"
+# How long a session's last words (an error and the close frame) may take before the socket is cut instead.
+_FAREWELL_TIMEOUT = 5.0
+
+Send = Callable[[str], Awaitable[None]]
+# Ids and messages echoed from a peer's input: bounded, and valid UTF-8 (a lone surrogate from a JSON escape
+# would make the frame unsendable, and the peer's decoder refuses it).
+_MAX_ECHOED_ID = 128
+_MAX_ECHOED_TEXT = 1000
+
+
+def _clean(text: str, limit: int = _MAX_ECHOED_TEXT) -> str:
+    if not text.isascii():
+        text = text.encode("utf-8", "replace").decode("utf-8")
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 class _Closed(Exception):
@@ -36,36 +67,121 @@ async def _receive_text(websocket: WebSocket) -> str:
     return data.decode("utf-8", "replace")
 
 
-async def sync_endpoint(websocket: WebSocket, service: SyncService) -> None:
+async def _deny_origin(websocket: WebSocket, origin: str) -> None:
+    log.warning(
+        "refused a sync connection from origin %r: it is not in allowed_origins (OFFLINE_ALLOWED_ORIGINS)",
+        origin[:200],
+    )
+    # Closing before accepting makes the ASGI server answer HTTP 403. (A denial response with a body would
+    # say more, but uvicorn logs every one of those as an application error.)
+    await websocket.close(POLICY, "ORIGIN_NOT_ALLOWED")
+
+
+async def sync_endpoint(
+    websocket: WebSocket,
+    service: SyncService,
+    guard: ConnectionGuard,
+    origins: OriginPolicy | None = None,
+) -> None:
+    origin = websocket.headers.get("origin")
+    if origins is not None and not origins.permits(origin):
+        await _deny_origin(websocket, origin or "")
+        return
+    if guard.draining:
+        await websocket.accept()
+        await _refuse(websocket, None, p.SERVER_SHUTDOWN, "the server is shutting down; reconnect shortly")
+        return
+    conn = guard.admit(websocket.scope.get(ABORT_KEY))
+    if conn is None:
+        await websocket.accept()
+        await _refuse(
+            websocket,
+            None,
+            p.OVERLOADED,
+            f"this server holds its maximum of {guard.limits.max_connections} sync connections; "
+            "retry later (with backoff)",
+        )
+        return
+    try:
+        await _serve(websocket, service, guard, conn)
+    finally:
+        guard.release(conn)
+
+
+async def _refuse(
+    websocket: WebSocket,
+    send: Send | None,
+    code: str,
+    message: str,
+    retriable: bool = True,
+    close_code: int = TRY_AGAIN,
+) -> None:
+    with contextlib.suppress(Exception):
+        text = p.encode(p.ErrorMessage(p.new_message_id(), code, message, retriable))
+        await (send(text) if send is not None else websocket.send_text(text))
+        await websocket.close(close_code, code)
+
+
+async def _serve(
+    websocket: WebSocket, service: SyncService, guard: ConnectionGuard, conn: Connection
+) -> None:
     await websocket.accept()
     send_lock = asyncio.Lock()
 
     async def send(text: str) -> None:
-        # The relay task and the receive loop both write; frames must not interleave.
+        # The relay task and the receive loop both write; frames must not interleave. The watchdog reads
+        # `sending_since` to find sockets that stopped draining.
         async with send_lock:
-            await websocket.send_text(text)
+            conn.sending_since = time.monotonic()
+            try:
+                await websocket.send_text(text)
+            finally:
+                conn.sending_since = 0.0
+        guard.note_sent(conn)
 
     async def refuse(code: str, message: str, retriable: bool, close_code: int = POLICY) -> None:
-        with contextlib.suppress(Exception):
-            await send(p.encode(p.ErrorMessage(p.new_message_id(), code, message, retriable)))
-            await websocket.close(close_code, code)
+        await _refuse(websocket, send, code, message, retriable, close_code)
 
+    stop: asyncio.Future[Any] = asyncio.ensure_future(conn.stop.wait())
     try:
-        frame = await asyncio.wait_for(_receive_text(websocket), service.limits.handshake_timeout)
-    except TimeoutError:
-        await refuse(p.PROTOCOL_VIOLATION, "no handshake received in time", True)
+        await _session(websocket, service, guard, conn, send, refuse, stop)
+    finally:
+        stop.cancel()
+
+
+async def _session(
+    websocket: WebSocket,
+    service: SyncService,
+    guard: ConnectionGuard,
+    conn: Connection,
+    send: Send,
+    refuse: Callable[..., Awaitable[None]],
+    stop: asyncio.Future[Any],
+) -> None:
+    first: asyncio.Future[Any] = asyncio.ensure_future(_receive_text(websocket))
+    done, _ = await asyncio.wait(
+        {first, stop}, timeout=service.limits.handshake_timeout, return_when=asyncio.FIRST_COMPLETED
+    )
+    if first not in done:
+        first.cancel()
+        if stop in done:
+            await refuse(p.SERVER_SHUTDOWN, "the server is shutting down; reconnect shortly", True, TRY_AGAIN)
+        else:
+            await refuse(p.PROTOCOL_VIOLATION, "no handshake received in time", True)
         return
+    try:
+        frame = first.result()
     except (_Closed, WebSocketDisconnect):
         return
     try:
         hello = p.decode(frame, max_bytes=service.limits.max_message_bytes)
     except p.ProtocolError as exc:
-        await refuse(exc.code, exc.message, False)
+        await refuse(exc.code, _clean(exc.message), False)
         return
     if not isinstance(hello, p.Handshake):
         await refuse(p.PROTOCOL_VIOLATION, "the first message must be a handshake", False)
         return
-    if not service.started:
+    if not service.started or guard.draining:
         await refuse(p.SERVER_SHUTDOWN, "the server is shutting down; reconnect shortly", True, TRY_AGAIN)
         return
     try:
@@ -112,6 +228,7 @@ async def sync_endpoint(websocket: WebSocket, service: SyncService) -> None:
         supported_schema_max=hi,
     )
     await send(p.encode(response))
+    conn.session = session
     service.sessions.add(session)
     service.emit("connection", {"nodeId": session.node_id, "state": "connected"})
     relay = asyncio.create_task(service.relay(session), name=f"relay-{session.node_id}")
@@ -119,13 +236,22 @@ async def sync_endpoint(websocket: WebSocket, service: SyncService) -> None:
     reason = "closed"
     try:
         while True:
-            receive = asyncio.create_task(_receive_text(websocket))
-            done, _ = await asyncio.wait({receive, relay}, return_when=asyncio.FIRST_COMPLETED)
-            if relay in done:
-                receive.cancel()
-                relay.result()
-                reason = "relay stopped"
+            if conn.stop.is_set():
+                reason = await _farewell(websocket, send, relay, conn)
                 break
+            receive: asyncio.Future[Any] = asyncio.ensure_future(_receive_text(websocket))
+            waiting: set[asyncio.Future[Any]] = {receive, relay, stop}
+            done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+            if receive not in done:
+                receive.cancel()  # the frame, if one arrives, stays queued; its sender resends it anyway
+                if relay in done:
+                    relay.result()
+                    if not service.started:  # the service stopped without a drain (embedded use)
+                        conn.ask_to_leave(SHUTDOWN)
+                        continue
+                    reason = "relay stopped"
+                    break
+                continue  # asked to leave: the top of the loop says goodbye
             frame = receive.result()
             try:
                 message = p.decode(
@@ -133,9 +259,17 @@ async def sync_endpoint(websocket: WebSocket, service: SyncService) -> None:
                     max_bytes=service.limits.max_message_bytes,
                     max_batch=service.limits.max_batch_operations,
                 )
+                if not isinstance(message, (p.OperationBatch, p.OperationMessage, p.Acknowledgment)) and not (
+                    isinstance(message, p.Handshake) and message.message_id == hello.message_id
+                ):
+                    # Well formed but not for the server (a second handshake, a server-only message).
+                    raise p.ProtocolError(p.PROTOCOL_VIOLATION, f"unexpected {type(message).__name__}", False)
             except p.ProtocolError as exc:
+                # Not fatal, until a connection keeps at it.
                 errors += 1
-                await send(p.encode(p.ErrorMessage(p.new_message_id(), exc.code, exc.message, exc.retriable)))
+                await send(
+                    p.encode(p.ErrorMessage(p.new_message_id(), exc.code, _clean(exc.message), exc.retriable))
+                )
                 if errors >= service.limits.max_protocol_errors:
                     await websocket.close(POLICY, "too many malformed messages")
                     reason = "misbehaving"
@@ -145,37 +279,67 @@ async def sync_endpoint(websocket: WebSocket, service: SyncService) -> None:
                 raw = (
                     list(message.operations) if isinstance(message, p.OperationBatch) else [message.operation]
                 )
+                wait = conn.bucket.delay(len(raw))
+                if wait > 0:
+                    # Over its rate: hold this batch (and so its acknowledgement and the reading of the next
+                    # one) instead of refusing it.
+                    guard.counts["rate_limited_batches"] += 1
+                    await asyncio.sleep(wait)
                 await _receive_operations(service, session, message.message_id, raw)
             elif isinstance(message, p.Acknowledgment):
                 # The client persists its own watermark; the relay only needs to know the batch arrived.
                 session.acknowledged(message.acknowledged_message_id)
-            elif isinstance(message, p.Handshake) and message.message_id == hello.message_id:
-                continue  # the same handshake delivered twice: a duplicate is ignored, never fatal
-            else:
-                errors += 1
-                await send(
-                    p.encode(
-                        p.ErrorMessage(
-                            p.new_message_id(),
-                            p.PROTOCOL_VIOLATION,
-                            f"unexpected {type(message).__name__}",
-                            False,
-                        )
-                    )
-                )
+            # else: the same handshake delivered twice, a duplicate ignored (never fatal)
     except (_Closed, WebSocketDisconnect):
-        reason = "client closed"
+        reason = "client closed" if conn.leaving is None else f"cut ({conn.leaving})"
+    except asyncio.CancelledError:
+        if conn.leaving is None:
+            raise
+        reason = f"cut ({conn.leaving})"  # the guard freed this session (see Connection.cut)
     except Exception:
         log.exception("sync session %s failed", session.node_id)
         reason = "server error"
         with contextlib.suppress(Exception):
             await websocket.close(1011, "server error")
     finally:
+        conn.session = None
         service.sessions.discard(session)
-        relay.cancel()
-        with contextlib.suppress(BaseException):
-            await relay
+        await _stop_task(relay)
         service.emit("connection", {"nodeId": session.node_id, "state": "disconnected", "reason": reason})
+
+
+async def _farewell(websocket: WebSocket, send: Send, relay: asyncio.Task[None], conn: Connection) -> str:
+    """End a session the guard asked to leave: stop relaying, say why, close (or cut a peer not reading)."""
+    await _stop_task(relay)
+    session = conn.session
+    if conn.leaving == RESYNC:
+        pending = len(session.unacked) if session is not None else 0
+        code, close_code = p.RESYNC_REQUIRED, TRY_AGAIN
+        message = (
+            f"this connection fell too far behind ({pending} relay batches unacknowledged); reconnect and "
+            "resume from the last delivery you applied"
+        )
+    else:
+        code, close_code = p.SERVER_SHUTDOWN, SERVICE_RESTART
+        message = "the server is restarting; reconnect shortly (unacknowledged operations are resent then)"
+    try:
+        async with asyncio.timeout(_FAREWELL_TIMEOUT):
+            await send(p.encode(p.ErrorMessage(p.new_message_id(), code, message, True)))
+            await websocket.close(close_code, code)
+    except (TimeoutError, OSError, WebSocketDisconnect, RuntimeError):
+        conn.cut()
+    return RESYNC if conn.leaving == RESYNC else SHUTDOWN
+
+
+async def _stop_task(task: asyncio.Task[Any]) -> None:
+    """Cancel ``task`` and wait for it to end; cancel again if it carried on. (Python 3.11's ``wait_for``
+    returns normally when a cancellation races with its inner future completing: the relay, waiting for a
+    wake-up with a timeout, can swallow a cancel that arrives together with a commit.)"""
+    while not task.done():
+        task.cancel()
+        await asyncio.wait({task}, timeout=0.5)
+    if not task.cancelled():
+        task.exception()  # retrieved: a relay that failed on a closed socket is not worth a warning
 
 
 async def _receive_operations(
@@ -188,8 +352,9 @@ async def _receive_operations(
             ops.append(p.decode_operation(item, max_bytes=service.limits.max_operation_bytes))  # type: ignore[arg-type]
         except p.ProtocolError as exc:
             op_id = item.get("id") if isinstance(item, dict) else None
-            key = str(op_id) if op_id is not None else "?"
-            refused[key] = Refusal(exc.code, exc.message)
+            # Echo the id only when the peer can take it back (the protocol's rule for operationId).
+            key = _clean(op_id, _MAX_ECHOED_ID) if isinstance(op_id, str) and op_id else "?"
+            refused[key] = Refusal(exc.code, _clean(exc.message))
             # Counted and published like the pipeline's own refusals (metrics, status, live events).
             service.rejections[exc.code] = service.rejections.get(exc.code, 0) + 1
             service.emit("rejected", {"operationId": key, "code": exc.code, "message": exc.message})
@@ -200,7 +365,9 @@ async def _receive_operations(
             session.rejected += 1
             await session.send(
                 p.encode(
-                    p.OperationRejected(p.new_message_id(), op_id, value.code, value.message, value.retriable)
+                    p.OperationRejected(
+                        p.new_message_id(), op_id, value.code, _clean(value.message), value.retriable
+                    )
                 )
             )
     deliveries = [v for v in results.values() if isinstance(v, int) and not isinstance(v, bool)]

@@ -1,10 +1,17 @@
 """Build a server from environment variables alone (SPEC 2.14), so a container needs only the user's
 schema: `PORT` (3001), `DATABASE_URL` (PostgreSQL when set, else the SQLite file `OFFLINE_SERVER_DB`,
-default `./offline-server.db`), `OFFLINE_ADMIN_TOKEN`, `OFFLINE_METRICS_TOKEN`, `OFFLINE_BACKUP_TOKEN`."""
+default `./offline-server.db`), `OFFLINE_ADMIN_TOKEN`, `OFFLINE_METRICS_TOKEN`, `OFFLINE_BACKUP_TOKEN`.
+
+`AUTH_SECRET` (at least 32 bytes; SPEC 2.14 suggests 32 random bytes, base64) turns on the `/auth` routes,
+with users kept in the same store, and makes their sync auth provider guard the sync endpoint (unless
+`sync_options` brings its own `auth`). `OFFLINE_OAUTH_PROVIDERS` may hold a JSON object of OAuth providers
+(name -> `client_id`, `client_secret`, `authorize_url`, `token_url`, `userinfo_url`, `scope`, ...; see
+`server_runtime.auth.oauth`). Without `AUTH_SECRET` the server accepts every sync connection, and says so."""
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import sys
 from collections.abc import Mapping
@@ -15,6 +22,7 @@ from typing import Any
 from offline.core.errors import OfflineError
 from offline.core.schema import SchemaDefinition
 
+from .auth import AuthRoutes, create_auth_routes
 from .server import ProductionServer, create_production_server
 from .stores import create_relational_server_store, create_sqlite_server_store
 from .stores.base import ServerStore
@@ -62,6 +70,28 @@ def operational_auth_from_environment(env: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in tokens.items() if v}
 
 
+def auth_routes_from_environment(env: Mapping[str, str]) -> AuthRoutes | None:
+    """Auth routes when `AUTH_SECRET` is set (None otherwise); OAuth providers from `OFFLINE_OAUTH_PROVIDERS`."""
+    secret = env.get("AUTH_SECRET", "").strip()
+    if not secret:
+        return None
+    providers_text = env.get("OFFLINE_OAUTH_PROVIDERS", "").strip()
+    providers = None
+    if providers_text:
+        try:
+            providers = json.loads(providers_text)
+        except ValueError:
+            providers = None
+        if not isinstance(providers, dict):
+            # Never echo the value: it holds client secrets.
+            raise OfflineError(
+                "OFFLINE_OAUTH_PROVIDERS must be a JSON object: provider name -> its settings",
+                "AUTH_CONFIG",
+                {"field": "OFFLINE_OAUTH_PROVIDERS"},
+            )
+    return create_auth_routes(secret=secret, oauth_providers=providers)
+
+
 async def server_from_environment(
     schema: SchemaDefinition,
     env: Mapping[str, str] | None = None,
@@ -70,6 +100,9 @@ async def server_from_environment(
     sync_options: Mapping[str, Any] | None = None,
 ) -> ProductionServer:
     env = dict(os.environ if env is None else env)
+    auth_routes = auth_routes_from_environment(env)  # before the store: a bad secret fails fast
+    if auth_routes is not None and not (sync_options or {}).get("auth"):
+        sync_options = {**(sync_options or {}), "auth": auth_routes.to_sync_auth_provider()}
     store = await store_from_environment(env)
     await store.set_schema(schema)
     port_text = env.get("PORT", "").strip() or "3001"
@@ -86,4 +119,5 @@ async def server_from_environment(
         static_dir=static_dir or env.get("OFFLINE_STATIC_DIR") or None,
         operational_auth=operational_auth_from_environment(env),
         sync_options=sync_options,
+        auth_routes=auth_routes,
     )

@@ -1,7 +1,9 @@
 """`create_production_server`: the Starlette application and the uvicorn server that runs it.
 
 `server.app` is the ASGI app (for embedding); `await server.start()` runs it in this event loop and returns
-the public URL; `await server.stop()` stops it.
+the public URL; `await server.stop()` stops it gracefully: it stops listening, lets every sync session finish
+the batch in hand (stored and acknowledged) and closes it with a retriable SERVER_SHUTDOWN (close 1012), so a
+rolling deploy loses nothing. Limits, heartbeats and the Origin allow-list: see ``server_runtime.limits``.
 """
 
 from __future__ import annotations
@@ -9,20 +11,31 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import socket
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.applications import Starlette
+from starlette.datastructures import MutableHeaders
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse
-from starlette.routing import Route, WebSocketRoute
+from starlette.routing import Mount, Route, WebSocketRoute
+from starlette.types import ASGIApp, Message, Receive, Scope
+from starlette.types import Send as ASGISend
 from starlette.websockets import WebSocket
 
-from .endpoint import sync_endpoint
+from .connections import ConnectionGuard, GuardCollector
+from .endpoint import ABORT_KEY, sync_endpoint
+from .limits import OriginPolicy, resolve_limits
+from .redaction import SecretRedactor, install, secrets_from_environment
 from .stores.base import ServerStore
-from .sync import SyncLimits, SyncService
+from .sync import SyncService
+
+if TYPE_CHECKING:
+    from .auth import AuthRoutes
 
 log = logging.getLogger("offline.server")
 
@@ -40,6 +53,7 @@ class ProductionServer:
         sync_path: str = "/offline-sync",
         operational_auth: Mapping[str, Any] | None = None,
         sync_options: Mapping[str, Any] | None = None,
+        auth_routes: AuthRoutes | None = None,
     ) -> None:
         self.store = store
         self.port = port
@@ -48,12 +62,18 @@ class ProductionServer:
         self.sync_path = sync_path if sync_path.startswith("/") else "/" + sync_path
         self.operational_auth = dict(operational_auth or {})
         options = dict(sync_options or {})
-        limits = options.pop("limits", None)
+        sync_limits, self.limits = resolve_limits(options.pop("limits", None))
+        self.origins = OriginPolicy.resolve(options.pop("allowed_origins", None))
+        self.guard = ConnectionGuard(self.limits)
         self.sync = SyncService(
-            store,
-            auth=options.get("auth"),
-            limits=limits if isinstance(limits, SyncLimits) else SyncLimits(**(limits or {})),
+            store, auth=options.get("auth"), limits=sync_limits, rules=options.get("rules")
         )
+        # Auth data lives in this server's store; a provider from `to_sync_auth_provider()` needs it too.
+        self.auth_routes = auth_routes
+        for holder in (auth_routes, self.sync.auth):
+            bind = getattr(holder, "bind_server_store", None)
+            if callable(bind):
+                bind(store)
         self.started_at = time.time()
         self.version = VERSION
         self._server: Any = None
@@ -67,6 +87,12 @@ class ProductionServer:
         from .static import spa_static
 
         ops = self.operational = Operational(self)
+        ops.registry.register(GuardCollector(self.guard))  # type: ignore[arg-type]
+        # Log lines reach stdout and the live event stream: neither may carry a configured secret.
+        self.redactor = SecretRedactor(
+            [*secrets_from_environment(os.environ), *(str(v) for v in self.operational_auth.values() if v)]
+        )
+        install(self.redactor, [ops.log_handler])
 
         async def health(request: Request) -> JSONResponse:
             return JSONResponse(
@@ -74,7 +100,7 @@ class ProductionServer:
             )
 
         async def sync(websocket: WebSocket) -> None:
-            await sync_endpoint(websocket, self.sync)
+            await sync_endpoint(websocket, self.sync, self.guard, self.origins)
 
         def bind(handler: Any) -> Any:
             async def endpoint(request: Request) -> Any:
@@ -85,10 +111,12 @@ class ProductionServer:
         @contextlib.asynccontextmanager
         async def lifespan(app: Starlette) -> Any:
             await self.sync.start()
+            self._warn_open_sync()
             ops.install()
             try:
                 yield
             finally:
+                await self.guard.drain()
                 ops.uninstall()
                 await self.sync.stop()
 
@@ -106,16 +134,22 @@ class ProductionServer:
             Route("/__offline", bind(dashboard.dashboard)),
             Route("/__offline/", bind(dashboard.dashboard)),
         ]
-        if self.static_dir:
+        if self.auth_routes is not None:
+            routes.append(Mount("/auth", routes=self.auth_routes.routes))
+        if self.static_dir:  # last: its SPA fallback answers every path not matched above
             routes.append(spa_static(self.static_dir))
-        return Starlette(routes=routes, lifespan=lifespan)
+        return Starlette(routes=routes, lifespan=lifespan, middleware=[Middleware(_Hardening)])
 
     async def start(self) -> str:
         """Serve in the running event loop; returns the URL (``http://host:port``) once listening."""
         import uvicorn
 
         # Listen first: a busy port fails here, before anything (the log handler, the sync service) started.
-        sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET, socket.SOCK_STREAM)
+        # proto=IPPROTO_TCP: accepted sockets inherit it, and asyncio turns Nagle off (TCP_NODELAY) only on
+        # sockets that say so; otherwise the second of two small frames (a rejection, then the acknowledgement)
+        # waits for the peer's delayed ACK, some 40 ms.
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind((self.host, self.port))
@@ -128,19 +162,23 @@ class ProductionServer:
         except BaseException:
             sock.close()
             raise
+        self._warn_open_sync()  # before the dashboard log handler: its live history starts empty
         self.operational.install()
         config = uvicorn.Config(
             self.app,
             log_level="warning",
             lifespan="off",  # started above, so start() fails loudly instead of inside uvicorn
             ws_max_size=self.sync.limits.max_message_bytes + 1024,
-            ws_ping_interval=20.0,
-            ws_ping_timeout=20.0,
+            # Pings find peers that vanished without closing; a pong not back in time frees the session.
+            ws_ping_interval=self.limits.ping_interval,
+            ws_ping_timeout=self.limits.ping_timeout,
             # Batches of JSON compress well but deflate costs more CPU per operation than it saves on
             # loopback and LAN links; the relay's throughput matters more here.
             ws_per_message_deflate=False,
             timeout_graceful_shutdown=5,
         )
+        # uvicorn configured its loggers just now (uvicorn.Config does it): redact their output too.
+        install(self.redactor, _uvicorn_handlers())
         self._server = _EmbeddedServer(config)
         self._task = asyncio.create_task(self._server.serve(sockets=[sock]), name="offline-server")
         while not self._server.started:
@@ -151,9 +189,22 @@ class ProductionServer:
         self.url = f"http://{shown}:{self.port}"
         return self.url
 
+    def _warn_open_sync(self) -> None:
+        if self.sync.auth is None:
+            log.warning(
+                "no sync auth provider is configured: accepting all sync connections "
+                "(pass sync_options={'auth': auth_routes.to_sync_auth_provider()} to require sign-in)"
+            )
+
     async def stop(self) -> None:
+        """Stop listening, drain the sync sessions (see the module docstring), then stop everything else."""
+        for listener in getattr(self._server, "servers", None) or []:
+            listener.close()  # new connections are refused from here; open ones carry on
+        await self.guard.drain()
         self.operational.uninstall()
         await self.sync.stop()
+        if self.auth_routes is not None:
+            self.auth_routes.close()
         if self._server is not None:
             self._server.should_exit = True
         if self._task is not None:
@@ -165,6 +216,50 @@ class ProductionServer:
         await self.start()
         assert self._task is not None
         await self._task
+
+
+_OPERATIONAL_PREFIXES = ("/__offline", "/auth")
+# For every operational and auth response that does not set its own (the dashboard's pages set a full CSP).
+_BASELINE_HEADERS = {
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "no-referrer",
+    "Content-Security-Policy": "default-src 'none'; frame-ancestors 'none'",
+}
+
+
+class _Hardening:
+    """ASGI middleware: baseline security headers on operational responses, and for WebSockets a way to drop
+    the TCP connection (uvicorn's protocol object owns the transport; see ConnectionGuard)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: ASGISend) -> None:
+        if scope["type"] == "websocket":
+            transport = getattr(getattr(send, "__self__", None), "transport", None)
+            abort = getattr(transport, "abort", None)
+            if callable(abort):
+                scope[ABORT_KEY] = abort
+        elif scope["type"] == "http" and str(scope.get("path", "")).startswith(_OPERATIONAL_PREFIXES):
+
+            async def send_hardened(message: Message) -> None:
+                if message["type"] == "http.response.start":
+                    headers = MutableHeaders(scope=message)
+                    for name, value in _BASELINE_HEADERS.items():
+                        if name not in headers:
+                            headers[name] = value
+                await send(message)
+
+            await self.app(scope, receive, send_hardened)
+            return
+        await self.app(scope, receive, send)
+
+
+def _uvicorn_handlers() -> list[logging.Handler]:
+    return [
+        h for name in ("uvicorn", "uvicorn.error", "uvicorn.access") for h in logging.getLogger(name).handlers
+    ]
 
 
 def _embedded_server_class() -> Any:
@@ -193,6 +288,7 @@ def create_production_server(
     sync_path: str = "/offline-sync",
     operational_auth: Mapping[str, Any] | None = None,
     sync_options: Mapping[str, Any] | None = None,
+    auth_routes: AuthRoutes | None = None,
 ) -> ProductionServer:
     return ProductionServer(
         store=store,
@@ -202,4 +298,5 @@ def create_production_server(
         sync_path=sync_path,
         operational_auth=operational_auth,
         sync_options=sync_options,
+        auth_routes=auth_routes,
     )

@@ -48,6 +48,10 @@ log = logging.getLogger("offline.server.sync")
 # Records loaded at start from which the process exempts its objects from garbage collection (see start()).
 _FREEZE_AT = 10_000
 
+#: ``sync_options={"rules": {collection: rule}}``: ``rule(claims, operation) -> bool`` decides each client
+#: write to that collection (claims: the session's verified token claims, {} without auth).
+WriteRule = Callable[[Mapping[str, Any], Operation], bool]
+
 AuthProvider = Callable[[str | None], Awaitable[Mapping[str, Any] | None] | Mapping[str, Any] | None]
 
 
@@ -190,9 +194,11 @@ class SyncService:
         auth: Any = None,
         limits: SyncLimits | None = None,
         now: Callable[[], int] | None = None,
+        rules: Mapping[str, WriteRule] | None = None,
     ) -> None:
         self.store = store
         self.auth = auth
+        self.rules = _checked_rules(rules)
         self.limits = limits or SyncLimits()
         self._now = now or (lambda: time.time_ns() // 1_000_000)
         self.sessions: set[Session] = set()
@@ -249,6 +255,13 @@ class SyncService:
         self.watermark = await self.store.max_delivery()
         self._seq = (await self.store.version_vector()).get(node_id, 0)
         self.participating = participating_collections(schema)
+        unknown = sorted(set(self.rules) - set(schema.collections))
+        if unknown:  # a misspelt name would leave the collection without its rule
+            raise OfflineError(
+                f"sync_options['rules'] names collections the schema does not have: {', '.join(unknown)}",
+                "SYNC_ERROR",
+                {"field": "sync_options.rules"},
+            )
         self.scope_fields: dict[str, tuple[str, ...]] = {}
         for name, where in _bindings(schema).items():
             self.scope_fields[name] = tuple(where)
@@ -625,6 +638,13 @@ class SyncService:
                 )
             if before is not None and not session.matches(op.collection, before):
                 return Refusal(p.SCOPE_VIOLATION, "the record is outside this session's scope"), [], None
+            rule = self.rules.get(op.collection)
+            if rule is not None and not _rule_allows(rule, session.claims, op):
+                return (
+                    Refusal(p.SCOPE_VIOLATION, f"the write rule of {op.collection!r} refuses this {op.type}"),
+                    [],
+                    None,
+                )
         problem = self.engine.transition_problem(op)
         if problem is not None and problem[3] == "reject":
             name, source, allowed, _ = problem
@@ -773,8 +793,11 @@ class SyncService:
                 resend_after = self.limits.ack_timeout
             wait = max(sent_at, session.last_ack) + resend_after - time.monotonic()
             if wait > 0:
+                # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation that arrives
+                # together with the wake-up, and the relay would outlive its session.
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(session.wake.wait(), wait)
+                    async with asyncio.timeout(wait):
+                        await session.wake.wait()
                 continue
             rewound_at = time.monotonic()
             resend_after = min(resend_after * 2, 60.0)
@@ -790,3 +813,26 @@ def _bindings(schema: SchemaDefinition) -> dict[str, dict[str, Any]]:
         if where:
             out[name] = dict(where)
     return out
+
+
+def _checked_rules(rules: Mapping[str, WriteRule] | None) -> dict[str, WriteRule]:
+    if rules is None:
+        return {}
+    if not isinstance(rules, Mapping) or not all(
+        isinstance(k, str) and callable(v) for k, v in rules.items()
+    ):
+        raise OfflineError(
+            "sync_options['rules'] must map collection names to functions rule(claims, operation) -> bool",
+            "SYNC_ERROR",
+            {"field": "sync_options.rules"},
+        )
+    return dict(rules)
+
+
+def _rule_allows(rule: WriteRule, claims: Mapping[str, Any] | None, op: Operation) -> bool:
+    """The rule's verdict; a rule that raises refuses the write (and the failure is logged)."""
+    try:
+        return bool(rule(claims or {}, op))
+    except Exception:
+        log.exception("the write rule of %r failed; the write is refused", op.collection)
+        return False

@@ -27,11 +27,16 @@ from .errors import (
     AUTH_FAILED,
     AUTH_UNAVAILABLE,
     INVALID_INPUT,
+    INVALID_MFA_TOKEN,
     OAUTH_FAILED,
     SESSION_ENDED_CODES,
     AuthError,
+    MfaRequired,
 )
 from .http import AuthHttp, credentials_from_pair
+from .mfa import MfaMethods, _factor
+from .orgs import OrgMethods
+from .passkeys import PasskeyMethods
 from .tokens import claims_or_empty
 
 log = logging.getLogger("offline.auth")
@@ -114,7 +119,7 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-class OfflineAuth:
+class OfflineAuth(MfaMethods, OrgMethods, PasskeyMethods):
     """One user's session with one server. Create it with `create_offline_auth`."""
 
     def __init__(
@@ -158,6 +163,9 @@ class OfflineAuth:
         self._refresh_task: asyncio.Task[Credentials] | None = None
         self._handlers: list[ChangeHandler] = []
         self._oauth_pending: dict[str, tuple[str, str, float]] = {}
+        self._link_pending: dict[str, tuple[str, str, float]] = {}
+        # The sign-in token of a sign-in waiting for its second factor, and when it expires (local clock).
+        self._mfa_pending: tuple[str, float] | None = None
 
     def __repr__(self) -> str:
         user = self.user
@@ -252,7 +260,20 @@ class OfflineAuth:
         await self._settle_refresh()
         sent_at = self._clock()
         response = await self._http.request(method, path, json=body)
-        creds = credentials_from_pair(_json(response, self.server_url), self.server_url, sent_at)
+        answer = _json(response, self.server_url)
+        if isinstance(answer, dict) and answer.get("mfaRequired") is True:
+            token, expires_in = answer.get("mfaToken"), answer.get("expiresIn")
+            if not isinstance(token, str) or not token:
+                raise AuthError(
+                    "the auth server asked for a second factor without a sign-in token",
+                    AUTH_UNAVAILABLE,
+                    {"url": self.server_url},
+                )
+            lifetime = float(expires_in) if isinstance(expires_in, int | float) and expires_in > 0 else 300.0
+            self._mfa_pending = (token, sent_at + lifetime)
+            types = answer.get("mfaTypes")
+            raise MfaRequired([str(t) for t in types] if isinstance(types, list) else ["totp"], lifetime)
+        creds = credentials_from_pair(answer, self.server_url, sent_at)
         previous = self._current()
         self._generation += 1
         self._set_session(creds)
@@ -271,10 +292,59 @@ class OfflineAuth:
         await self._settle_refresh()
         creds = self._current()
         self._generation += 1
+        self._mfa_pending = None
         self._set_session(None)
         if creds is None:
             return True
         return await self._revoke(creds)
+
+    async def complete_mfa(self, code: str | None = None, *, recovery_code: str | None = None) -> User:
+        """Finish a sign-in that raised `MfaRequired`, with the authenticator app's ``code`` or a
+        ``recovery_code`` (each recovery code works once); returns `user`. INVALID_MFA_CODE for a wrong code
+        (try again), INVALID_MFA_TOKEN when the sign-in step expired (sign in again)."""
+        fields = _factor(code, recovery_code)
+        pending = self._mfa_pending
+        if pending is None or self._clock() >= pending[1]:
+            self._mfa_pending = None
+            raise AuthError(
+                "no sign-in is waiting for a second factor (or it expired); sign in again",
+                INVALID_MFA_TOKEN,
+                {"url": self.server_url},
+            )
+        try:
+            user = await self._start_session("POST", "/mfa/challenge", {"mfaToken": pending[0], **fields})
+        except AuthError as exc:
+            if exc.code == INVALID_MFA_TOKEN:
+                self._mfa_pending = None
+            raise
+        self._mfa_pending = None
+        return user
+
+    @property
+    def mfa_pending(self) -> bool:
+        """True while a sign-in waits for `complete_mfa`."""
+        return self._mfa_pending is not None and self._clock() < self._mfa_pending[1]
+
+    # -- calls on behalf of the signed-in user ----------------------------------------------------------------
+
+    async def _authed(self, method: str, path: str, body: dict[str, Any] | None = None) -> httpx.Response:
+        token = await self.get_access_token()
+        if token is None:
+            raise AuthError("not signed in: sign in first", AUTH_FAILED, {"url": self.server_url})
+        return await self._http.request(method, path, json=body, bearer=token)
+
+    async def _public(self, method: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        return self._body_of(await self._http.request(method, path, json=body))
+
+    def _body_of(self, response: httpx.Response) -> dict[str, Any]:
+        body = _json(response, self.server_url)
+        if not isinstance(body, dict):
+            raise AuthError(
+                f"the auth server answered {response.status_code} with something other than a JSON object",
+                AUTH_UNAVAILABLE,
+                {"url": self.server_url, "status": response.status_code},
+            )
+        return body
 
     async def _revoke(self, creds: Credentials) -> bool:
         try:
@@ -357,13 +427,21 @@ class OfflineAuth:
         # shield: one caller giving up must not cancel the refresh the others wait for.
         return await asyncio.shield(task)
 
-    async def _do_refresh(self) -> Credentials:
+    async def _rotate_with_org(self, org_id: str | None) -> None:
+        """Refresh now, making ``org_id`` the session's active organization (shared like any refresh)."""
+        await self._settle_refresh()
+        task = asyncio.get_running_loop().create_task(self._do_refresh({"orgId": org_id}))
+        task.add_done_callback(lambda t: None if t.cancelled() else t.exception())
+        self._refresh_task = task
+        await asyncio.shield(task)
+
+    async def _do_refresh(self, extra: dict[str, Any] | None = None) -> Credentials:
         current = self._current()
         if current is None:
             raise AuthError("not signed in: sign in first", AUTH_FAILED, {"url": self.server_url})
         creds = self._adopt_newer(current)
         now = self._clock()
-        if creds is not current and not self._expiring(creds, now):
+        if extra is None and creds is not current and not self._expiring(creds, now):
             return creds  # another instance sharing the store already refreshed
         generation = self._generation
         if creds.refresh_expires_at is not None and now >= creds.refresh_expires_at:
@@ -374,7 +452,7 @@ class OfflineAuth:
         sent_at = self._clock()
         try:
             response = await self._http.request(
-                "POST", "/refresh", json={"refreshToken": creds.refresh_token}
+                "POST", "/refresh", json={"refreshToken": creds.refresh_token, **(extra or {})}
             )
         except AuthError as exc:
             if exc.code in SESSION_ENDED_CODES:
@@ -475,6 +553,47 @@ class OfflineAuth:
         if redirect is not None:
             body["redirectUri"] = redirect
         return await self._start_session("POST", f"/oauth/{provider}/callback", body)
+
+    # -- account linking ------------------------------------------------------------------------------------
+
+    async def link_oauth_authorize(self, provider: str, redirect_uri: str) -> str:
+        """Start linking a provider identity to the signed-in account: the authorization URL to open. The
+        redirect's ``code`` and ``state`` then go to `complete_link_oauth`."""
+        provider = _check_provider(provider)
+        if not isinstance(redirect_uri, str) or not redirect_uri:
+            raise _invalid("redirect_uri", "redirect_uri must be the URL the provider redirects back to")
+        path = f"/link/oauth/{provider}/authorize?" + urllib.parse.urlencode({"redirectUri": redirect_uri})
+        body = self._body_of(await self._authed("GET", path))
+        url, state = body.get("authorizationUrl"), body.get("state")
+        if not isinstance(url, str) or not isinstance(state, str):
+            raise AuthError(
+                "the auth server sent an unexpected linking answer (no authorizationUrl or state)",
+                AUTH_UNAVAILABLE,
+                {"url": self.server_url, "provider": provider},
+            )
+        now = self._clock()
+        self._link_pending = {s: v for s, v in self._link_pending.items() if now - v[2] < _OAUTH_STATE_TTL}
+        self._link_pending[state] = (provider, redirect_uri, now)
+        return url
+
+    async def complete_link_oauth(
+        self, provider: str, code: str, state: str, redirect_uri: str | None = None
+    ) -> dict[str, Any]:
+        """Link the provider identity behind ``code`` to the signed-in account: ``{"linked", "provider",
+        "email", "alreadyLinked"}``. OAUTH_IDENTITY_LINKED when another account already has it."""
+        provider = _check_provider(provider)
+        if not isinstance(code, str) or not code or not isinstance(state, str) or not state:
+            raise _invalid("code", "code and state must be the values from the provider's redirect")
+        pending = self._link_pending.pop(state, None)
+        if pending is None or pending[0] != provider or self._clock() - pending[2] >= _OAUTH_STATE_TTL:
+            raise AuthError(
+                "this redirect does not match a linking started here (or it is older than 10 minutes); "
+                "start linking again",
+                OAUTH_FAILED,
+                {"provider": provider},
+            )
+        body = {"code": code, "state": state, "redirectUri": redirect_uri or pending[1]}
+        return self._body_of(await self._authed("POST", f"/link/oauth/{provider}/callback", body))
 
 
 def _check_provider(provider: Any) -> str:

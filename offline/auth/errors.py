@@ -23,25 +23,72 @@ OAUTH_PROVIDER_UNKNOWN: Final = "OAUTH_PROVIDER_UNKNOWN"
 OAUTH_FAILED: Final = "OAUTH_FAILED"
 OAUTH_ACCOUNT_EXISTS: Final = "OAUTH_ACCOUNT_EXISTS"
 AUTH_UNAVAILABLE: Final = "AUTH_UNAVAILABLE"
+# Second factor (TOTP)
+MFA_REQUIRED: Final = "MFA_REQUIRED"  # the client's own: sign-in needs `complete_mfa(code)`
+INVALID_MFA_CODE: Final = "INVALID_MFA_CODE"
+INVALID_MFA_TOKEN: Final = "INVALID_MFA_TOKEN"
+MFA_ALREADY_ENABLED: Final = "MFA_ALREADY_ENABLED"
+MFA_NOT_PENDING: Final = "MFA_NOT_PENDING"
+MFA_NOT_ENABLED: Final = "MFA_NOT_ENABLED"
+# Organizations
+ORG_NOT_FOUND: Final = "ORG_NOT_FOUND"
+FORBIDDEN: Final = "FORBIDDEN"
+LAST_OWNER: Final = "LAST_OWNER"
+MEMBER_NOT_FOUND: Final = "MEMBER_NOT_FOUND"
+ALREADY_MEMBER: Final = "ALREADY_MEMBER"
+INVITE_INVALID: Final = "INVITE_INVALID"
+INVITE_EMAIL_MISMATCH: Final = "INVITE_EMAIL_MISMATCH"
+# Account linking
+OAUTH_IDENTITY_LINKED: Final = "OAUTH_IDENTITY_LINKED"
+# Passkeys
+PASSKEYS_UNSUPPORTED: Final = "PASSKEYS_UNSUPPORTED"  # the client's own: no WebAuthn in this shell
+PASSKEYS_NOT_CONFIGURED: Final = "PASSKEYS_NOT_CONFIGURED"
+PASSKEY_CHALLENGE_INVALID: Final = "PASSKEY_CHALLENGE_INVALID"
+PASSKEY_INVALID: Final = "PASSKEY_INVALID"
+PASSKEY_EXISTS: Final = "PASSKEY_EXISTS"
+PASSKEY_FAILED: Final = "PASSKEY_FAILED"
+PASSKEY_NOT_FOUND: Final = "PASSKEY_NOT_FOUND"
 
 #: Refresh answers meaning the session is over for good: the only way back is a new sign-in.
 SESSION_ENDED_CODES: Final = frozenset({REFRESH_TOKEN_REUSED, INVALID_REFRESH_TOKEN, AUTH_FAILED})
 
 __all__ = [
+    "ALREADY_MEMBER",
     "AUTH_FAILED",
     "AUTH_UNAVAILABLE",
     "EMAIL_TAKEN",
+    "FORBIDDEN",
     "INVALID_CREDENTIALS",
     "INVALID_INPUT",
+    "INVALID_MFA_CODE",
+    "INVALID_MFA_TOKEN",
     "INVALID_REFRESH_TOKEN",
+    "INVITE_EMAIL_MISMATCH",
+    "INVITE_INVALID",
+    "LAST_OWNER",
+    "MEMBER_NOT_FOUND",
+    "MFA_ALREADY_ENABLED",
+    "MFA_NOT_ENABLED",
+    "MFA_NOT_PENDING",
+    "MFA_REQUIRED",
     "OAUTH_ACCOUNT_EXISTS",
     "OAUTH_FAILED",
+    "OAUTH_IDENTITY_LINKED",
     "OAUTH_PROVIDER_UNKNOWN",
+    "ORG_NOT_FOUND",
+    "PASSKEYS_NOT_CONFIGURED",
+    "PASSKEYS_UNSUPPORTED",
+    "PASSKEY_CHALLENGE_INVALID",
+    "PASSKEY_EXISTS",
+    "PASSKEY_FAILED",
+    "PASSKEY_INVALID",
+    "PASSKEY_NOT_FOUND",
     "RATE_LIMITED",
     "REFRESH_TOKEN_REUSED",
     "SESSION_ENDED_CODES",
     "STORAGE_ERROR",
     "AuthError",
+    "MfaRequired",
 ]
 
 
@@ -50,3 +97,19 @@ class AuthError(OfflineError):
 
     def __init__(self, message: str, code: str, context: dict[str, Any] | None = None) -> None:
         super().__init__(message, code, context)
+
+
+class MfaRequired(AuthError):
+    """The password (or provider) was right and the account has a second factor: finish the sign-in with
+    ``await auth.complete_mfa(code)`` (or ``recovery_code=...``) within ``expires_in`` seconds. The sign-in
+    token stays inside the auth client; this error carries nothing secret."""
+
+    def __init__(self, mfa_types: list[str], expires_in: float) -> None:
+        super().__init__(
+            "this account has two-step verification: call complete_mfa(code) with the code from the "
+            "authenticator app (or recovery_code=...)",
+            MFA_REQUIRED,
+            {"mfaTypes": list(mfa_types), "expiresIn": expires_in},
+        )
+        self.mfa_types = list(mfa_types)
+        self.expires_in = expires_in

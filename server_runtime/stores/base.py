@@ -18,12 +18,15 @@ import abc
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from offline.core.errors import STORAGE_ERROR, OfflineError
 from offline.core.operations import Operation
 from offline.core.schema import SchemaDefinition
 from offline.merge.engine import RecordState
+
+if TYPE_CHECKING:
+    from ..auth.storage import AuthStore
 
 __all__ = [
     "NotifyCallback",
@@ -166,6 +169,17 @@ class ServerStore(abc.ABC):
         """Set one meta value (takes the write lock: inside a writer use ``writer.set_meta``)."""
         async with self.writer() as writer:
             await writer.set_meta(key, value)
+
+    def auth_store(self) -> AuthStore:
+        """Users, sessions and refresh tokens kept beside this store's data, on its connections (tables
+        ``offline_auth_*``, created on first use). One object per store; see ``server_runtime.auth.storage``."""
+        cached: AuthStore | None = getattr(self, "_auth_store", None)
+        if cached is None:
+            from ..auth.storage import auth_store_for
+
+            cached = auth_store_for(self)
+            self._auth_store = cached
+        return cached
 
     # -------------------------------------------------------------------------------------------- reading
 

@@ -347,7 +347,12 @@ def test_without_tokens_everything_is_open_and_the_server_warns(
     caplog.clear()
     (tmp_path / "secured").mkdir()
     with LiveServer(tmp_path / "secured", auth=ALL_TOKENS):
-        assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+        # (The sync endpoint has no auth provider here, which the server rightly warns about: not this test's topic.)
+        assert not [
+            r
+            for r in caplog.records
+            if r.levelno >= logging.WARNING and "accepting all sync connections" not in r.getMessage()
+        ]
 
 
 def test_dashboard_redirects_browsers_to_sign_in_and_answers_401_to_others(

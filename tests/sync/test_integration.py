@@ -456,6 +456,8 @@ def test_dropped_connection_mid_stream_loses_nothing(backend: Backend, tmp_path:
                 assert acked <= stored, f"{len(acked - stored)} acknowledged operations lost"
                 server.start()  # same port, same data; both clients reconnect on their own
             else:
+                for _ in range(10):  # no await in between: still unsent when the connection goes
+                    written.append(a.items.insert({"title": f"w{len(written)}"}))
                 await a.sync.disconnect()
                 pending = own_ids(a, PENDING)
                 assert pending

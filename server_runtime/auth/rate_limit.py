@@ -1,0 +1,130 @@
+"""Sliding-window limits on failed sign-ins, per account and per client address (in memory, per process).
+
+Each key keeps the times of its recent failures; once ``attempts`` of them fall inside the last ``window``
+seconds, further attempts are refused until the oldest one leaves the window. Unknown and known accounts are
+counted alike (the key is the email as typed, normalised), so a 429 reveals nothing about existence either.
+Several server processes each keep their own counts; the limit then holds per process.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+from offline.core.errors import OfflineError
+
+from .tokens import AUTH_CONFIG
+
+__all__ = ["RateLimits", "SlidingWindow", "rate_limits_from"]
+
+
+@dataclass(frozen=True, slots=True)
+class RateLimits:
+    """Failed sign-ins allowed per account and per client address within a window (seconds); sign-ups
+    allowed per address (each costs a password hash); wrong second-factor codes allowed per account."""
+
+    account_attempts: int = 5
+    account_window: float = 900.0
+    address_attempts: int = 20
+    address_window: float = 900.0
+    sign_up_attempts: int = 20
+    sign_up_window: float = 3600.0
+    mfa_attempts: int = 5
+    mfa_window: float = 900.0
+
+
+def rate_limits_from(value: RateLimits | Mapping[str, Any] | None) -> RateLimits:
+    """``RateLimits`` from itself, a dict of its field names (snake_case or camelCase), or None (defaults)."""
+    if value is None:
+        return RateLimits()
+    if isinstance(value, RateLimits):
+        limits = value
+    else:
+        names = {f.name for f in fields(RateLimits)}
+        camel = {_camel(n): n for n in names}
+        given: dict[str, Any] = {}
+        for key, item in value.items():
+            name = key if key in names else camel.get(key)
+            if name is None:
+                raise OfflineError(
+                    f"unknown rate limit {key!r}; known: {', '.join(sorted(names))}",
+                    AUTH_CONFIG,
+                    {"field": f"rate_limits.{key}"},
+                )
+            given[name] = item
+        limits = RateLimits(**given)
+    for f in fields(limits):
+        number = getattr(limits, f.name)
+        if not isinstance(number, (int, float)) or isinstance(number, bool) or number <= 0:
+            raise OfflineError(
+                f"rate limit {f.name} must be a positive number, got {number!r}",
+                AUTH_CONFIG,
+                {"field": f"rate_limits.{f.name}"},
+            )
+    return limits
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(part.title() for part in rest)
+
+
+class SlidingWindow:
+    """At most ``attempts`` recorded events per key within ``window`` seconds. Memory is bounded: at most
+    ``max_keys`` keys are kept; when full, the key touched least recently is forgotten."""
+
+    def __init__(
+        self,
+        attempts: int,
+        window: float,
+        *,
+        max_keys: int = 100_000,
+        now: Callable[[], float] | None = None,
+    ) -> None:
+        self.attempts = int(attempts)
+        self.window = float(window)
+        self.max_keys = max_keys
+        self._now = now or time.monotonic
+        self._events: OrderedDict[str, deque[float]] = OrderedDict()
+
+    def _recent(self, key: str, now: float) -> deque[float] | None:
+        events = self._events.get(key)
+        if events is None:
+            return None
+        while events and events[0] <= now - self.window:
+            events.popleft()
+        if not events:
+            del self._events[key]
+            return None
+        return events
+
+    def retry_after(self, key: str) -> float | None:
+        """Seconds until ``key`` may try again, or None when it may try now."""
+        now = self._now()
+        events = self._recent(key, now)
+        if events is None or len(events) < self.attempts:
+            return None
+        # The attempt becomes possible when enough of the oldest events have left the window.
+        return max(events[len(events) - self.attempts] + self.window - now, 0.001)
+
+    def hit(self, key: str) -> None:
+        now = self._now()
+        events = self._recent(key, now)
+        if events is None:
+            events = self._events[key] = deque(maxlen=self.attempts)
+            while len(self._events) > self.max_keys:
+                self._events.popitem(last=False)
+        else:
+            self._events.move_to_end(key)
+        events.append(now)
+
+    def reset(self, key: str) -> None:
+        self._events.pop(key, None)
+
+
+def retry_after_header(seconds: float) -> str:
+    return str(max(1, math.ceil(seconds)))

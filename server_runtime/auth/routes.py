@@ -1,0 +1,651 @@
+"""The ``/auth`` routes and the sync auth provider (the HTTP contract is in the package docstring).
+
+State lives in the server's store (``ServerStore.auth_store()``): ``create_production_server(auth_routes=...)``
+attaches the routes to it. Token checks, password hashing and rate limits are in their own modules; this one
+turns requests into store transactions and answers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import enum
+import logging
+import secrets
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Final
+
+from argon2 import PasswordHasher
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import BaseRoute, Route, Router
+
+from offline.core.errors import OfflineError
+from offline.core.uuid7 import generate_uuid_v7
+
+from . import oauth as _oauth
+from .linking import LinkRoutes
+from .mfa import MfaRoutes
+from .orgs import OrgRoutes, current_org_claims, org_claims, roles_from
+from .passkeys import PasskeyRoutes, passkey_config_from
+from .passwords import MAX_PASSWORD_CHARS, PasswordService, check_password_shape
+from .rate_limit import RateLimits, SlidingWindow, rate_limits_from, retry_after_header
+from .storage import AuthStore, AuthTx, Identity, OAuthStateRow, RefreshRow, SessionRow, User
+from .tokens import AUTH_CONFIG, InvalidToken, TokenService, hash_secret, new_refresh_token
+from .web import AuthError, normalize_email
+from .web import auth_failed as _auth_failed
+from .web import bearer as _bearer
+from .web import client_address as _client_address
+from .web import email_field as _email_field
+from .web import invalid as _invalid
+from .web import iso as _iso
+from .web import read_body as _body
+from .web import seconds_option as _seconds
+from .web import string_field as _string_field
+
+if TYPE_CHECKING:
+    from ..stores.base import ServerStore
+
+__all__ = ["AuthRoutes", "SyncAuthProvider", "create_auth_routes"]
+
+log = logging.getLogger("offline.server.auth")
+
+DEFAULT_ACCESS_TTL: Final = 15 * 60
+DEFAULT_REFRESH_TTL: Final = 30 * 24 * 3600
+OAUTH_STATE_TTL: Final = 10 * 60
+_PURGE_EVERY: Final = 3600.0
+
+# One body for an unknown email and a wrong password alike (and for accounts without a password).
+_BAD_CREDENTIALS: Final = AuthError(
+    401, "INVALID_CREDENTIALS", "the email or password is wrong; check both and try again"
+)
+
+
+def _invalid_refresh() -> AuthError:
+    return AuthError(
+        401,
+        "INVALID_REFRESH_TOKEN",
+        "the refresh token is unknown, expired or revoked; sign in again",
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Pair:
+    user: User
+    session_id: str
+    refresh_token: str
+    claims: dict[str, Any] = field(default_factory=dict)  # extra access-token claims (organizations)
+
+
+class _Keep(enum.Enum):
+    ORG = "keep"
+
+
+#: ``rotate``'s ``org_id`` when the refresh leaves the session's active organization as it is.
+KEEP_ORG: Final = _Keep.ORG
+DEFAULT_INVITE_TTL: Final = 7 * 24 * 3600
+
+
+# -- the routes -----------------------------------------------------------------------------------------------
+
+
+class AuthRoutes:
+    """Sign-up, sign-in, refresh, sign-out, revocation, ``/me`` and OAuth; mount ``.routes`` (or ``.app``)
+    at ``/auth``. Build with ``create_auth_routes``."""
+
+    def __init__(
+        self,
+        *,
+        secret: str | bytes,
+        oauth_providers: Mapping[str, Mapping[str, Any]] | None = None,
+        access_ttl: float | datetime.timedelta = DEFAULT_ACCESS_TTL,
+        refresh_ttl: float | datetime.timedelta = DEFAULT_REFRESH_TTL,
+        rate_limits: RateLimits | Mapping[str, Any] | None = None,
+        password_hasher: PasswordHasher | None = None,
+        roles: Sequence[str] | None = None,
+        invite_ttl: float | datetime.timedelta = DEFAULT_INVITE_TTL,
+        passkeys: Mapping[str, Any] | None = None,
+        totp_issuer: str = "offline",
+        now: Callable[[], float] | None = None,
+    ) -> None:
+        self._now = now or time.time
+        self.access_ttl = _seconds(access_ttl, "access_ttl")
+        self.refresh_ttl = _seconds(refresh_ttl, "refresh_ttl")
+        self.tokens = TokenService(secret, access_ttl=self.access_ttl, now=self._now)
+        self.passwords = PasswordService(password_hasher)
+        self.providers = _oauth.providers_from(oauth_providers)
+        self.rate_limits = limits = rate_limits_from(rate_limits)
+        self.account_limiter = SlidingWindow(limits.account_attempts, limits.account_window)
+        self.address_limiter = SlidingWindow(limits.address_attempts, limits.address_window)
+        self.sign_up_limiter = SlidingWindow(limits.sign_up_attempts, limits.sign_up_window)
+        self.roles = roles_from(roles)
+        if not isinstance(totp_issuer, str) or not totp_issuer.strip() or ":" in totp_issuer:
+            raise OfflineError(
+                "totp_issuer must be a non-empty name without ':' (authenticator apps show it)",
+                AUTH_CONFIG,
+                {"field": "totp_issuer"},
+            )
+        self.server_store: ServerStore | None = None
+        self._next_purge = 0.0
+        self._provider = SyncAuthProvider(self)
+        key = secret.encode("utf-8") if isinstance(secret, str) else bytes(secret)
+        self.mfa = MfaRoutes(self, key=key, issuer=totp_issuer.strip())
+        self.orgs = OrgRoutes(self, roles=self.roles, invite_ttl=_seconds(invite_ttl, "invite_ttl"))
+        self.linking = LinkRoutes(self)
+        self.passkeys = PasskeyRoutes(self, passkey_config_from(passkeys))
+        self.routes: list[BaseRoute] = [
+            Route("/sign-up", self._handler(self.sign_up), methods=["POST"]),
+            Route("/sign-in", self._handler(self.sign_in), methods=["POST"]),
+            Route("/refresh", self._handler(self.refresh), methods=["POST"]),
+            Route("/sign-out", self._handler(self.sign_out), methods=["POST"]),
+            Route("/revoke", self._handler(self.revoke), methods=["POST"]),
+            Route("/me", self._handler(self.me), methods=["GET"]),
+            Route("/oauth/{provider}/authorize", self._handler(self.oauth_authorize), methods=["GET"]),
+            Route("/oauth/{provider}/callback", self._handler(self.oauth_callback), methods=["POST"]),
+            *self.mfa.routes(),
+            *self.orgs.routes(),
+            *self.linking.routes(),
+            *self.passkeys.routes(),
+        ]
+        #: The routes as one ASGI app, for mounting at ``/auth`` in another application.
+        self.app = Router(routes=self.routes)
+
+    def __repr__(self) -> str:
+        return (
+            f"AuthRoutes(providers={sorted(self.providers)}, passkeys={self.passkeys.config is not None}, "
+            f"bound={self.server_store is not None})"
+        )
+
+    # -- wiring ---------------------------------------------------------------------------------------------------
+
+    def bind_server_store(self, store: ServerStore) -> None:
+        """Keep auth data in ``store`` (``create_production_server`` calls this)."""
+        if self.server_store is not None and self.server_store is not store:
+            raise OfflineError(
+                "these auth routes already keep their data in another server store; "
+                "create one create_auth_routes(...) per server",
+                AUTH_CONFIG,
+                {"field": "auth_routes"},
+            )
+        self.server_store = store
+
+    def to_sync_auth_provider(self) -> SyncAuthProvider:
+        """The provider for ``sync_options={"auth": ...}``: accepts valid, unrevoked access tokens."""
+        return self._provider
+
+    def close(self) -> None:
+        """Release the password-hashing threads (they are started again on demand)."""
+        self.passwords.close()
+
+    def _store(self) -> AuthStore:
+        if self.server_store is None:
+            raise OfflineError(
+                "the auth routes are not attached to a server store; pass auth_routes=... to "
+                "create_production_server, or call bind_server_store(store)",
+                AUTH_CONFIG,
+                {"field": "auth_routes"},
+            )
+        return self.server_store.auth_store()
+
+    def _ms(self) -> int:
+        return int(self._now() * 1000)
+
+    def _handler(
+        self, method: Callable[[Request], Awaitable[Response]]
+    ) -> Callable[[Request], Awaitable[Response]]:
+        async def endpoint(request: Request) -> Response:
+            try:
+                await self._maybe_purge()
+                return await method(request)
+            except AuthError as exc:
+                return exc.response()
+            except OfflineError as exc:
+                # Storage trouble (or a route used before it was attached). The details go to the log; the
+                # client learns only that it may retry.
+                log.error("auth request %s failed: [%s] %s", request.url.path, exc.code, exc.message)
+                return AuthError(
+                    503, "SERVICE_UNAVAILABLE", "the server could not complete the request; try again shortly"
+                ).response()
+
+        return endpoint
+
+    async def _maybe_purge(self) -> None:
+        clock = time.monotonic()
+        if clock < self._next_purge or self.server_store is None:
+            return
+        self._next_purge = clock + _PURGE_EVERY
+        async with self._store().transaction() as tx:
+            await tx.purge(self._ms(), keep_revoked_ms=self.access_ttl * 1000)
+
+    # -- tokens ----------------------------------------------------------------------------------------------------
+
+    async def verify_access_token(self, token: str | None, *, current_orgs: bool = False) -> dict[str, Any]:
+        """Claims of a valid access token whose session is live; raises ``InvalidToken`` otherwise. With
+        ``current_orgs`` the org claims are replaced by what the store says now (see ``orgs``)."""
+        claims = self.tokens.verify_access(token)
+        async with self._store().reader() as tx:
+            session = await tx.session(str(claims["sid"]))
+            if session is None or session.revoked_at is not None or session.user_id != claims["sub"]:
+                raise InvalidToken("session revoked")
+            if current_orgs:
+                claims = await current_org_claims(tx, claims)
+        return claims
+
+    async def _claims(self, request: Request) -> dict[str, Any]:
+        try:
+            return await self.verify_access_token(_bearer(request))
+        except InvalidToken as exc:
+            log.info("auth request %s refused: %s", request.url.path, exc.reason)
+            raise _auth_failed() from None
+
+    async def _open_session(self, tx: AuthTx, user: User) -> _Pair:
+        """A new session of ``user`` and its first refresh token (no organization is active yet)."""
+        now = self._ms()
+        session_id = generate_uuid_v7()
+        await tx.insert_session(SessionRow(session_id, user.id, now))
+        refresh = new_refresh_token()
+        await tx.insert_refresh(
+            RefreshRow(
+                hash_secret(refresh), session_id, session_id, user.id, now, now + self.refresh_ttl * 1000
+            )
+        )
+        return _Pair(user, session_id, refresh, await org_claims(tx, user.id, session_id))
+
+    def _pair_response(self, pair: _Pair, status: int = 200) -> Response:
+        access = self.tokens.issue_access(
+            user_id=pair.user.id, email=pair.user.email, session_id=pair.session_id, extra=pair.claims
+        )
+        return JSONResponse(
+            {
+                "user": {"id": pair.user.id, "email": pair.user.email},
+                "accessToken": access.token,
+                "refreshToken": pair.refresh_token,
+                "tokenType": "Bearer",
+                "expiresIn": access.expires_in,
+                "refreshExpiresIn": self.refresh_ttl,
+            },
+            status_code=status,
+            headers={"Cache-Control": "no-store"},
+        )
+
+    def _rate_limited(self, retry: float, what: str) -> AuthError:
+        return AuthError(
+            429,
+            "RATE_LIMITED",
+            f"too many {what}; wait {retry_after_header(retry)} seconds and try again",
+            headers={"Retry-After": retry_after_header(retry)},
+        )
+
+    # -- email and password ----------------------------------------------------------------------------------------
+
+    async def sign_up(self, request: Request) -> Response:
+        body = await _body(request)
+        email = _email_field(body)
+        password = body.get("password")
+        problem = check_password_shape(password)
+        if problem is not None:
+            raise _invalid("password", problem)
+        assert isinstance(password, str)
+        address = _client_address(request)
+        retry = self.sign_up_limiter.retry_after(address)
+        if retry is not None:
+            log.warning("sign-up refused: too many sign-ups from %s", address)
+            raise self._rate_limited(retry, "sign-ups from this address")
+        self.sign_up_limiter.hit(address)
+        password_hash = await self.passwords.hash(password)
+        async with self._store().transaction() as tx:
+            user = User(generate_uuid_v7(), email, password_hash, self._ms())
+            if not await tx.insert_user(user):
+                raise AuthError(
+                    409,
+                    "EMAIL_TAKEN",
+                    "an account with this email already exists; sign in instead",
+                    field="email",
+                )
+            pair = await self._open_session(tx, user)
+        log.info("user %s signed up (session %s)", user.id, pair.session_id)
+        return self._pair_response(pair, 201)
+
+    async def sign_in(self, request: Request) -> Response:
+        body = await _body(request)
+        email = _email_field(body)
+        password = body.get("password")
+        if not isinstance(password, str) or not password:
+            raise _invalid("password", "password is required (a non-empty string)")
+        if len(password) > MAX_PASSWORD_CHARS:
+            raise _invalid("password", f"password must be at most {MAX_PASSWORD_CHARS} characters long")
+        address = _client_address(request)
+        account_wait = self.account_limiter.retry_after(email)
+        address_wait = self.address_limiter.retry_after(address)
+        if account_wait is not None or address_wait is not None:
+            waits = [w for w in (account_wait, address_wait) if w is not None]
+            log.warning(
+                "sign-in refused from %s: too many failed attempts (%s)",
+                address,
+                "for the account" if account_wait is not None else "from the address",
+            )
+            raise self._rate_limited(max(waits), "failed sign-ins")
+        async with self._store().reader() as tx:
+            user = await tx.user_by_email(email)
+        # Unknown accounts cost one argon2 verification too (against a dummy hash): same answer, same time.
+        matches = await self.passwords.verify(user.password_hash if user is not None else None, password)
+        if user is None or not matches:
+            self.account_limiter.hit(email)
+            self.address_limiter.hit(address)
+            log.info("sign-in failed from %s", address)
+            raise _BAD_CREDENTIALS
+        self.account_limiter.reset(email)
+        async with self._store().transaction() as tx:
+            if user.password_hash is not None and self.passwords.needs_rehash(user.password_hash):
+                await tx.set_password_hash(user.id, await self.passwords.hash(password))
+            second_factor = await self.mfa.required(tx, user, "password")
+            if second_factor is not None:
+                return second_factor
+            pair = await self._open_session(tx, user)
+        log.info("user %s signed in (session %s)", user.id, pair.session_id)
+        return self._pair_response(pair)
+
+    # -- refresh, sign-out, revocation --------------------------------------------------------------------------
+
+    async def refresh(self, request: Request) -> Response:
+        body = await _body(request)
+        token = _string_field(body, "refreshToken")
+        if "orgId" not in body:
+            return await self.rotate(token, KEEP_ORG)
+        org_id = body["orgId"]
+        if org_id is not None and (not isinstance(org_id, str) or not org_id or len(org_id) > 64):
+            raise _invalid("orgId", "orgId must be the id of one of your organizations, or null for none")
+        return await self.rotate(token, org_id)
+
+    async def rotate(self, token: str, org_id: str | _Keep | None) -> Response:
+        """Exchange a refresh token for a new pair; ``org_id`` makes that organization the session's active
+        one (None: no active organization; ``KEEP_ORG``: unchanged, provided the user is still a member)."""
+        token_hash = hash_secret(token)
+        now = self._ms()
+        outcome: str
+        pair: _Pair | None = None
+        # The transaction decides and commits in one go, including the revocation on reuse (an error
+        # raised inside it would roll that back), so it returns its verdict instead of raising.
+        async with self._store().transaction() as tx:
+            row = await tx.refresh(token_hash)
+            session = await tx.session(row.session_id) if row is not None else None
+            if row is None or session is None:
+                outcome = "invalid"
+            elif row.used_at is not None:
+                await tx.revoke_session(row.session_id, now, "refresh token reused")
+                outcome = "reused"
+            elif session.revoked_at is not None or row.expires_at <= now:
+                outcome = "invalid"
+            elif isinstance(org_id, str) and await tx.membership(org_id, row.user_id) is None:
+                outcome = "not-member"  # the token stays unused: the client may retry without orgId
+            elif not await tx.mark_refresh_used(token_hash, now):  # a concurrent request used it first
+                await tx.revoke_session(row.session_id, now, "refresh token reused")
+                outcome = "reused"
+            else:
+                user = await tx.user_by_id(row.user_id)
+                if user is None:
+                    outcome = "invalid"
+                else:
+                    refresh = new_refresh_token()
+                    await tx.insert_refresh(
+                        RefreshRow(
+                            hash_secret(refresh),
+                            row.family_id,
+                            row.session_id,
+                            row.user_id,
+                            now,
+                            now + self.refresh_ttl * 1000,
+                        )
+                    )
+                    if not isinstance(org_id, _Keep):
+                        await tx.set_active_org(row.session_id, org_id)
+                    claims = await org_claims(tx, user.id, row.session_id)
+                    pair = _Pair(user, row.session_id, refresh, claims)
+                    outcome = "ok"
+        if outcome == "reused":
+            assert row is not None
+            log.warning(
+                "refresh token reuse detected: session %s of user %s revoked", row.session_id, row.user_id
+            )
+            raise AuthError(
+                401,
+                "REFRESH_TOKEN_REUSED",
+                "this refresh token was already used, so the session has been revoked; sign in again",
+            )
+        if outcome == "not-member":
+            raise AuthError(
+                404, "ORG_NOT_FOUND", "no such organization among yours; check the id (GET /auth/orgs)"
+            )
+        if pair is None:
+            raise _invalid_refresh()
+        return self._pair_response(pair)
+
+    async def sign_out(self, request: Request) -> Response:
+        body = await _body(request, required=False)
+        token = body.get("refreshToken")
+        bearer = _bearer(request)
+        if token is not None and (not isinstance(token, str) or not token):
+            raise _invalid("refreshToken", "refreshToken must be a non-empty string")
+        if token is None and bearer is None:
+            raise _invalid("refreshToken", "send the refreshToken (or an access token as Bearer) to sign out")
+        sessions: set[str] = set()
+        if bearer is not None:
+            # The signature proves the session is the caller's; a revoked one needs no second revocation.
+            with contextlib.suppress(InvalidToken):
+                sessions.add(str(self.tokens.verify_access(bearer)["sid"]))
+        now = self._ms()
+        async with self._store().transaction() as tx:
+            if token is not None:
+                row = await tx.refresh(hash_secret(token))
+                if row is not None:
+                    sessions.add(row.session_id)
+            revoked = [sid for sid in sorted(sessions) if await tx.revoke_session(sid, now, "signed out")]
+        for sid in revoked:
+            log.info("session %s signed out", sid)
+        return Response(status_code=204, headers={"Cache-Control": "no-store"})
+
+    async def revoke(self, request: Request) -> Response:
+        claims = await self._claims(request)
+        body = await _body(request, required=False)
+        everything = body.get("all", False)
+        if not isinstance(everything, bool):
+            raise _invalid("all", "all must be true or false")
+        now = self._ms()
+        async with self._store().transaction() as tx:
+            if everything:
+                count = await tx.revoke_user_sessions(str(claims["sub"]), now, "revoked by the user")
+            else:
+                count = int(await tx.revoke_session(str(claims["sid"]), now, "revoked by the user"))
+        log.info("user %s revoked %d session(s)", claims["sub"], count)
+        return Response(status_code=204, headers={"Cache-Control": "no-store"})
+
+    async def me(self, request: Request) -> Response:
+        claims = await self._claims(request)
+        async with self._store().reader() as tx:
+            user = await tx.user_by_id(str(claims["sub"]))
+        if user is None:
+            raise _auth_failed()
+        return JSONResponse(
+            {"id": user.id, "email": user.email, "createdAt": _iso(user.created_at)},
+            headers={"Cache-Control": "no-store"},
+        )
+
+    # -- OAuth ----------------------------------------------------------------------------------------------------
+
+    def _provider_named(self, request: Request) -> _oauth.OAuthProvider:
+        name = str(request.path_params.get("provider", ""))
+        provider = self.providers.get(name)
+        if provider is None:
+            known = ", ".join(sorted(self.providers)) or "none are configured"
+            raise AuthError(
+                404, "OAUTH_PROVIDER_UNKNOWN", f"no OAuth provider named {name[:64]!r} (known: {known})"
+            )
+        return provider
+
+    async def oauth_authorize(self, request: Request) -> Response:
+        provider = self._provider_named(request)
+        redirect = request.query_params.get("redirectUri") or provider.redirect_uri
+        if not redirect:
+            raise _invalid("redirectUri", "redirectUri is required (where the provider sends the user back)")
+        if len(redirect) > 2048 or "://" not in redirect:
+            raise _invalid(
+                "redirectUri", "redirectUri must be an absolute URI such as https://app.example/cb"
+            )
+        state = secrets.token_urlsafe(32)
+        verifier = secrets.token_urlsafe(48)  # 64 characters, inside RFC 7636's 43..128
+        now = self._ms()
+        url = await _oauth.authorization_url(
+            provider, state=state, code_verifier=verifier, redirect_uri=redirect
+        )
+        async with self._store().transaction() as tx:
+            await tx.insert_oauth_state(
+                OAuthStateRow(
+                    hash_secret(state), provider.name, verifier, redirect, now, now + OAUTH_STATE_TTL * 1000
+                )
+            )
+        return JSONResponse({"authorizationUrl": url, "state": state}, headers={"Cache-Control": "no-store"})
+
+    async def oauth_callback(self, request: Request) -> Response:
+        provider = self._provider_named(request)
+        body = await _body(request)
+        code = _string_field(body, "code")
+        state = _string_field(body, "state")
+        redirect = body.get("redirectUri")
+        if redirect is not None and not isinstance(redirect, str):
+            raise _invalid("redirectUri", "redirectUri must be a string")
+        now = self._ms()
+        async with self._store().transaction() as tx:
+            pending = await tx.take_oauth_state(hash_secret(state))
+        if pending is None or pending.provider != provider.name or pending.expires_at <= now:
+            raise AuthError(
+                400, "OAUTH_FAILED", "the sign-in state is unknown, used or expired; start the sign-in again"
+            )
+        if redirect and redirect != pending.redirect_uri:
+            raise AuthError(
+                400,
+                "OAUTH_FAILED",
+                "redirectUri differs from the one the sign-in started with; start the sign-in again",
+                field="redirectUri",
+            )
+        try:
+            profile = await _oauth.fetch_profile(
+                provider, code=code, code_verifier=pending.code_verifier, redirect_uri=pending.redirect_uri
+            )
+        except _oauth.OAuthFailure as exc:
+            log.warning("oauth sign-in via %s failed: %s", provider.name, exc.message)
+            raise AuthError(exc.status, "OAUTH_FAILED", exc.message) from None
+        email = normalize_email(profile.email) if profile.email else None
+        user, created = await self._oauth_user(provider.name, profile.subject, email)
+        async with self._store().transaction() as tx:
+            second_factor = await self.mfa.required(tx, user, f"oauth:{provider.name}")
+            if second_factor is not None:
+                return second_factor
+            pair = await self._open_session(tx, user)
+        log.info(
+            "user %s signed in via %s (%s, session %s)",
+            user.id,
+            provider.name,
+            "new account" if created else "existing account",
+            pair.session_id,
+        )
+        return self._pair_response(pair)
+
+    async def _oauth_user(self, provider: str, subject: str, email: str | None) -> tuple[User, bool]:
+        """The user linked to (provider, subject), created on first sign-in. An email that already belongs to
+        another account is refused (OAUTH_ACCOUNT_EXISTS): linking accounts needs proof of both sides."""
+        for _ in range(2):  # a second round only when another request linked the identity meanwhile
+            try:
+                async with self._store().transaction() as tx:
+                    user = await tx.user_by_identity(provider, subject)
+                    if user is not None:
+                        return user, False
+                    if email is not None and await tx.user_by_email(email) is not None:
+                        raise _account_exists()
+                    user = User(generate_uuid_v7(), email, None, self._ms())
+                    if not await tx.insert_user(user):
+                        raise _account_exists()
+                    identity = Identity(provider, subject, user.id, email, user.created_at)
+                    if await tx.insert_identity(identity):
+                        return user, True
+                    raise _LostRace()  # rolls the new user back
+            except _LostRace:
+                continue
+        raise AuthError(503, "SERVICE_UNAVAILABLE", "the sign-in could not be completed; try again shortly")
+
+
+class _LostRace(Exception):
+    pass
+
+
+def _account_exists() -> AuthError:
+    return AuthError(
+        409,
+        "OAUTH_ACCOUNT_EXISTS",
+        "an account with this email already exists; sign in to it, then link this provider to it "
+        "(GET /auth/link/oauth/{provider}/authorize with the access token)",
+    )
+
+
+# -- sync ---------------------------------------------------------------------------------------------------------
+
+
+class SyncAuthProvider:
+    """``sync_options={"auth": provider}``: the handshake's token must be a valid access token of a live
+    session; its claims then decide the session's scope (SPEC 4.4). Anything else is refused (AUTH_FAILED)."""
+
+    def __init__(self, routes: AuthRoutes) -> None:
+        self.routes = routes
+
+    def bind_server_store(self, store: ServerStore) -> None:
+        self.routes.bind_server_store(store)
+
+    async def authenticate(self, token: str | None) -> dict[str, Any] | None:
+        try:
+            # Membership is read from the store at every handshake: a member removed from an organization
+            # gets no more of its data, even with a token issued before the removal.
+            return await self.routes.verify_access_token(token, current_orgs=True)
+        except InvalidToken as exc:
+            log.info("sync handshake refused: %s", exc.reason)
+        except OfflineError as exc:
+            log.error(
+                "sync handshake refused: the token could not be checked: [%s] %s", exc.code, exc.message
+            )
+        return None
+
+    async def __call__(self, token: str | None) -> dict[str, Any] | None:
+        return await self.authenticate(token)
+
+
+def create_auth_routes(
+    *,
+    secret: str | bytes,
+    oauth_providers: Mapping[str, Mapping[str, Any]] | None = None,
+    access_ttl: float | datetime.timedelta = DEFAULT_ACCESS_TTL,
+    refresh_ttl: float | datetime.timedelta = DEFAULT_REFRESH_TTL,
+    rate_limits: RateLimits | Mapping[str, Any] | None = None,
+    password_hasher: PasswordHasher | None = None,
+    roles: Sequence[str] | None = None,
+    invite_ttl: float | datetime.timedelta = DEFAULT_INVITE_TTL,
+    passkeys: Mapping[str, Any] | None = None,
+    totp_issuer: str = "offline",
+) -> AuthRoutes:
+    """Auth routes signing tokens with ``secret`` (AUTH_SECRET, at least 32 bytes). ``access_ttl`` and
+    ``refresh_ttl`` in seconds (15 minutes and 30 days by default); ``oauth_providers``: name -> provider dict
+    (see ``server_runtime.auth.oauth``); ``rate_limits``: a ``RateLimits`` or a dict of its fields.
+    ``roles``: organization roles beyond owner, admin and member; ``invite_ttl``: how long an organization
+    invite stays valid (7 days); ``passkeys``: WebAuthn relying-party settings (``server_runtime.auth.passkeys``;
+    None: no passkeys); ``totp_issuer``: the name authenticator apps show next to the account."""
+    return AuthRoutes(
+        secret=secret,
+        oauth_providers=oauth_providers,
+        access_ttl=access_ttl,
+        refresh_ttl=refresh_ttl,
+        rate_limits=rate_limits,
+        password_hasher=password_hasher,
+        roles=roles,
+        invite_ttl=invite_ttl,
+        passkeys=passkeys,
+        totp_issuer=totp_issuer,
+    )

@@ -1,0 +1,187 @@
+"""The sync connections of one server process: admission, write rate, lag watchdog and graceful drain.
+
+The relay pulls from the committed log at the pace the socket accepts frames (uvicorn's send waits while the
+transport's buffer is above its high-water mark), so a slow reader holds at most one frame and one socket
+buffer, never a growing queue. What remains to bound is time and bookkeeping: a connection whose socket has
+accepted nothing for ``send_stall_timeout`` is cut off, and one that leaves too many relay batches
+unacknowledged is told to resync. Both are checked here, by one watchdog task for all connections.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from .limits import ConnectionLimits
+from .sync import Session
+
+log = logging.getLogger("offline.server.sync")
+
+SHUTDOWN = "shutdown"
+RESYNC = "resync"
+STALLED = "stalled"
+
+
+class TokenBucket:
+    """Operations a session may send: ``rate`` per second, up to ``burst`` at once."""
+
+    __slots__ = ("burst", "rate", "stamp", "tokens")
+
+    def __init__(self, rate: float, burst: int) -> None:
+        self.rate = rate
+        self.burst = float(burst)
+        self.tokens = float(burst)
+        self.stamp = time.monotonic()
+
+    def delay(self, count: int) -> float:
+        """Take ``count`` tokens; the seconds to wait before acting on them (0 when within the rate)."""
+        now = time.monotonic()
+        self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate) - count
+        self.stamp = now
+        return 0.0 if self.tokens >= 0 else -self.tokens / self.rate
+
+
+class Connection:
+    """One admitted sync WebSocket."""
+
+    __slots__ = ("abort", "bucket", "leaving", "sending_since", "session", "stop", "task")
+
+    def __init__(self, limits: ConnectionLimits, abort: Callable[[], None] | None) -> None:
+        self.abort = abort  # drops the TCP connection at once (None when the ASGI server offers no way)
+        self.bucket = TokenBucket(limits.operations_per_second, limits.operations_burst)
+        self.session: Session | None = None
+        self.sending_since = 0.0  # monotonic start of the send in progress; 0 when none
+        self.stop = asyncio.Event()  # set with `leaving` to make the endpoint end the session
+        self.leaving: str | None = None
+        self.task = asyncio.current_task()
+
+    def ask_to_leave(self, reason: str) -> None:
+        if self.leaving is None:
+            self.leaving = reason
+        self.stop.set()
+
+    def cut(self) -> None:
+        """End the connection without a word: the peer reads nothing we send (or must not wait for it)."""
+        if self.abort is not None:
+            with contextlib.suppress(Exception):
+                self.abort()
+        elif self.task is not None and not self.task.done():
+            self.task.cancel()  # frees the session; the socket is left to the ASGI server
+
+
+class ConnectionGuard:
+    def __init__(self, limits: ConnectionLimits) -> None:
+        self.limits = limits
+        self.connections: set[Connection] = set()
+        self.draining = False
+        self.counts: Counter[str] = Counter()  # refusals and forced endings by reason, for metrics
+        self._empty = asyncio.Event()
+        self._watchdog: asyncio.Task[None] | None = None
+
+    def __iter__(self) -> Iterator[Connection]:
+        return iter(list(self.connections))
+
+    def admit(self, abort: Callable[[], None] | None) -> Connection | None:
+        """A slot for a new connection, or None when the process holds ``max_connections`` already."""
+        if len(self.connections) >= self.limits.max_connections:
+            self.counts["refused_overloaded"] += 1
+            return None
+        conn = Connection(self.limits, abort)
+        self.connections.add(conn)
+        self._empty.clear()
+        if self._watchdog is None or self._watchdog.done():
+            self._watchdog = asyncio.create_task(self._watch(), name="offline-sync-watchdog")
+        return conn
+
+    def release(self, conn: Connection) -> None:
+        self.connections.discard(conn)
+        if not self.connections:
+            self._empty.set()
+
+    def note_sent(self, conn: Connection) -> None:
+        """After each frame: a session leaving this many relay batches unacknowledged must resync."""
+        session = conn.session
+        if session is not None and len(session.unacked) > self.limits.max_unacked_batches:
+            if conn.leaving is None:
+                self.counts["resync_unacknowledged"] += 1
+            conn.ask_to_leave(RESYNC)
+
+    async def _watch(self) -> None:
+        stall = self.limits.send_stall_timeout
+        period = max(0.1, min(1.0, stall / 4))
+        while self.connections:
+            await asyncio.sleep(period)
+            now = time.monotonic()
+            for conn in list(self.connections):
+                since = conn.sending_since
+                if since and now - since > stall and conn.leaving != STALLED:
+                    # Every buffer between us and the peer is full and it drains none of it: a message
+                    # asking it to resync could not get through either.
+                    log.warning(
+                        "sync session %s accepted no data for %.0f s: disconnecting it (it resumes from its "
+                        "watermark when it reconnects)",
+                        conn.session.node_id if conn.session else "(handshaking)",
+                        now - since,
+                    )
+                    self.counts["cut_stalled"] += 1
+                    conn.leaving = STALLED
+                    conn.cut()
+
+    async def drain(self, grace: float | None = None) -> None:
+        """Stop admitting; ask every session to finish what it has in hand and leave (SERVER_SHUTDOWN); cut
+        the ones still there after ``grace`` seconds."""
+        self.draining = True
+        for conn in self:
+            conn.ask_to_leave(SHUTDOWN)
+        if self.connections:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.limits.shutdown_grace if grace is None else grace):
+                    await self._empty.wait()
+        left = list(self)
+        if left:
+            log.warning(
+                "%d sync connection(s) did not leave within the shutdown grace period: cutting them off "
+                "(their clients resend what was not acknowledged)",
+                len(left),
+            )
+        for conn in left:
+            self.counts["cut_shutdown"] += 1
+            conn.cut()
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            with contextlib.suppress(BaseException):
+                await self._watchdog
+            self._watchdog = None
+
+
+class GuardCollector:
+    """Prometheus view of the guard (registered on the server's own registry)."""
+
+    def __init__(self, guard: ConnectionGuard) -> None:
+        self.guard = guard
+
+    def collect(self) -> Any:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        guard = self.guard
+        yield GaugeMetricFamily(
+            "offline_sync_connections_open", "Open sync WebSocket connections", value=len(guard.connections)
+        )
+        yield GaugeMetricFamily(
+            "offline_sync_connections_limit",
+            "Most sync connections this process admits",
+            value=guard.limits.max_connections,
+        )
+        ended = CounterMetricFamily(
+            "offline_sync_connections_limited",
+            "Sync connections refused or ended by a limit, by reason",
+            labels=["reason"],
+        )
+        for reason, count in sorted(guard.counts.items()):
+            ended.add_metric([reason], count)
+        yield ended

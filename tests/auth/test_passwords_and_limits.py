@@ -1,0 +1,168 @@
+"""argon2 password hashing (off the event loop, dummy work for unknown accounts) and the sliding-window limits."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Literal
+
+import pytest
+from argon2 import PasswordHasher
+
+from offline.core.errors import OfflineError
+from server_runtime.auth.passwords import PasswordService, check_password_shape
+from server_runtime.auth.rate_limit import RateLimits, SlidingWindow, rate_limits_from, retry_after_header
+
+from .conftest import FAST_HASHER
+
+
+class CountingHasher(PasswordHasher):
+    """The real argon2 hasher, counting the verifications it performs."""
+
+    def __init__(self) -> None:
+        super().__init__(time_cost=1, memory_cost=1024, parallelism=1)
+        self.verified: list[str] = []
+
+    def verify(self, hash: str | bytes, password: str | bytes) -> Literal[True]:
+        self.verified.append(str(hash))
+        return super().verify(hash, password)
+
+
+def test_hash_and_verify() -> None:
+    async def scenario() -> None:
+        passwords = PasswordService(FAST_HASHER)
+        try:
+            stored = await passwords.hash("s3cret-password")
+            assert stored.startswith("$argon2id$")
+            assert "s3cret-password" not in stored
+            assert await passwords.verify(stored, "s3cret-password") is True
+            assert await passwords.verify(stored, "s3cret-passwordX") is False
+            # Same password, different salt.
+            assert await passwords.hash("s3cret-password") != stored
+        finally:
+            passwords.close()
+
+    asyncio.run(scenario())
+
+
+def test_unknown_account_costs_one_real_verification() -> None:
+    async def scenario() -> None:
+        hasher = CountingHasher()
+        passwords = PasswordService(hasher)
+        try:
+            assert await passwords.verify(None, "whatever-password") is False
+            assert await passwords.verify(None, "another-password") is False
+            assert len(hasher.verified) == 2
+            # Against a genuine argon2id hash with the hasher's own parameters, so it costs the same.
+            dummy = hasher.verified[0]
+            assert dummy == hasher.verified[1]
+            assert dummy.startswith("$argon2id$v=19$m=1024,t=1,p=1$")
+        finally:
+            passwords.close()
+
+    asyncio.run(scenario())
+
+
+def test_rehash_is_wanted_after_parameters_grow() -> None:
+    async def scenario() -> None:
+        weak = PasswordService(FAST_HASHER)
+        stronger = PasswordService(PasswordHasher(time_cost=2, memory_cost=2048, parallelism=1))
+        try:
+            stored = await weak.hash("password-1234")
+            assert not weak.needs_rehash(stored)
+            assert stronger.needs_rehash(stored)
+            assert await stronger.verify(stored, "password-1234")  # old hashes still verify
+        finally:
+            weak.close()
+            stronger.close()
+
+    asyncio.run(scenario())
+
+
+def test_corrupted_hash_is_a_storage_error_not_a_wrong_password() -> None:
+    async def scenario() -> None:
+        passwords = PasswordService(FAST_HASHER)
+        try:
+            with pytest.raises(OfflineError) as caught:
+                await passwords.verify("not-an-argon2-hash", "password-1234")
+            assert caught.value.code == "STORAGE_ERROR"
+            assert "password-1234" not in caught.value.message
+        finally:
+            passwords.close()
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize(
+    ("password", "problem"),
+    [
+        ("1234567", "at least 8"),
+        ("12345678", None),
+        ("        ", None),  # no composition rules
+        ("x" * 1025, "at most 1024"),
+        (12345678, "must be a string"),
+        (None, "must be a string"),
+    ],
+)
+def test_password_shape(password: object, problem: str | None) -> None:
+    found = check_password_shape(password)
+    if problem is None:
+        assert found is None
+    else:
+        assert found is not None and problem in found
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_sliding_window_counts_per_key_and_slides() -> None:
+    clock = Clock()
+    window = SlidingWindow(3, 60.0, now=clock)
+    for _ in range(3):
+        assert window.retry_after("a") is None
+        window.hit("a")
+        clock.now += 10
+    # Three hits at t=1000, 1010, 1020; now t=1030: the oldest leaves the window at 1060.
+    assert window.retry_after("a") == pytest.approx(30.0)
+    assert window.retry_after("b") is None  # other keys are unaffected
+    clock.now = 1059.9
+    assert window.retry_after("a") == pytest.approx(0.1)
+    clock.now = 1060.0
+    assert window.retry_after("a") is None  # the first hit slid out
+    window.hit("a")
+    assert window.retry_after("a") == pytest.approx(10.0)  # now blocked until the 1010 hit leaves
+    window.reset("a")
+    assert window.retry_after("a") is None
+
+
+def test_sliding_window_memory_is_bounded() -> None:
+    clock = Clock()
+    window = SlidingWindow(1, 60.0, max_keys=3, now=clock)
+    for key in ("a", "b", "c"):
+        window.hit(key)
+    window.hit("a")  # refreshes "a"; "b" is now the least recently touched
+    window.hit("d")
+    assert window.retry_after("b") is None  # forgotten
+    assert window.retry_after("a") is not None
+    assert window.retry_after("d") is not None
+    clock.now += 61
+    assert window.retry_after("a") is None and window.retry_after("d") is None
+
+
+def test_rate_limits_configuration() -> None:
+    assert rate_limits_from(None) == RateLimits()
+    limits = rate_limits_from({"account_attempts": 2, "addressWindow": 30})
+    assert limits.account_attempts == 2 and limits.address_window == 30
+    assert rate_limits_from(limits) is limits
+    with pytest.raises(OfflineError) as caught:
+        rate_limits_from({"acount_attempts": 2})
+    assert caught.value.code == "AUTH_CONFIG"
+    assert caught.value.context == {"field": "rate_limits.acount_attempts"}
+    with pytest.raises(OfflineError, match="positive"):
+        rate_limits_from({"address_attempts": 0})
+    assert retry_after_header(0.2) == "1"
+    assert retry_after_header(30.01) == "31"
