@@ -6,9 +6,16 @@ import argparse
 import json
 import sys
 
-from bench import cli_startup, core, load, store, sync
+from bench import browser, cli_startup, core, load, store, sync
 
-SUITES = {"core": core.run, "store": store.run, "cli": cli_startup.run, "sync": sync.run, "load": load.run}
+SUITES = {
+    "core": core.run,
+    "store": store.run,
+    "cli": cli_startup.run,
+    "sync": sync.run,
+    "load": load.run,
+    "browser": browser.run,
+}
 
 
 def main() -> None:

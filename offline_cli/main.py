@@ -19,6 +19,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "offline_cli.commands.schema:schema",
         "Check a schema file and print its protobuf definitions.",
     ),
+    "init": (
+        "offline_cli.commands.init:init",
+        "Create a project: a to-do list running the same Python in the browser and the server.",
+    ),
     "dev": (
         "offline_cli.commands.dev:dev",
         "Run the project's sync server locally on SQLite, reloading on change.",
@@ -65,6 +69,7 @@ class LazyGroup(click.Group):
     context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
     epilog="""\b
 Examples:
+  offline init my-todos                   new project: web client (Python in the browser) + server
   offline dev                             serve ./server.py (or a demo) on http://127.0.0.1:3001
   offline deploy --platform host-a --app my-notes --confirm
   offline status --url http://localhost:3001 --token "$OFFLINE_ADMIN_TOKEN"

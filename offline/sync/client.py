@@ -24,7 +24,7 @@ from offline.merge.values import compact_json
 from offline.store import replication
 
 from . import protocol as p
-from .transport import ConnectionLost, Transport, TransportRefused, WebSocketTransport
+from .transport import ConnectionLost, Transport, TransportRefused, default_transport
 
 if TYPE_CHECKING:
     from offline.store.app import App
@@ -55,7 +55,7 @@ class SyncEngine:
         self.url = url
         self.auth_client = config.get("auth_client", config.get("authClient"))
         self.scope: dict[str, Any] = dict(config.get("scope") or {})
-        self.transport: Transport = config.get("transport") or WebSocketTransport(compression=None)
+        self.transport: Transport = config.get("transport") or default_transport()
         self.batch_size = int(config.get("batch_size", 500))
         # Batches sent and not yet acknowledged, at most. Writes made meanwhile wait and go out together in
         # the next batch, so a fast writer sends fewer, larger batches instead of queueing one tiny batch

@@ -7,6 +7,7 @@ its own transport over the page's WebSocket.
 from __future__ import annotations
 
 import contextlib
+import sys
 from typing import Any, Protocol
 
 
@@ -83,3 +84,12 @@ class WebSocketTransport:
         except (OSError, TimeoutError, InvalidHandshake) as exc:
             raise ConnectionLost(f"cannot connect to {url}: {exc}") from exc
         return _WebSocketConnection(ws)
+
+
+def default_transport() -> Transport:
+    """The platform's WebSocket: the browser's own under Pyodide (no sockets there), else `websockets`."""
+    if sys.platform == "emscripten":
+        from .browser_transport import BrowserWebSocketTransport
+
+        return BrowserWebSocketTransport()
+    return WebSocketTransport(compression=None)

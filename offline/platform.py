@@ -1,0 +1,70 @@
+"""Where this Python runs, and what the schema can use there.
+
+The same `offline` code runs on CPython (desktop, server, tests) and on Pyodide in a browser's Web Worker.
+Under Pyodide there is no socket module to speak WebSocket with and no C extension that was not compiled to
+WebAssembly, so a few things are picked or refused here instead of failing later, deep in a write.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from dataclasses import dataclass
+from typing import Final
+
+from offline.core.schema import SchemaDefinition
+
+#: True under Pyodide (CPython compiled to WebAssembly, in a browser or Node.js).
+IS_BROWSER: Final = sys.platform == "emscripten"
+
+
+@dataclass(frozen=True, slots=True)
+class UnavailableField:
+    """A schema field this runtime cannot store, and why (shown to the user, never swallowed)."""
+
+    collection: str
+    field: str
+    type: str
+    reason: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"collection": self.collection, "field": self.field, "type": self.type, "reason": self.reason}
+
+
+def has_module(name: str) -> bool:
+    """Whether ``name`` can be imported here (without importing it)."""
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def unavailable_fields(schema: SchemaDefinition) -> list[UnavailableField]:
+    """The fields of ``schema`` that cannot work in this runtime.
+
+    Rich text merges with pycrdt, a Rust extension; without a WebAssembly build of it (Pyodide ships none)
+    a browser cannot apply rich text operations, so such fields are reported up front.
+    """
+    if has_module("pycrdt"):
+        return []
+    where = "in the browser" if IS_BROWSER else "here"
+    found: list[UnavailableField] = []
+    for name, collection in schema.collections.items():
+        for field_name, descriptor in collection.fields.items():
+            if descriptor.type == "richtext":
+                found.append(
+                    UnavailableField(
+                        collection=name,
+                        field=field_name,
+                        type="richtext",
+                        reason=(
+                            f"rich text fields are unavailable {where}: they need pycrdt, which has no "
+                            f"WebAssembly build for Pyodide. Writes to {name} fail with an error, and "
+                            f"{name} records changed elsewhere do not sync to this device."
+                        ),
+                    )
+                )
+    return found
+
+
+__all__ = ["IS_BROWSER", "UnavailableField", "has_module", "unavailable_fields"]

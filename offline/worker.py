@@ -1,0 +1,641 @@
+"""The Python side of the browser client: the app running in a Web Worker, driven by messages.
+
+A page cannot call Python directly: it posts JSON text to a worker running Pyodide, which hands each message
+to `WorkerBridge.handle_now` (served at once) or, for requests that wait on the network, `WorkerBridge.handle`.
+The bridge calls the same `create_app` collections (and the project's own Python functions) a desktop client
+would, replies with JSON, and pushes live query results, sync status and warnings to the page unasked. The
+worker's JavaScript owns what Python cannot reach: the browser's persistent storage. ``persist()`` (an async
+function from JavaScript) saves the database file there; a write's reply is posted only once it is saved,
+so a write the page sees acknowledged survives a reload.
+
+Message shapes (all JSON text):
+
+- page -> worker: ``{"id": 7, "method": "insert", "collection": "todos", "data": {...}}`` (``id`` names the
+  request; a record's id is ``recordId``); methods are listed in `WorkerBridge.METHODS`.
+- worker -> page: ``{"type": "reply", "id": 7, "ok": true, "result": ...}`` or ``"ok": false`` with
+  ``"error": {"code", "message", "context"}``; ``{"type": "snapshot", "sub": 3, "records": [...]}``;
+  ``{"type": "status", "status": "connected", "pending": 0, "error": null}``; ``{"type": "log", ...}``;
+  ``{"type": "ready", ...}`` once, after `start`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import inspect
+import json
+import logging
+import sqlite3
+import sys
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+from offline.core.errors import INVALID_OPERATION, OfflineError
+from offline.core.operations import Operation
+from offline.core.schema import SchemaDefinition
+from offline.platform import IS_BROWSER, unavailable_fields
+from offline.store import App, create_app, op
+from offline.store.collection import Query
+from offline.store.ops import AtomicOp
+from offline.store.replication import pending_count
+
+Post = Callable[[str], Any]
+Persist = Callable[[], Awaitable[Any]]
+
+#: Bumped when the message shapes change incompatibly (the page checks it in the ready message).
+PROTOCOL_VERSION = 1
+
+# `{"$op": "increment", "value": 2}` in update changes stands for op.increment(2): JSON cannot carry the
+# Python objects. No field type holds a JSON object, so such a dict is never a plain value.
+_ATOMIC: dict[str, Callable[..., AtomicOp]] = {
+    "increment": op.increment,
+    "decrement": op.decrement,
+    "max": op.max,
+    "min": op.min,
+    "append": op.append,
+    "remove": op.remove,
+}
+
+
+def _bad(message: str, **context: Any) -> OfflineError:
+    return OfflineError(message, INVALID_OPERATION, context)
+
+
+def _error_json(exc: BaseException) -> dict[str, Any]:
+    if isinstance(exc, OfflineError):
+        return {"code": exc.code, "message": exc.message, "context": exc.context or {}}
+    return {"code": "INTERNAL_ERROR", "message": f"{type(exc).__name__}: {exc}", "context": {}}
+
+
+def _dumps(value: Any) -> str:
+    # Records hold JSON values already; `default=str` only guards against an app function's odd result.
+    return json.dumps(value, separators=(",", ":"), default=str)
+
+
+class _Refused(Exception):
+    """A request refused before it started, with the id to answer it under."""
+
+    def __init__(self, request_id: Any, error: OfflineError) -> None:
+        super().__init__(error.message)
+        self.request_id = request_id
+        self.error = error
+
+
+class _Forward(logging.Handler):
+    """Sends the library's warnings to the page: a skipped remote operation must not go unnoticed."""
+
+    def __init__(self, bridge: WorkerBridge) -> None:
+        super().__init__(logging.WARNING)
+        self.bridge = bridge
+
+    def emit(self, record: logging.LogRecord) -> None:
+        with contextlib.suppress(Exception):
+            self.bridge.post(
+                {"type": "log", "level": record.levelname.lower(), "message": record.getMessage()}
+            )
+
+
+@dataclass(slots=True)
+class _LiveQuery:
+    query: Query
+    collection: str
+    last: str | None = None  # the JSON of the records last sent
+
+
+class WorkerBridge:
+    """Serves one page's requests against one `App` (see the module docstring for the messages)."""
+
+    METHODS = frozenset(
+        {
+            "insert",
+            "insertMany",
+            "update",
+            "delete",
+            "findById",
+            "fetch",
+            "count",
+            "subscribe",
+            "unsubscribe",
+            "call",
+            "status",
+            "connect",
+            "disconnect",
+            "network",
+            "persist",
+        }
+    )
+    # Methods that may write: the bridge persists the database before replying to them.
+    WRITES = frozenset({"insert", "insertMany", "update", "delete", "call", "persist"})
+    # Methods that wait for something (the network, storage): served by `handle` on the event loop.
+    ASYNC_METHODS = frozenset({"connect", "disconnect", "network", "persist"})
+
+    def __init__(
+        self,
+        app: App,
+        *,
+        post: Post,
+        persist: Persist | None = None,
+        actions: ModuleType | None = None,
+        status_interval: float = 0.25,
+    ) -> None:
+        self.app = app
+        self._post = post
+        self._persist = persist
+        self.actions = actions
+        self.status_interval = status_interval
+        # Live queries are re-run once per event-loop turn after the commits that touched their collection,
+        # not once per write as `Query.subscribe` does: a burst of writes (1,000 inserts sent at once, a
+        # batch received from the server) then costs one query and one message per subscription.
+        self._live: dict[int, _LiveQuery] = {}
+        self._stale: set[str] = set()
+        self._refresh_scheduled = False
+        app.commit_listeners.append(self._on_commit)
+        app.events.on("sync:received", lambda event: self._mark(op.collection for op in event["operations"]))
+        self._persisted_changes = -1
+        self._last_status: dict[str, Any] | None = None
+        self._watcher: asyncio.Task[None] | None = None
+        self._log_handler = _Forward(self)
+        self._sync_wanted = False  # started, and not paused by the page (see network_changed)
+
+    # -- outgoing -------------------------------------------------------------------------------------------
+
+    def post(self, message: Mapping[str, Any]) -> None:
+        self._post(_dumps(message))
+
+    def ready_message(self) -> dict[str, Any]:
+        schema = self.app.schema
+        return {
+            "type": "ready",
+            "protocol": PROTOCOL_VERSION,
+            "nodeId": self.app.node_id,
+            "schemaVersion": schema.version,
+            "collections": {
+                name: {"fields": {field: d.type for field, d in coll.fields.items()}}
+                for name, coll in schema.collections.items()
+            },
+            "unavailable": [f.to_json() for f in unavailable_fields(schema)],
+            "actions": self.action_names(),
+            "sync": getattr(self.app.sync, "url", None),
+            "runtime": {
+                "python": sys.version.split()[0],
+                "sqlite": sqlite3.sqlite_version,
+                "platform": sys.platform,
+            },
+        }
+
+    def status_message(self) -> dict[str, Any]:
+        sync = self.app.sync
+        error = getattr(sync, "last_error", None)
+        return {
+            "type": "status",
+            "status": sync.status,
+            "pending": pending_count(self.app),
+            "error": _error_json(error) if error is not None else None,
+        }
+
+    def publish_status(self, *, force: bool = False) -> None:
+        if self.app._closed:
+            return
+        message = self.status_message()
+        if force or message != self._last_status:
+            self._last_status = message
+            self.post(message)
+
+    # -- lifecycle ------------------------------------------------------------------------------------------
+
+    async def start(self, *, connect: bool = True) -> None:
+        """Announce readiness, persist the freshly opened database, start syncing and watching status."""
+        logging.getLogger("offline").addHandler(self._log_handler)
+        await self.persist_now(force=True)
+        self.post(self.ready_message())
+        events = self.app.events
+        for event in ("sync:connected", "sync:disconnected", "sync:received", "sync:acknowledged"):
+            events.on(event, lambda _event: self._changed())
+        self._sync_wanted = connect
+        if connect and hasattr(self.app.sync, "url"):
+            await self.app.sync.connect(wait=False)
+        self.publish_status(force=True)
+        self._watcher = asyncio.get_running_loop().create_task(self._watch())
+
+    async def stop(self) -> None:
+        logging.getLogger("offline").removeHandler(self._log_handler)
+        watcher, self._watcher = self._watcher, None
+        if watcher is not None:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+        self._live.clear()
+        with contextlib.suppress(Exception):
+            await self.app.sync.disconnect()
+        await self.persist_now()
+        self.app.close()
+
+    async def network_changed(self, online: bool) -> None:
+        """The browser's ``online``/``offline`` events: start a fresh session at once.
+
+        Going offline does not close an open WebSocket (frames just stop moving, and a page has no ping to
+        notice), and coming back online would otherwise wait out the engine's backoff. A restart fixes
+        both: offline, the new attempt fails and the status says so; online, it reconnects now. The event
+        is only a hint (a server on localhost still answers when the browser thinks it is offline), so
+        nothing is refused because of it.
+        """
+        sync = self.app.sync
+        if not self._sync_wanted or not hasattr(sync, "url") or self.app._closed:
+            return
+        if sync.status == "error":  # refused for good (authentication, schema): a retry cannot help
+            return
+        await sync.disconnect()
+        await sync.connect(wait=False)
+        self.publish_status()
+
+    def _changed(self) -> None:
+        # Called from sync events (inside the engine's task): report and persist soon, not in the handler.
+        with contextlib.suppress(RuntimeError):
+            asyncio.get_running_loop().call_soon(self._tick)
+
+    def _tick(self) -> None:
+        self.publish_status()
+        if self._needs_persist():
+            asyncio.get_running_loop().create_task(self._persist_in_background())
+
+    async def _persist_in_background(self) -> None:
+        try:
+            await self.persist_now()
+        except OfflineError as exc:  # nobody awaits this: tell the page
+            self.post({"type": "log", "level": "error", "message": exc.message, "code": exc.code})
+
+    async def _watch(self) -> None:
+        # Status changes that raise no event (connecting, offline, retry backoff) and background writes
+        # (acknowledgements, received operations) are picked up here.
+        while not self.app._closed:
+            await asyncio.sleep(self.status_interval)
+            self._tick()
+
+    # -- persistence ----------------------------------------------------------------------------------------
+
+    def _needs_persist(self) -> bool:
+        return self._persist is not None and self.app.db.conn.total_changes != self._persisted_changes
+
+    async def persist_now(self, *, force: bool = False) -> None:
+        """Copy the database to persistent browser storage when it changed (``force``: always)."""
+        if self._persist is None or self.app._closed:
+            return
+        changes = self.app.db.conn.total_changes
+        if not force and changes == self._persisted_changes:
+            return
+        self._persisted_changes = changes
+        try:
+            await self._persist()
+        except Exception as exc:
+            self._persisted_changes = -1  # try again on the next change or tick
+            raise self._storage_error(str(exc)) from exc
+
+    # -- requests -------------------------------------------------------------------------------------------
+
+    def _parse(self, text: str) -> tuple[Any, str, dict[str, Any]]:
+        try:
+            request = json.loads(text)
+        except ValueError as exc:
+            raise _bad(f"a request must be JSON text: {exc}") from None
+        if not isinstance(request, dict):
+            raise _bad("a request must be a JSON object")
+        method = request.get("method")
+        if method not in self.METHODS:
+            raise _Refused(
+                request.get("id"),
+                _bad(
+                    f"unknown method {method!r}; use one of {', '.join(sorted(self.METHODS))}",
+                    method=str(method),
+                ),
+            )
+        return request.get("id"), str(method), request
+
+    def _needs_loop(self, method: str, request: Mapping[str, Any]) -> bool:
+        if method in self.ASYNC_METHODS:
+            return True
+        if method == "call" and self.actions is not None:
+            function = getattr(self.actions, str(request.get("name")), None)
+            return inspect.iscoroutinefunction(function)
+        return False
+
+    @staticmethod
+    def _reply(request_id: Any, result: Any) -> str:
+        return _dumps({"type": "reply", "id": request_id, "ok": True, "result": result})
+
+    @staticmethod
+    def _error_reply(request_id: Any, exc: BaseException) -> str:
+        return _dumps({"type": "reply", "id": request_id, "ok": False, "error": _error_json(exc)})
+
+    def handle_now(self, text: str) -> tuple[bool, str] | None:
+        """Serve a request at once, without the event loop: ``(persist first, reply text)``, or None when
+        the request has to wait for something (it then goes through `handle`).
+
+        The worker's JavaScript calls this first: a write then costs the write, the live queries' update
+        and one save to storage, with no timer hops in between. When ``persist first`` is true, the reply
+        may be posted only once the database is stored (else `storage_failure` gives the reply to post).
+        """
+        request_id: Any = None
+        try:
+            request_id, method, request = self._parse(text)
+            if self._needs_loop(method, request):
+                return None
+            result = getattr(self, f"_do_{method}")(request)
+        except _Refused as refused:
+            return False, self._error_reply(refused.request_id, refused.error)
+        except Exception as exc:
+            return False, self._error_reply(request_id, exc)
+        return method in self.WRITES and self.take_persist(), self._reply(request_id, result)
+
+    async def handle(self, text: str) -> None:
+        """Serve one request (JSON text) and post its reply, persisting the database first after writes."""
+        served = self.handle_now(text)
+        if served is not None:
+            persist, reply = served
+            if persist and self._persist is not None:
+                try:
+                    await self._persist()
+                except Exception as exc:
+                    reply = self.storage_failure(reply, str(exc))
+            self._post(reply)
+            return
+        request_id: Any = None
+        try:
+            request_id, method, request = self._parse(text)
+            result = await getattr(self, "_do_call_async" if method == "call" else f"_do_{method}")(request)
+            if method in self.WRITES:
+                await self.persist_now()
+        except Exception as exc:
+            self._post(self._error_reply(request_id, exc))
+            return
+        self._post(self._reply(request_id, result))
+
+    def take_persist(self) -> bool:
+        """Whether the database changed since the last save; if so it counts as saved from now on."""
+        if self._persist is None or self.app._closed:
+            return False
+        changes = self.app.db.conn.total_changes
+        if changes == self._persisted_changes:
+            return False
+        self._persisted_changes = changes
+        return True
+
+    def storage_failure(self, reply: str, reason: str) -> str:
+        """The reply to post instead of ``reply`` when saving its write failed (the write is not durable)."""
+        self._persisted_changes = -1  # save again on the next change or tick
+        return self._error_reply(json.loads(reply).get("id"), self._storage_error(reason))
+
+    def _storage_error(self, reason: str) -> OfflineError:
+        return OfflineError(
+            f"the browser refused to store the local database: {reason}; free some storage space for "
+            "this site (or allow it to store data) and try again",
+            "STORAGE_ERROR",
+            {"path": self.app.path},
+        )
+
+    def _collection(self, request: Mapping[str, Any]) -> Any:
+        name = request.get("collection")
+        if not isinstance(name, str):
+            raise _bad("the request needs a 'collection' name")
+        return self.app.collection(name)
+
+    def _query(self, request: Mapping[str, Any]) -> Query:
+        collection = self._collection(request)
+        spec = request.get("query") or {}
+        if not isinstance(spec, dict):
+            raise _bad('\'query\' must be an object like {"where": {...}, "orderBy": [["field", false]]}')
+        where = spec.get("where") or {}
+        if not isinstance(where, dict):
+            raise _bad("'where' must be an object of field values")
+        query: Query = collection.where(where)
+        for item in spec.get("orderBy") or []:
+            field, desc = (item, False) if isinstance(item, str) else (item[0], bool(item[1]))
+            query = query.order_by(field, desc=desc)
+        if spec.get("limit") is not None:
+            query = query.limit(spec["limit"])
+        return query
+
+    @staticmethod
+    def _changes(changes: Any) -> dict[str, Any]:
+        if not isinstance(changes, dict):
+            raise _bad("'changes' must be an object of field values")
+        decoded: dict[str, Any] = {}
+        for name, value in changes.items():
+            if isinstance(value, dict) and "$op" in value:
+                make = _ATOMIC.get(value["$op"])
+                if make is None:
+                    raise _bad(
+                        f"unknown atomic operation {value['$op']!r}; use one of {', '.join(_ATOMIC)}",
+                        field=name,
+                    )
+                decoded[name] = make(*([value["value"]] if "value" in value else []))
+            else:
+                decoded[name] = value
+        return decoded
+
+    def _do_insert(self, request: Mapping[str, Any]) -> Any:
+        return self._collection(request).insert(request.get("data") or {})
+
+    def _do_insertMany(self, request: Mapping[str, Any]) -> Any:
+        collection = self._collection(request)
+        items = request.get("items")
+        if not isinstance(items, list):
+            raise _bad("'items' must be a list of records")
+        with self.app.batch():  # one transaction, one copy to storage, one subscription update
+            return [collection.insert(item) for item in items]
+
+    def _do_update(self, request: Mapping[str, Any]) -> Any:
+        return self._collection(request).update(
+            request.get("recordId"), self._changes(request.get("changes"))
+        )
+
+    def _do_delete(self, request: Mapping[str, Any]) -> Any:
+        return self._collection(request).delete(request.get("recordId"))
+
+    def _do_findById(self, request: Mapping[str, Any]) -> Any:
+        return self._collection(request).find_by_id(request.get("recordId"))
+
+    def _do_fetch(self, request: Mapping[str, Any]) -> Any:
+        return self._query(request).fetch()
+
+    def _do_count(self, request: Mapping[str, Any]) -> Any:
+        return self._query(request).count()
+
+    def _do_subscribe(self, request: Mapping[str, Any]) -> Any:
+        sub = request.get("sub")
+        if not isinstance(sub, int) or isinstance(sub, bool) or sub in self._live:
+            raise _bad("'sub' must be a new integer subscription id")
+        query = self._query(request)
+        live = self._live[sub] = _LiveQuery(query, query.collection.name)
+        self._send_snapshot(sub, live)  # the current results, before the reply
+        return sub
+
+    def _do_unsubscribe(self, request: Mapping[str, Any]) -> Any:
+        return self._live.pop(request.get("sub"), None) is not None  # type: ignore[arg-type]
+
+    def _on_commit(self, ops: list[Operation]) -> None:
+        self._mark(op.collection for op in ops)
+
+    def _mark(self, collections: Iterable[str]) -> None:
+        watched = {live.collection for live in self._live.values()}
+        touched = watched.intersection(collections)
+        if not touched:
+            return
+        self._stale |= touched
+        if self._refresh_scheduled:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # a write outside any event loop: nothing to coalesce with
+            self._refresh()
+            return
+        self._refresh_scheduled = True
+        loop.call_soon(self._refresh)
+
+    def _refresh(self) -> None:
+        self._refresh_scheduled = False
+        stale, self._stale = self._stale, set()
+        if self.app._closed:
+            return
+        for sub, live in list(self._live.items()):
+            if live.collection in stale:
+                try:
+                    self._send_snapshot(sub, live)
+                except Exception as exc:  # a query that stopped working must be visible, not silent
+                    self.post(
+                        {"type": "log", "level": "error", "message": f"subscription {sub} failed: {exc}"}
+                    )
+
+    def _send_snapshot(self, sub: int, live: _LiveQuery) -> None:
+        records = _dumps(live.query.fetch())
+        if records != live.last:
+            live.last = records
+            self._post(f'{{"type":"snapshot","sub":{sub},"records":{records}}}')
+
+    def action_names(self) -> list[str]:
+        """The project's functions the page may call: public functions defined in the actions module."""
+        module = self.actions
+        if module is None:
+            return []
+        exported = getattr(module, "__all__", None)
+        names = (
+            list(exported)
+            if exported is not None
+            else [
+                name
+                for name, value in vars(module).items()
+                if not name.startswith("_")
+                and inspect.isfunction(value)
+                and value.__module__ == module.__name__
+            ]
+        )
+        return sorted(names)
+
+    def _action(self, request: Mapping[str, Any]) -> tuple[Callable[..., Any], list[Any]]:
+        name = request.get("name")
+        if self.actions is None:
+            raise _bad("this project has no actions module for the page to call")
+        if not isinstance(name, str) or name not in self.action_names():
+            raise _bad(
+                f"{name!r} is not a function of {self.actions.__name__}; it has {', '.join(self.action_names())}",
+                name=str(name),
+            )
+        args = request.get("args") or []
+        if not isinstance(args, list):
+            raise _bad("'args' must be a list")
+        return getattr(self.actions, name), args
+
+    def _do_call(self, request: Mapping[str, Any]) -> Any:
+        function, args = self._action(request)
+        result = function(self.app, *args)
+        if inspect.isawaitable(result):  # an ordinary function that returned one: never awaited here
+            close = getattr(result, "close", None)
+            if close is not None:
+                close()
+            raise _bad(f"{function.__name__} returned an awaitable; make it an `async def` function")
+        return result
+
+    async def _do_call_async(self, request: Mapping[str, Any]) -> Any:
+        function, args = self._action(request)
+        return await function(self.app, *args)
+
+    def _do_status(self, request: Mapping[str, Any]) -> Any:
+        message = self.status_message()
+        del message["type"]
+        return message
+
+    async def _do_connect(self, request: Mapping[str, Any]) -> Any:
+        if not hasattr(self.app.sync, "url"):
+            raise _bad("this app was built without a sync URL (BUILD_SYNC_URL)")
+        self._sync_wanted = True
+        await self.app.sync.connect(wait=False)
+        self.publish_status()
+        return True
+
+    async def _do_disconnect(self, request: Mapping[str, Any]) -> Any:
+        self._sync_wanted = False
+        await self.app.sync.disconnect()
+        self.publish_status()
+        return True
+
+    async def _do_network(self, request: Mapping[str, Any]) -> Any:
+        await self.network_changed(bool(request.get("online")))
+        return True
+
+    async def _do_persist(self, request: Mapping[str, Any]) -> Any:
+        await self.persist_now(force=True)
+        return True
+
+
+def _import(name: str, role: str) -> ModuleType:
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        raise OfflineError(
+            f'cannot import the project\'s {role} module {name!r}: {exc}; list it under "offline"."modules" '
+            "in package.json and build again",
+            "INVALID_SCHEMA",
+            {"module": name},
+        ) from exc
+
+
+def open_app(config: Mapping[str, Any]) -> tuple[App, ModuleType | None]:
+    """Open the app a worker config describes: its schema module, database path, sync URL."""
+    schema_module = _import(str(config.get("schemaModule") or "schema"), "schema")
+    schema = getattr(schema_module, "schema", None)
+    if not isinstance(schema, SchemaDefinition):
+        raise OfflineError(
+            f"{schema_module.__name__} must define `schema = define_schema({{...}})`",
+            "INVALID_SCHEMA",
+            {"module": schema_module.__name__},
+        )
+    actions_name = config.get("actionsModule")
+    actions = _import(str(actions_name), "actions") if actions_name else None
+    sync_url = config.get("syncUrl")
+    sync = {"url": sync_url, **(config.get("syncOptions") or {})} if sync_url else None
+    app = create_app(schema, sync=sync, path=str(config.get("dbPath") or "app.db"))
+    if IS_BROWSER:
+        # One database file and no WAL: a copy of the file to browser storage, taken between two
+        # transactions, is then always a consistent database (a WAL copy could pair an old main file with
+        # a newer log). Durability comes from persist(), not from SQLite's fsyncs, which are no-ops here.
+        app.db.conn.execute("PRAGMA journal_mode=DELETE")
+    return app, actions
+
+
+async def start(config: Any, post: Post, persist: Persist | None = None) -> WorkerBridge:
+    """Open the app and start serving a page; the worker's JavaScript calls this once.
+
+    ``config`` is a mapping (or a JS object converted by Pyodide) with ``schemaModule``, ``actionsModule``,
+    ``dbPath``, ``syncUrl`` and ``syncOptions``.
+    """
+    if hasattr(config, "to_py"):  # a JsProxy
+        config = config.to_py()
+    app, actions = open_app(config)
+    bridge = WorkerBridge(app, post=post, persist=persist, actions=actions)
+    await bridge.start()
+    return bridge
+
+
+__all__ = ["PROTOCOL_VERSION", "WorkerBridge", "open_app", "start"]

@@ -1,0 +1,220 @@
+// The page's handle on the app running in the worker: the same collections and queries as Python's
+// `create_app`, as promises, plus live query results, sync status and the project's own functions.
+//
+//   const client = new OfflineClient();
+//   await client.ready;
+//   const todos = client.collection("todos");
+//   await todos.insert({ title: "milk" });
+//   const stop = todos.where({ done: false }).subscribe((records) => render(records));
+//   await client.call("toggle_todo", id);          // a function of the project's actions module
+
+// The message protocol of offline/worker.py this page speaks (its PROTOCOL_VERSION).
+const PROTOCOL = 1;
+
+export class OfflineError extends Error {
+  constructor(message, code, context = {}) {
+    super(message);
+    this.name = "OfflineError";
+    this.code = code;
+    this.context = context;
+  }
+}
+
+// Atomic updates: `todos.update(id, { votes: op.increment(1) })`.
+export const op = {
+  increment: (value = 1) => ({ $op: "increment", value }),
+  decrement: (value = 1) => ({ $op: "decrement", value }),
+  max: (value) => ({ $op: "max", value }),
+  min: (value) => ({ $op: "min", value }),
+  append: (value) => ({ $op: "append", value }),
+  remove: (value) => ({ $op: "remove", value }),
+};
+
+class Query {
+  constructor(client, collection, spec = {}) {
+    this.client = client;
+    this.collection = collection;
+    this.spec = { where: {}, orderBy: [], limit: null, ...spec };
+  }
+  where(filters) {
+    return new Query(this.client, this.collection, { ...this.spec, where: { ...this.spec.where, ...filters } });
+  }
+  orderBy(field, { desc = false } = {}) {
+    return new Query(this.client, this.collection, { ...this.spec, orderBy: [...this.spec.orderBy, [field, desc]] });
+  }
+  limit(count) {
+    return new Query(this.client, this.collection, { ...this.spec, limit: count });
+  }
+  fetch() {
+    return this.client.request("fetch", { collection: this.collection, query: this.spec });
+  }
+  count() {
+    return this.client.request("count", { collection: this.collection, query: this.spec });
+  }
+  async first() {
+    const rows = await this.limit(1).fetch();
+    return rows.length ? rows[0] : null;
+  }
+  // Calls `callback(records)` now and after every change to the results; returns a function that stops it.
+  subscribe(callback) {
+    return this.client.subscribe(this.collection, this.spec, callback);
+  }
+}
+
+class Collection extends Query {
+  constructor(client, name) {
+    super(client, name);
+  }
+  insert(data) {
+    return this.client.request("insert", { collection: this.collection, data });
+  }
+  insertMany(items) {
+    return this.client.request("insertMany", { collection: this.collection, items });
+  }
+  update(id, changes) {
+    return this.client.request("update", { collection: this.collection, recordId: id, changes });
+  }
+  delete(id) {
+    return this.client.request("delete", { collection: this.collection, recordId: id });
+  }
+  findById(id) {
+    return this.client.request("findById", { collection: this.collection, recordId: id });
+  }
+}
+
+export class OfflineClient {
+  constructor({ worker = new URL("./worker.js", import.meta.url) } = {}) {
+    this.info = null;
+    this.status = { status: "starting", pending: 0, error: null };
+    this.timings = { created: performance.now() };
+    this._next = 1;
+    this._pending = new Map();
+    this._subscriptions = new Map();
+    this._listeners = { status: new Set(), log: new Set(), progress: new Set() };
+    this.ready = new Promise((resolve, reject) => {
+      this._resolveReady = resolve;
+      this._rejectReady = reject;
+    });
+    this.worker = new Worker(worker, { type: "module" });
+    this.worker.onmessage = (event) => this._receive(JSON.parse(event.data));
+    this.worker.onerror = (event) => this._fatal(event.message || "the worker failed to start");
+    // The page hears the browser's online/offline events (a worker may not): the worker then restarts
+    // its sync session instead of trusting a socket that stopped moving, or waiting out a backoff.
+    for (const name of ["online", "offline"]) {
+      self.addEventListener(name, () => this.request("network", { online: name === "online" }).catch(() => {}));
+    }
+  }
+
+  collection(name) {
+    return new Collection(this, name);
+  }
+
+  // Runs a function of the project's actions module (Python) with the app as its first argument.
+  call(name, ...args) {
+    return this.request("call", { name, args });
+  }
+
+  connect() {
+    return this.request("connect");
+  }
+
+  disconnect() {
+    return this.request("disconnect");
+  }
+
+  // Resolves once every write so far is in the browser's persistent storage (writes already wait for it).
+  persist() {
+    return this.request("persist");
+  }
+
+  // "status" (sync status and operations waiting), "log" (warnings from the library), "progress" (startup).
+  on(event, callback) {
+    this._listeners[event].add(callback);
+    return () => this._listeners[event].delete(callback);
+  }
+
+  request(method, params = {}) {
+    const id = this._next++;
+    return new Promise((resolve, reject) => {
+      this._pending.set(id, { resolve, reject });
+      this.worker.postMessage(JSON.stringify({ ...params, id, method }));
+    });
+  }
+
+  subscribe(collection, query, callback) {
+    const sub = this._next++;
+    this._subscriptions.set(sub, callback);
+    const done = this.request("subscribe", { collection, query, sub });
+    done.catch((error) => {
+      this._subscriptions.delete(sub);
+      this._emit("log", { level: "error", message: `subscription to ${collection} failed: ${error.message}` });
+    });
+    return () => {
+      this._subscriptions.delete(sub);
+      done.then(() => this.request("unsubscribe", { sub })).catch(() => {});
+    };
+  }
+
+  _emit(event, value) {
+    for (const callback of this._listeners[event]) {
+      try {
+        callback(value);
+      } catch (error) {
+        console.error(error);
+      }
+    }
+  }
+
+  _fatal(message) {
+    const error = new OfflineError(message, "STORAGE_ERROR");
+    this.status = { status: "error", pending: this.status.pending, error: { code: error.code, message } };
+    this._rejectReady(error);
+    for (const { reject } of this._pending.values()) reject(error);
+    this._pending.clear();
+    this._emit("status", this.status);
+  }
+
+  _receive(message) {
+    switch (message.type) {
+      case "reply": {
+        const waiter = this._pending.get(message.id);
+        if (!waiter) return;
+        this._pending.delete(message.id);
+        if (message.ok) waiter.resolve(message.result);
+        else waiter.reject(new OfflineError(message.error.message, message.error.code, message.error.context));
+        return;
+      }
+      case "snapshot": {
+        const callback = this._subscriptions.get(message.sub);
+        if (callback) callback(message.records);
+        return;
+      }
+      case "status":
+        this.status = { status: message.status, pending: message.pending, error: message.error };
+        this._emit("status", this.status);
+        return;
+      case "ready":
+        if (message.protocol !== PROTOCOL) {
+          // A page and a worker from different builds (a half-updated cache): reloading fetches one build.
+          this._fatal(`the app's worker speaks protocol ${message.protocol}, this page ${PROTOCOL}: reload the page`);
+          return;
+        }
+        this.info = message;
+        this.timings.ready = performance.now();
+        this._resolveReady(message);
+        return;
+      case "progress":
+        this.timings[message.stage] = performance.now();
+        this._emit("progress", message);
+        return;
+      case "log":
+        this._emit("log", message);
+        return;
+      case "fatal":
+        this._fatal(message.message);
+        return;
+      default:
+        console.warn("unknown message from the offline worker", message);
+    }
+  }
+}

@@ -1,0 +1,22 @@
+"""Fixtures of the browser client tests: one `offline init` project per session, built for the server that
+serves it (BUILD_SYNC_URL=/offline-sync), shared by every test (Pyodide's files are the slow part)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from .support import init_project, missing_tools, require_tools
+
+
+@pytest.fixture(scope="session")
+def chromium() -> str:
+    return require_tools()
+
+
+@pytest.fixture(scope="session")
+def web_project(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if missing_tools():
+        require_tools()  # skips, or fails under CI
+    return init_project(tmp_path_factory.mktemp("browser-project"))

@@ -1,0 +1,316 @@
+"""`offline.worker.WorkerBridge` on CPython: the message protocol between the page and the Python app.
+
+In the browser the same class runs under Pyodide (see test_browser_client.py); here its `post` collects the
+messages and `persist` counts copies to storage, so each request's reply, pushes and durability are checked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from offline import create_app, define_schema, t
+from offline.store import App
+from offline.worker import PROTOCOL_VERSION, WorkerBridge, open_app
+
+from .support import FAST_SYNC, live_server, load_module
+
+TEMPLATE = Path(__file__).resolve().parents[2] / "offline_cli" / "templates" / "project"
+
+SCHEMA = define_schema(
+    {
+        "version": 1,
+        "collections": {
+            "todos": {
+                "fields": {
+                    "title": t.string(),
+                    "done": t.boolean().default(False),
+                    "votes": t.number().default(0),
+                    "createdAt": t.timestamp().auto(),
+                }
+            },
+            "notes": {"fields": {"body": t.richtext()}},
+        },
+    }
+)
+
+
+class Page:
+    """The page side: what the bridge posted, decoded, and how often it persisted."""
+
+    def __init__(self) -> None:
+        self.messages: list[dict[str, Any]] = []
+        self.persisted = 0
+        self.fail_persist = False
+        self._next = 0
+
+    def post(self, text: str) -> None:
+        self.messages.append(json.loads(text))
+
+    async def persist(self) -> None:
+        await asyncio.sleep(0)
+        if self.fail_persist:
+            raise RuntimeError("QuotaExceededError")
+        self.persisted += 1
+
+    async def request(self, bridge: WorkerBridge, method: str, **params: Any) -> dict[str, Any]:
+        self._next += 1
+        await bridge.handle(json.dumps({"id": self._next, "method": method, **params}))
+        replies = [m for m in self.messages if m["type"] == "reply" and m["id"] == self._next]
+        assert len(replies) == 1, self.messages
+        return replies[0]
+
+    def of_type(self, kind: str) -> list[dict[str, Any]]:
+        return [m for m in self.messages if m["type"] == kind]
+
+
+@pytest.fixture
+def app(tmp_path: Path) -> Iterator[App]:
+    app = create_app(SCHEMA, path=str(tmp_path / "bridge.db"))
+    yield app
+    app.close()
+
+
+@pytest.fixture
+def todos() -> Any:
+    return load_module(TEMPLATE / "todos.py", "bridge_test_todos")
+
+
+def test_writes_reply_with_records_after_persisting(app: App, todos: Any) -> None:
+    page = Page()
+    bridge = WorkerBridge(app, post=page.post, persist=page.persist, actions=todos)
+
+    async def scenario() -> None:
+        reply = await page.request(bridge, "insert", collection="todos", data={"title": "milk"})
+        assert reply["ok"] is True
+        record = reply["result"]
+        assert record["title"] == "milk" and record["done"] is False and isinstance(record["createdAt"], int)
+        assert page.persisted == 1  # the reply came after the database was copied to storage
+        assert app.todos.find_by_id(record["id"]) == record
+
+        reply = await page.request(
+            bridge,
+            "update",
+            collection="todos",
+            recordId=record["id"],
+            changes={"votes": {"$op": "increment", "value": 2}},
+        )
+        assert reply["result"]["votes"] == 2
+        reply = await page.request(
+            bridge,
+            "update",
+            collection="todos",
+            recordId=record["id"],
+            changes={"votes": {"$op": "increment"}},
+        )
+        assert reply["result"]["votes"] == 3
+        assert page.persisted == 3
+
+        reads = [
+            await page.request(bridge, "findById", collection="todos", recordId=record["id"]),
+            await page.request(bridge, "fetch", collection="todos", query={"where": {"done": False}}),
+            await page.request(bridge, "count", collection="todos"),
+        ]
+        assert [r["result"] for r in reads] == [
+            app.todos.find_by_id(record["id"]),
+            [app.todos.find_by_id(record["id"])],
+            1,
+        ]
+        assert page.persisted == 3  # reads copy nothing
+
+        reply = await page.request(bridge, "delete", collection="todos", recordId=record["id"])
+        assert reply["result"] is True and app.todos.find_by_id(record["id"]) is None
+
+    asyncio.run(scenario())
+
+
+def test_subscriptions_push_every_change_and_stop(app: App) -> None:
+    page = Page()
+    bridge = WorkerBridge(app, post=page.post, persist=page.persist)
+
+    async def scenario() -> None:
+        query = {"where": {"done": False}, "orderBy": [["title", True]]}
+        assert (await page.request(bridge, "subscribe", collection="todos", query=query, sub=7))["ok"]
+        assert page.of_type("snapshot") == [{"type": "snapshot", "sub": 7, "records": []}]
+        reply = await page.request(
+            bridge, "insertMany", collection="todos", items=[{"title": "a"}, {"title": "b"}]
+        )
+        assert [r["title"] for r in reply["result"]] == ["a", "b"]
+        assert page.persisted == 1  # one transaction, one copy
+        snapshots = page.of_type("snapshot")
+        assert len(snapshots) == 2  # the batch announced itself once
+        assert [r["title"] for r in snapshots[-1]["records"]] == ["b", "a"]
+        # Writes made by other code (the project's functions, sync) are seen too, once per loop turn.
+        app.todos.insert({"title": "c"})
+        app.todos.insert({"title": "x", "done": True})  # outside the query: no change to send
+        await asyncio.sleep(0)
+        assert len(page.of_type("snapshot")) == 3
+        assert [r["title"] for r in page.of_type("snapshot")[-1]["records"]] == ["c", "b", "a"]
+        app.todos.insert({"title": "y", "done": True})
+        await asyncio.sleep(0)
+        assert len(page.of_type("snapshot")) == 3  # same results: nothing sent
+        assert (await page.request(bridge, "unsubscribe", sub=7))["result"] is True
+        app.todos.insert({"title": "d"})
+        await asyncio.sleep(0)
+        assert len(page.of_type("snapshot")) == 3
+
+    asyncio.run(scenario())
+
+
+def test_the_page_calls_the_projects_python_functions(app: App, todos: Any) -> None:
+    page = Page()
+    bridge = WorkerBridge(app, post=page.post, persist=page.persist, actions=todos)
+    assert bridge.action_names() == [
+        "add_todo",
+        "clear_completed",
+        "remove_todo",
+        "rename_todo",
+        "toggle_todo",
+    ]
+
+    async def scenario() -> None:
+        added = (await page.request(bridge, "call", name="add_todo", args=["  bread "]))["result"]
+        assert added["title"] == "bread"
+        assert (await page.request(bridge, "call", name="toggle_todo", args=[added["id"]]))["result"][
+            "done"
+        ] is True
+        assert (await page.request(bridge, "call", name="clear_completed"))["result"] == 1
+        refused = await page.request(bridge, "call", name="add_todo", args=["   "])
+        assert refused["ok"] is False
+        assert refused["error"] == {
+            "code": "INVALID_OPERATION",
+            "message": "a to-do needs a title",
+            "context": {"field": "title"},
+        }
+        private = await page.request(bridge, "call", name="OfflineError", args=[])
+        assert private["ok"] is False and "is not a function of" in private["error"]["message"]
+
+    asyncio.run(scenario())
+
+
+def test_bad_requests_get_error_replies_with_codes(app: App) -> None:
+    page = Page()
+    bridge = WorkerBridge(app, post=page.post, persist=page.persist)
+
+    async def scenario() -> None:
+        await bridge.handle("not json")
+        assert page.messages[-1]["ok"] is False and page.messages[-1]["error"]["code"] == "INVALID_OPERATION"
+        unknown = await page.request(bridge, "drop_database")
+        assert (
+            unknown["error"]["code"] == "INVALID_OPERATION"
+            and "unknown method" in unknown["error"]["message"]
+        )
+        wrong = await page.request(bridge, "insert", collection="todos", data={"title": 5})
+        assert wrong["ok"] is False and wrong["error"]["code"] == "INVALID_OPERATION"
+        assert wrong["error"]["context"]["field"] == "title"
+        missing = await page.request(bridge, "insert", collection="nope", data={})
+        assert "unknown collection" in missing["error"]["message"]
+        bad_op = await page.request(
+            bridge, "update", collection="todos", recordId="x", changes={"votes": {"$op": "explode"}}
+        )
+        assert "unknown atomic operation" in bad_op["error"]["message"]
+        assert page.persisted == 0
+
+        page.fail_persist = True
+        failed = await page.request(
+            bridge, "insert", collection="todos", data={"title": "kept in memory only"}
+        )
+        assert failed["ok"] is False
+        assert failed["error"]["code"] == "STORAGE_ERROR"
+        assert "refused to store the local database" in failed["error"]["message"]
+        assert "QuotaExceededError" in failed["error"]["message"]
+
+    asyncio.run(scenario())
+
+
+def test_ready_message_reports_richtext_unavailable_without_pycrdt(
+    app: App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import offline.platform
+
+    page = Page()
+    bridge = WorkerBridge(app, post=page.post, persist=page.persist)
+    ready = bridge.ready_message()
+    assert ready["protocol"] == PROTOCOL_VERSION and ready["nodeId"] == app.node_id
+    assert ready["collections"]["todos"]["fields"]["title"] == "string"
+    assert ready["unavailable"] == []  # pycrdt is installed here
+
+    real = offline.platform.has_module
+    monkeypatch.setattr(offline.platform, "has_module", lambda name: name != "pycrdt" and real(name))
+    (field,) = bridge.ready_message()["unavailable"]
+    assert (field["collection"], field["field"], field["type"]) == ("notes", "body", "richtext")
+    assert (
+        "unavailable" in field["reason"] and "pycrdt" in field["reason"] and "do not sync" in field["reason"]
+    )
+
+
+def test_open_app_imports_the_projects_modules(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "bridge_case_schema.py").write_text(
+        "from offline import define_schema, t\n"
+        "schema = define_schema({'version': 1, 'collections': {'items': {'fields': {'name': t.string()}}}})\n"
+    )
+    (tmp_path / "bridge_case_empty.py").write_text("nothing = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    app, actions = open_app({"schemaModule": "bridge_case_schema", "dbPath": str(tmp_path / "a.db")})
+    try:
+        assert actions is None and list(app.schema.collections) == ["items"]
+        assert app.sync.status == "disabled"  # no sync URL: a local-only app
+    finally:
+        app.close()
+    for config, text in (
+        ({"schemaModule": "bridge_case_missing"}, "cannot import the project's schema module"),
+        ({"schemaModule": "bridge_case_empty"}, "must define `schema = define_schema"),
+    ):
+        with pytest.raises(Exception) as caught:
+            open_app({**config, "dbPath": str(tmp_path / "b.db")})
+        assert text in str(caught.value)
+
+
+def test_status_follows_sync_and_network_changes(tmp_path: Path) -> None:
+    """Against a live server (desktop transport here): status pushes, pause, and restarts on network events."""
+    page = Page()
+    with live_server(SCHEMA, None, tmp_path / "server.db") as live:
+        app = create_app(SCHEMA, sync={"url": live.ws_url, **FAST_SYNC}, path=str(tmp_path / "client.db"))
+        bridge = WorkerBridge(app, post=page.post, persist=page.persist, status_interval=0.02)
+
+        async def until(status: str) -> None:
+            for _ in range(500):
+                if page.of_type("status") and page.of_type("status")[-1]["status"] == status:
+                    return
+                await asyncio.sleep(0.02)
+            raise AssertionError(f"no status {status!r}: {page.of_type('status')}")
+
+        async def scenario() -> None:
+            await bridge.start()
+            assert page.messages[0]["type"] == "ready" and page.persisted == 1
+            await until("connected")
+            await page.request(bridge, "insert", collection="todos", data={"title": "synced"})
+            for _ in range(200):
+                if page.of_type("status")[-1]["pending"] == 0 and live.records("todos"):
+                    break
+                await asyncio.sleep(0.02)
+            assert [r["title"] for r in live.records("todos")] == ["synced"]
+            connections = app.sync.connections
+            await page.request(bridge, "network", online=False)  # a hint: the session restarts
+            await until("connected")
+            assert app.sync.connections == connections + 1
+            assert (await page.request(bridge, "disconnect"))["ok"]
+            await until("disconnected")
+            await page.request(bridge, "network", online=True)  # paused by the page: stays paused
+            await asyncio.sleep(0.1)
+            assert app.sync.status == "disconnected"
+            logging.getLogger("offline.sync").warning("could not apply operation x: test")
+            assert page.of_type("log")[-1] == {
+                "type": "log",
+                "level": "warning",
+                "message": "could not apply operation x: test",
+            }
+            await bridge.stop()
+
+        asyncio.run(scenario())
