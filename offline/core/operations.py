@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
-from .canonical import canonical_json
+from .canonical import canonical_operation_payload
 from .errors import INVALID_OPERATION, OfflineError
 from .frozen import FrozenDict, freeze
 from .hlc import HLCTimestamp, serialize_timestamp
@@ -393,16 +393,10 @@ def _content_id(
     type_: str, collection: str, record_id: str, data: Any, timestamp: HLCTimestamp, node_id: str
 ) -> str:
     """Id of the given fields; ``data`` is already in hash form (``encode_value``'d)."""
-    payload = {
-        "type": type_,
-        "collection": collection,
-        "recordId": record_id,
-        "data": data,
-        "timestamp": serialize_timestamp(timestamp),
-        "nodeId": node_id,
-    }
     try:
-        canonical = canonical_json(payload)
+        canonical = canonical_operation_payload(
+            type_, collection, record_id, data, serialize_timestamp(timestamp), node_id
+        )
     except ValueError as exc:
         # Only reachable for an Operation built directly, bypassing validation (e.g. holding NaN).
         raise _error("data", f"cannot be canonicalized: {exc}", reason="NOT_CANONICALIZABLE") from None
@@ -505,6 +499,10 @@ class Operation:
     @classmethod
     def from_wire(cls, d: Mapping[str, Any], *, verify: bool = True) -> Operation:
         """Read and validate the wire form; with ``verify`` the id must equal the content hash."""
+        if type(d) is dict and d.keys() == _WIRE_KEYS:
+            op = _from_plain_wire(d, verify)
+            if op is not None:
+                return op
         source = dict(_check_source(d))
         given_id = source.get("id")
         if not isinstance(given_id, str) or not given_id:
@@ -522,6 +520,98 @@ class Operation:
                 {"field": "id", "reason": "HASH_MISMATCH", "expected": op.id, "received": given_id},
             )
         return op
+
+
+_WIRE_KEYS: Final = frozenset({"id", *_WIRE_NAMES.values()})
+_new_operation: Final = object.__new__
+
+
+def _plain_str(value: object) -> bool:
+    return type(value) is str and bool(value) and value.isascii()
+
+
+def _plain_int(value: object, minimum: int) -> bool:
+    return type(value) is int and minimum <= value <= MAX_SAFE_INTEGER
+
+
+def _from_plain_wire(d: dict[str, Any], verify: bool) -> Operation | None:
+    """``from_wire`` of the usual wire dict (exactly the wire keys, exact JSON types, no bytes), or None.
+
+    One pass that validates, freezes and hashes, with nothing to report: whatever it does not accept as it
+    is (any invalid field, a bytes marker, ...) returns None, and the complete path then decides, so errors
+    are built (and worded) in one place only. Accepting means the complete path would accept the same
+    operation, with the same fields.
+    """
+    given_id = d["id"]
+    node_id = d["nodeId"]
+    type_ = d["type"]
+    collection = d["collection"]
+    record_id = d["recordId"]
+    stamp = d["timestamp"]
+    sequence_number = d["sequenceNumber"]
+    schema_version = d["schemaVersion"]
+    deps = d["causalDeps"]
+    if not (
+        type(given_id) is str
+        and given_id
+        and _plain_str(node_id)
+        and _plain_str(collection)
+        and _plain_str(record_id)
+        and _plain_int(sequence_number, 0)
+        and _plain_int(schema_version, 1)
+        and type(stamp) is dict
+        and len(stamp) == 3
+        and type(deps) is list
+    ):
+        return None
+    for dep in deps:
+        if type(dep) is not str:
+            return None
+    raw_data = d["data"]
+    raw_previous = d["previousData"]
+    try:
+        if type_ == "delete":
+            if raw_data is not None:
+                return None
+            data = hashed = None
+        elif (type_ == "insert" or type_ == "update") and type(raw_data) is dict:
+            # A bytes marker is a key _fast_mapping refuses: such data takes the complete path.
+            data, hashed = _fast_mapping(raw_data, 1)
+        else:
+            return None
+        if raw_previous is None:
+            if type_ == "update":
+                return None
+            previous = None
+        elif type(raw_previous) is dict:
+            previous = _fast_mapping(raw_previous, 1)[0]
+        else:
+            return None
+        timestamp = HLCTimestamp(stamp["wallTime"], stamp["logical"], stamp["nodeId"])
+    except (_Unusual, KeyError, OfflineError):
+        return None
+    if verify:
+        op_id = _content_id(type_, collection, record_id, hashed, timestamp, node_id)
+        if op_id != given_id:
+            return None  # the complete path raises the mismatch
+    else:
+        op_id = given_id
+    # The fields are checked and frozen already: skip the dataclass __init__/__post_init__.
+    op: Operation = _new_operation(Operation)
+    op.__dict__.update(
+        id=op_id,
+        node_id=node_id,
+        type=type_,
+        collection=collection,
+        record_id=record_id,
+        data=data,
+        previous_data=previous,
+        timestamp=timestamp,
+        sequence_number=sequence_number,
+        causal_deps=tuple(deps),
+        schema_version=schema_version,
+    )
+    return op
 
 
 def _build(source: Mapping[str, Any], given_id: str | None) -> Operation:

@@ -868,6 +868,34 @@ _PARSERS: Final[Mapping[str, Callable[[_Fields], Message]]] = {
 # -------------------------------------------------------------------------------------------- operations
 
 
+def _make_operation_encoder() -> Callable[[Any], str]:
+    """``json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)``, built once.
+
+    ``json.dumps`` with options builds an encoder per call, which cost as much as encoding an operation.
+    The circular check is left out: ``_walk_operation`` has bounded the value first (a cycle exceeds it).
+    """
+    public = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
+    make = getattr(json.encoder, "c_make_encoder", None)
+    quote = getattr(json.encoder, "c_encode_basestring", None)
+    if make is None or quote is None:  # pragma: no cover - interpreters without the _json module
+        return public
+    try:
+        iterencode = make(None, json.JSONEncoder().default, quote, None, ":", ",", False, False, False)
+
+        def encode(value: Any) -> str:
+            return "".join(iterencode(value, 0))
+
+        sample = {"b": [1, 2.5, None, True, False, "\u00e9\n\x01\u2028"], "a": {"z": -3, 1: "k"}}
+        if encode(sample) != public(sample) or encode("x") != public("x"):  # pragma: no cover
+            return public
+    except Exception:  # pragma: no cover - a changed private interface
+        return public
+    return encode
+
+
+_encode_operation: Final = _make_operation_encoder()
+
+
 def _walk_operation(raw: Mapping[str, Any], max_depth: int, budget: int) -> None:
     """Iteratively bound ``raw``'s nesting and size (so ``json.dumps`` cannot recurse too deep)."""
     stack: list[tuple[Any, int]] = [(raw, 1)]
@@ -939,7 +967,7 @@ def decode_operation_text(
         # Data may nest MAX_DEPTH levels below the operation object; from_wire enforces the exact limit.
         _walk_operation(raw, MAX_DEPTH + 1, max_bytes)
         try:
-            text = json.dumps(raw, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+            text = _encode_operation(raw)
         except (TypeError, ValueError) as exc:
             raise ProtocolError(
                 INVALID_OPERATION,
