@@ -10,7 +10,8 @@ organizations (``create_org``, ``invite_member``, ``accept_invite``, ``activate_
 (``link_oauth_authorize``, ``complete_link_oauth``) and passkeys (`is_passkey_supported`,
 ``register_passkey``, ``sign_in_with_passkey``).
 
-Pure Python (httpx for HTTP), so it also runs under Pyodide; nothing here imports the server.
+Pure Python: HTTP goes through httpx on CPython and the browser's fetch under Pyodide (imported lazily, so this
+package also runs in a browser worker); nothing here imports the server.
 """
 
 from .client import DEFAULT_STORE, MIN_PASSWORD_LENGTH, OfflineAuth, create_offline_auth

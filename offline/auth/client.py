@@ -18,9 +18,7 @@ import sys
 import time
 import urllib.parse
 from collections.abc import Callable
-from typing import Any
-
-import httpx
+from typing import TYPE_CHECKING, Any
 
 from .credentials import Credentials, CredentialStore, FileCredentialStore, MemoryCredentialStore
 from .errors import (
@@ -33,11 +31,14 @@ from .errors import (
     AuthError,
     MfaRequired,
 )
-from .http import AuthHttp, credentials_from_pair
+from .http import AuthHttp, HttpResponse, credentials_from_pair
 from .mfa import MfaMethods, _factor
 from .orgs import OrgMethods
 from .passkeys import PasskeyMethods
 from .tokens import claims_or_empty
+
+if TYPE_CHECKING:
+    import httpx
 
 log = logging.getLogger("offline.auth")
 
@@ -327,7 +328,7 @@ class OfflineAuth(MfaMethods, OrgMethods, PasskeyMethods):
 
     # -- calls on behalf of the signed-in user ----------------------------------------------------------------
 
-    async def _authed(self, method: str, path: str, body: dict[str, Any] | None = None) -> httpx.Response:
+    async def _authed(self, method: str, path: str, body: dict[str, Any] | None = None) -> HttpResponse:
         token = await self.get_access_token()
         if token is None:
             raise AuthError("not signed in: sign in first", AUTH_FAILED, {"url": self.server_url})
@@ -336,7 +337,7 @@ class OfflineAuth(MfaMethods, OrgMethods, PasskeyMethods):
     async def _public(self, method: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
         return self._body_of(await self._http.request(method, path, json=body))
 
-    def _body_of(self, response: httpx.Response) -> dict[str, Any]:
+    def _body_of(self, response: HttpResponse) -> dict[str, Any]:
         body = _json(response, self.server_url)
         if not isinstance(body, dict):
             raise AuthError(
@@ -604,7 +605,7 @@ def _check_provider(provider: Any) -> str:
     return provider
 
 
-def _json(response: httpx.Response, server_url: str) -> Any:
+def _json(response: HttpResponse, server_url: str) -> Any:
     try:
         return response.json()
     except ValueError:

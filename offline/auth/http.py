@@ -3,20 +3,28 @@
 Error bodies are ``{"error": {"code", "message", "field"?}}``; the server's code and message are kept (its
 messages say what to do next). Request bodies carry passwords: nothing here logs a request or puts its
 body into an error.
+
+The requests go through an `HttpSender`: httpx on CPython, the browser's ``fetch`` under Pyodide (see
+`offline.auth.fetch_http`), where httpx cannot open a socket. httpx is imported only when it is used, so
+``import offline.auth`` works in a browser that does not have it.
 """
 
 from __future__ import annotations
 
 import email.utils
+import json as jsonlib
+import sys
 import time
-from collections.abc import Mapping
-from typing import Any
-
-import httpx
+import urllib.parse
+from collections.abc import Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .credentials import Credentials
 from .errors import AUTH_FAILED, AUTH_UNAVAILABLE, INVALID_INPUT, RATE_LIMITED, AuthError
 from .tokens import expiry_of
+
+if TYPE_CHECKING:
+    import httpx
 
 #: JWT NumericDates are whole seconds, so a token may expire up to this much before ``expiresIn`` says.
 JWT_TIME_GRANULARITY = 1.0
@@ -24,17 +32,101 @@ JWT_TIME_GRANULARITY = 1.0
 _STATUS_CODES = {401: AUTH_FAILED, 429: RATE_LIMITED, 400: INVALID_INPUT}
 
 
-class AuthHttp:
-    """Sends JSON requests to ``<base_url><path>``; a fresh `httpx.AsyncClient` per call unless one is given.
+class Headers(Mapping[str, str]):
+    """Response headers; names compare case-insensitively (``Retry-After`` == ``retry-after``)."""
+
+    def __init__(self, items: Iterable[tuple[str, str]] = ()) -> None:
+        self._items = {name.lower(): value for name, value in items}
+
+    def __getitem__(self, name: str) -> str:
+        return self._items[name.lower()]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+class HttpResponse:
+    """What the auth client reads of an answer, whichever HTTP stack fetched it."""
+
+    __slots__ = ("content", "headers", "status_code")
+
+    def __init__(self, status_code: int, headers: Headers, content: bytes) -> None:
+        self.status_code = status_code
+        self.headers = headers
+        self.content = content
+
+    def json(self) -> Any:
+        """The body as JSON; ValueError when it is not JSON (an empty body included)."""
+        return jsonlib.loads(self.content)
+
+
+class HttpUnreachable(Exception):
+    """The request got no HTTP answer (refused, timed out, aborted); the message names the failure only."""
+
+
+class HttpSender(Protocol):
+    """Sends one request and returns its answer, whatever the status; `HttpUnreachable` when none came."""
+
+    async def send(
+        self, method: str, url: str, *, body: bytes | None, headers: Mapping[str, str], timeout: float
+    ) -> HttpResponse: ...
+
+
+class HttpxSender:
+    """`HttpSender` over httpx: a fresh `httpx.AsyncClient` per call unless one is given.
 
     A client per call costs a connection per call, which auth (a sign-in, a refresh every few minutes) can
     afford, and it works from any event loop: an app may call the same auth client from ``asyncio.run``
-    twice. An injected ``http_client`` (tests, custom transports, Pyodide) is used as is and never closed.
+    twice. An injected client (tests, custom transports) is used as is and never closed.
     """
 
-    def __init__(self, base_url: str, *, http_client: httpx.AsyncClient | None, timeout: float) -> None:
+    def __init__(self, client: httpx.AsyncClient | None = None) -> None:
+        self.client = client
+
+    async def send(
+        self, method: str, url: str, *, body: bytes | None, headers: Mapping[str, str], timeout: float
+    ) -> HttpResponse:
+        import httpx  # here, not at module level: Pyodide has no httpx (nor sockets for it)
+
+        try:
+            if self.client is not None:
+                response = await self.client.request(
+                    method, url, content=body, headers=dict(headers), timeout=timeout
+                )
+            else:
+                async with httpx.AsyncClient(timeout=timeout, follow_redirects=False) as client:
+                    response = await client.request(method, url, content=body, headers=dict(headers))
+        except httpx.HTTPError as exc:
+            # str(exc) names the failure (refused, timed out), never the request body.
+            raise HttpUnreachable(f"{type(exc).__name__}: {exc}") from None
+        return HttpResponse(response.status_code, Headers(response.headers.items()), response.content)
+
+
+def default_sender(http_client: httpx.AsyncClient | None = None) -> HttpSender:
+    """httpx (with ``http_client`` when given) on CPython; the browser's fetch under Pyodide."""
+    if http_client is None and sys.platform == "emscripten":
+        from .fetch_http import FetchSender
+
+        return FetchSender()
+    return HttpxSender(http_client)
+
+
+class AuthHttp:
+    """Sends JSON requests to ``<base_url><path>`` through an `HttpSender` (see `default_sender`)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        http_client: httpx.AsyncClient | None = None,
+        timeout: float,
+        sender: HttpSender | None = None,
+    ) -> None:
         self.base_url = base_url.rstrip("/")
-        self.http_client = http_client
+        self.sender = sender if sender is not None else default_sender(http_client)
         self.timeout = timeout
 
     async def request(
@@ -45,25 +137,25 @@ class AuthHttp:
         json: Mapping[str, Any] | None = None,
         params: Mapping[str, str] | None = None,
         bearer: str | None = None,
-    ) -> httpx.Response:
+    ) -> HttpResponse:
         """The response when its status is 2xx; otherwise the `AuthError` it stands for is raised."""
         url = self.base_url + path
+        target = url + ("?" + urllib.parse.urlencode(params) if params else "")
         headers = {"Accept": "application/json"}
         if bearer is not None:
             headers["Authorization"] = f"Bearer {bearer}"
+        body = None
+        if json is not None:
+            body = jsonlib.dumps(json, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+            headers["Content-Type"] = "application/json"
         try:
-            if self.http_client is not None:
-                response = await self.http_client.request(
-                    method, url, json=json, params=params, headers=headers, timeout=self.timeout
-                )
-            else:
-                async with httpx.AsyncClient(timeout=self.timeout, follow_redirects=False) as client:
-                    response = await client.request(method, url, json=json, params=params, headers=headers)
-        except httpx.HTTPError as exc:
-            # str(exc) names the failure (refused, timed out), never the request body.
+            response = await self.sender.send(
+                method, target, body=body, headers=headers, timeout=self.timeout
+            )
+        except HttpUnreachable as exc:
             raise AuthError(
-                f"could not reach the auth server at {url} ({type(exc).__name__}: {exc}); check the network "
-                "and the server URL, then try again",
+                f"could not reach the auth server at {url} ({exc}); check the network and the server URL, "
+                "then try again",
                 AUTH_UNAVAILABLE,
                 {"url": url, "retriable": True},
             ) from None
@@ -72,7 +164,7 @@ class AuthHttp:
         raise error_from_response(response, url)
 
 
-def _retry_after(response: httpx.Response, error: Mapping[str, Any]) -> float | None:
+def _retry_after(response: HttpResponse, error: Mapping[str, Any]) -> float | None:
     header = response.headers.get("Retry-After")
     if header:
         try:
@@ -88,7 +180,7 @@ def _retry_after(response: httpx.Response, error: Mapping[str, Any]) -> float | 
     return None
 
 
-def error_from_response(response: httpx.Response, url: str) -> AuthError:
+def error_from_response(response: HttpResponse, url: str) -> AuthError:
     """The `AuthError` for a non-2xx answer: the server's code and message, plus status and details."""
     status = response.status_code
     error: Mapping[str, Any] = {}

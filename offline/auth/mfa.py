@@ -14,9 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
-
 from .errors import AUTH_UNAVAILABLE, INVALID_INPUT, AuthError
+from .http import HttpResponse
 
 __all__ = ["MfaMethods", "TotpEnrollment"]
 
@@ -47,10 +46,10 @@ class MfaMethods:
 
     server_url: str
 
-    async def _authed(self, method: str, path: str, body: dict[str, Any] | None = None) -> httpx.Response:
+    async def _authed(self, method: str, path: str, body: dict[str, Any] | None = None) -> HttpResponse:
         raise NotImplementedError  # provided by OfflineAuth
 
-    def _body_of(self, response: httpx.Response) -> dict[str, Any]:
+    def _body_of(self, response: HttpResponse) -> dict[str, Any]:
         raise NotImplementedError  # provided by OfflineAuth
 
     async def enroll_totp(self) -> TotpEnrollment:

@@ -10,9 +10,8 @@ from __future__ import annotations
 import urllib.parse
 from typing import Any
 
-import httpx
-
 from .errors import INVALID_INPUT, AuthError
+from .http import HttpResponse
 
 __all__ = ["OrgMethods"]
 
@@ -28,10 +27,10 @@ def _id(value: Any, name: str) -> str:
 class OrgMethods:
     """Organization methods of `OfflineAuth` (a mixin; the session plumbing comes from the client)."""
 
-    async def _authed(self, method: str, path: str, body: dict[str, Any] | None = None) -> httpx.Response:
+    async def _authed(self, method: str, path: str, body: dict[str, Any] | None = None) -> HttpResponse:
         raise NotImplementedError  # provided by OfflineAuth
 
-    def _body_of(self, response: httpx.Response) -> dict[str, Any]:
+    def _body_of(self, response: HttpResponse) -> dict[str, Any]:
         raise NotImplementedError  # provided by OfflineAuth
 
     async def _rotate_with_org(self, org_id: str | None) -> None:

@@ -17,9 +17,8 @@ import urllib.parse
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import httpx
-
 from .errors import AUTH_UNAVAILABLE, INVALID_INPUT, PASSKEYS_UNSUPPORTED, AuthError
+from .http import HttpResponse
 
 __all__ = ["Ceremony", "PasskeyMethods", "browser_create", "browser_get", "is_passkey_supported"]
 
@@ -112,13 +111,13 @@ class PasskeyMethods:
 
     server_url: str
 
-    async def _authed(self, method: str, path: str, body: dict[str, Any] | None = None) -> httpx.Response:
+    async def _authed(self, method: str, path: str, body: dict[str, Any] | None = None) -> HttpResponse:
         raise NotImplementedError  # provided by OfflineAuth
 
     async def _public(self, method: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
         raise NotImplementedError  # provided by OfflineAuth
 
-    def _body_of(self, response: httpx.Response) -> dict[str, Any]:
+    def _body_of(self, response: HttpResponse) -> dict[str, Any]:
         raise NotImplementedError  # provided by OfflineAuth
 
     async def _start_session(self, method: str, path: str, body: dict[str, Any]) -> User:

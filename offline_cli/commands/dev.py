@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -119,41 +123,83 @@ def dev(
             f"port {port} on {shown} is not available ({problem}); stop whatever uses it or pick another "
             "with --port"
         )
-    proc = start()
-    if not _wait_healthy(base, proc, 30):
-        code = proc.poll()
-        proc.kill()
-        raise click.ClickException(
-            f"the server did not start (exit code {code}); see the output above. Is port {port} free? (--port)"
-        )
-    env.stdout.write(f"app:       {base}\nsync:      ws://{shown}:{port}/offline-sync\n")
-    env.stdout.write(f"dashboard: {base}/__offline\nhealth:    {base}/health\n")
-    env.stdout.flush()
-    err.print(f"serving {entry} with SQLite at {database}" + (" · watching for changes" if reload else ""))
-    started = time.monotonic()
-    snapshot = _snapshot(project) if reload else {}
+    with _stopped_by_signals() as stopping:
+        proc: subprocess.Popen[bytes] | None = None
+        try:
+            proc = start()
+            if not _wait_healthy(base, proc, 30):
+                code = proc.poll()
+                raise click.ClickException(
+                    f"the server did not start (exit code {code}); see the output above. Is port {port} free? "
+                    "(--port)"
+                )
+            env.stdout.write(f"app:       {base}\nsync:      ws://{shown}:{port}/offline-sync\n")
+            env.stdout.write(f"dashboard: {base}/__offline\nhealth:    {base}/health\n")
+            env.stdout.flush()
+            err.print(
+                f"serving {entry} with SQLite at {database}" + (" · watching for changes" if reload else "")
+            )
+            started = time.monotonic()
+            snapshot = _snapshot(project) if reload else {}
+            while True:
+                time.sleep(0.5)
+                if exit_after is not None and time.monotonic() - started > exit_after:
+                    break
+                if proc.poll() is not None and not reload:
+                    raise click.ClickException(f"the server stopped with exit code {proc.returncode}")
+                if reload:
+                    current = _snapshot(project)
+                    if current != snapshot:
+                        snapshot = current
+                        err.print("[cyan]change detected: restarting the server[/cyan]")
+                        _stop(proc)
+                        proc = start()
+                        if _wait_healthy(base, proc, 30):
+                            err.print(f"[green]server restarted[/green] on {base}")
+                        else:
+                            err.print("[red]the server failed to start; fix the error and save again[/red]")
+        except _Stop:
+            pass
+        finally:
+            stopping.set()  # a second Ctrl-C must not interrupt stopping the server
+            if proc is not None:
+                _stop(proc)
+
+
+class _Stop(BaseException):
+    """Raised in the main thread when dev is asked to stop (Ctrl-C, SIGTERM, SIGHUP); a BaseException, like
+    KeyboardInterrupt, so that no ``except Exception`` on the way swallows it."""
+
+
+@contextlib.contextmanager
+def _stopped_by_signals() -> Iterator[threading.Event]:
+    """Turn SIGINT, SIGTERM and SIGHUP into `_Stop`, so each one stops the server child before dev exits.
+
+    By default SIGTERM (a process manager, `kill`, an IDE's stop button) and SIGHUP (a closed terminal) end
+    dev at once, leaving its server child running and holding the port.
+    """
+
+    stopping = threading.Event()
+
+    def handler(signum: int, frame: object) -> None:
+        if not stopping.is_set():
+            stopping.set()
+            raise _Stop(signal.Signals(signum).name)
+
+    wanted: list[int] = [signal.SIGINT, signal.SIGTERM]
+    if hasattr(signal, "SIGHUP"):
+        wanted.append(signal.SIGHUP)
+    previous: dict[int, Any] = {}
     try:
-        while True:
-            time.sleep(0.5)
-            if exit_after is not None and time.monotonic() - started > exit_after:
-                break
-            if proc.poll() is not None and not reload:
-                raise click.ClickException(f"the server stopped with exit code {proc.returncode}")
-            if reload:
-                current = _snapshot(project)
-                if current != snapshot:
-                    snapshot = current
-                    err.print("[cyan]change detected: restarting the server[/cyan]")
-                    _stop(proc)
-                    proc = start()
-                    if _wait_healthy(base, proc, 30):
-                        err.print(f"[green]server restarted[/green] on {base}")
-                    else:
-                        err.print("[red]the server failed to start; fix the error and save again[/red]")
-    except KeyboardInterrupt:
+        for signum in wanted:
+            previous[signum] = signal.signal(signum, handler)
+    except ValueError:  # not the main thread (an embedding app): leave its signal handling alone
         pass
+    try:
+        yield stopping
     finally:
-        _stop(proc)
+        for signum, old in previous.items():
+            signal.signal(signum, old)
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:

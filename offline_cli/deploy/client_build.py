@@ -2,13 +2,17 @@
 
 ``npm run build`` when package.json has a ``build`` script (output ``dist/``), else an existing ``dist/``;
 neither means only the server is deployed. The build gets ``BUILD_SYNC_URL`` (the deployed
-``wss://<host>/offline-sync``) so the client talks to the server it ships with (SPEC 2.14).
+``wss://<host>/offline-sync``) so the client talks to the server it ships with (SPEC 2.14), and
+``OFFLINE_PYTHON`` (this Python, unless already set): an `offline init` project's build runs
+``python -m offline_cli.web_build``, and the Python running `offline deploy` is the one known to have it.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import sys
 from pathlib import Path
 
 from platform_adapters.base import BUILD_FAILED, CommandRunner, DeployError, Reporter
@@ -61,7 +65,11 @@ def build_client(
                 {"step": "client", "tool": "npm"},
                 hint="Install Node.js (https://nodejs.org), which provides npm, then run offline deploy again.",
             )
-        env = {"BUILD_SYNC_URL": sync_url} if sync_url else {}
+        # Without it the template's build would look for .venv, $VIRTUAL_ENV, python3, python: possibly a
+        # Python without offline installed, or another version of it than the one deploying.
+        env = {"OFFLINE_PYTHON": os.environ.get("OFFLINE_PYTHON") or sys.executable}
+        if sync_url:
+            env["BUILD_SYNC_URL"] = sync_url
         if sync_url:
             reporter.info(f"npm run build with BUILD_SYNC_URL={sync_url}")
         else:

@@ -266,3 +266,45 @@ def test_dev_on_a_busy_port_says_so(tmp_path: Path, dev_process: Any) -> None:
     message = dev.err.text
     assert f"port {port}" in message and "not available" in message and "--port" in message
     assert dev.out.text == ""
+
+
+def server_children(pid: int) -> list[int]:
+    """The child processes of ``pid`` (Linux's /proc)."""
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(child) for child in path.read_text().split()] if path.exists() else []
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
+    except (ProcessLookupError, FileNotFoundError):
+        return False
+    return state != "Z"  # a zombie has exited already
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_sigterm_and_sighup_stop_dev_and_its_server(
+    tmp_path: Path, dev_process: Any, signum: signal.Signals
+) -> None:
+    """A process manager's SIGTERM (or a closed terminal's SIGHUP) must not leave the server child running."""
+    if not Path(f"/proc/{os.getpid()}/task/{os.getpid()}/children").exists():
+        reason = "needs Linux's /proc/<pid>/task/<pid>/children to find the server process"
+        if os.environ.get("CI"):
+            pytest.fail(reason)
+        pytest.skip(reason)
+    (tmp_path / "server.py").write_text(SERVER_SOURCE)
+    dev: Dev = dev_process(tmp_path, "--exit-after", "90")
+    dev.wait_healthy()
+    children = server_children(dev.proc.pid)
+    assert len(children) == 1, children
+    server = children[0]
+    try:
+        dev.proc.send_signal(signum)
+        assert dev.proc.wait(20) == 0, dev.err.text
+        assert not alive(server), f"the server process {server} outlived offline dev"
+        assert health(dev.base) is None
+        assert "Traceback" not in dev.err.text
+    finally:
+        if alive(server):
+            os.kill(server, signal.SIGKILL)

@@ -324,6 +324,27 @@ def test_client_build_runs_npm_with_the_deployed_sync_url(tmp_path: Path, npm_en
     assert "wss://notes.fake.test/offline-sync" in (client / "index.html").read_text()
 
 
+def test_client_build_tells_npm_which_python_to_use(
+    tmp_path: Path, npm_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The template's build runs `python -m offline_cli.web_build`: it must use the deploying Python."""
+    monkeypatch.delenv("OFFLINE_PYTHON", raising=False)
+    npm = tmp_path / "bin" / "npm"
+    # The fake npm, also recording the Python the build would use.
+    record = 'printf \'OFFLINE_PYTHON=%s\\n\' "${OFFLINE_PYTHON-<unset>}" >> "$FAKE_NPM_LOG"\n'
+    npm.write_text(npm.read_text().replace("mkdir -p dist\n", record + "mkdir -p dist\n"))
+    project = write_project(tmp_path / "p", client="npm")
+    build_client(
+        project,
+        project / ".offline" / "deploy",
+        sync_url=None,
+        runner=SubprocessRunner(npm_env),
+        reporter=RecordingReporter(),
+    )
+    log = Path(npm_env["FAKE_NPM_LOG"]).read_text().splitlines()
+    assert log == ["run build", "BUILD_SYNC_URL=<unset>", f"OFFLINE_PYTHON={sys.executable}"]
+
+
 def test_client_build_failure_shows_npm_output(tmp_path: Path, npm_env: dict[str, str]) -> None:
     project = write_project(tmp_path / "p", client="npm")
     with pytest.raises(DeployError) as caught:
