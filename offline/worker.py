@@ -153,7 +153,12 @@ class WorkerBridge:
         self._stale: set[str] = set()
         self._refresh_scheduled = False
         app.commit_listeners.append(self._on_commit)
-        app.events.on("sync:received", lambda event: self._mark(op.collection for op in event["operations"]))
+        # Unsubscribe handles of the app events this bridge listens to (see `detach`).
+        self._event_offs = [
+            app.events.on(
+                "sync:received", lambda event: self._mark(op.collection for op in event["operations"])
+            )
+        ]
         self._persisted_changes = -1
         self._last_status: dict[str, Any] | None = None
         self._watcher: asyncio.Task[None] | None = None
@@ -213,21 +218,36 @@ class WorkerBridge:
         self.post(self.ready_message())
         events = self.app.events
         for event in ("sync:connected", "sync:disconnected", "sync:received", "sync:acknowledged"):
-            events.on(event, lambda _event: self._changed())
+            self._event_offs.append(events.on(event, lambda _event: self._changed()))
         self._sync_wanted = connect
         if connect and hasattr(self.app.sync, "url"):
             await self.app.sync.connect(wait=False)
         self.publish_status(force=True)
         self._watcher = asyncio.get_running_loop().create_task(self._watch())
 
-    async def stop(self) -> None:
+    def detach(self) -> None:
+        """Stop serving this page and leave the app open (the desktop shell's page reloaded or navigated).
+
+        The app outlives its pages there: a new page gets a new bridge over the same app, and the old one
+        must stop hearing commits and events, or it would keep posting to a page that is gone.
+        """
         logging.getLogger("offline").removeHandler(self._log_handler)
         watcher, self._watcher = self._watcher, None
         if watcher is not None:
             watcher.cancel()
+        for off in self._event_offs:
+            off()
+        self._event_offs.clear()
+        if self._on_commit in self.app.commit_listeners:
+            self.app.commit_listeners.remove(self._on_commit)
+        self._live.clear()
+
+    async def stop(self) -> None:
+        watcher = self._watcher
+        self.detach()
+        if watcher is not None:
             with contextlib.suppress(asyncio.CancelledError):
                 await watcher
-        self._live.clear()
         with contextlib.suppress(Exception):
             await self.app.sync.disconnect()
         await self.persist_now()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -77,6 +78,8 @@ Examples:
   offline dev                      serve ./server.py (or a built-in demo) on http://127.0.0.1:3001
   offline dev my-app --port 4000   another project folder and port
   offline dev --no-reload          do not restart when files change
+  offline dev --desktop            also open the desktop app, synced with this server
+                                   (its page from the dev server on 5173 when the project has one)
 """
 )
 @click.argument("project", type=click.Path(file_okay=False, path_type=Path), default=".")
@@ -89,9 +92,20 @@ Examples:
     help="SQLite file (default: $OFFLINE_SERVER_DB or ./offline-server.db in the project).",
 )
 @click.option("--reload/--no-reload", default=True, show_default=True, help="Restart when .py files change.")
+@click.option(
+    "--desktop",
+    is_flag=True,
+    help="Also open the project's desktop app (pip install 'offline[desktop]'); closing it stops dev.",
+)
 @click.option("--exit-after", type=float, default=None, hidden=True, help="Stop after N seconds (tests).")
 def dev(
-    project: Path, port: int | None, host: str, db: str | None, reload: bool, exit_after: float | None
+    project: Path,
+    port: int | None,
+    host: str,
+    db: str | None,
+    reload: bool,
+    desktop: bool,
+    exit_after: float | None,
 ) -> None:
     """Run the project's sync server (server.py, src/server.py, or a demo) on SQLite for development."""
     env = current_environment()
@@ -117,6 +131,11 @@ def dev(
             [sys.executable, "-m", "server_runtime", str(entry)], env=child_env, cwd=str(project)
         )
 
+    app_window: _DesktopApp | None = None
+    if desktop:
+        app_window = _DesktopApp(project, dict(env.env), sync_url=f"ws://{shown}:{port}/offline-sync")
+        app_window.check()
+
     problem = _port_problem(host, port)
     if problem is not None:
         raise click.ClickException(
@@ -139,6 +158,8 @@ def dev(
             err.print(
                 f"serving {entry} with SQLite at {database}" + (" · watching for changes" if reload else "")
             )
+            if app_window is not None:
+                app_window.start(err)
             started = time.monotonic()
             snapshot = _snapshot(project) if reload else {}
             while True:
@@ -147,6 +168,9 @@ def dev(
                     break
                 if proc.poll() is not None and not reload:
                     raise click.ClickException(f"the server stopped with exit code {proc.returncode}")
+                if app_window is not None and app_window.closed():
+                    err.print("the desktop app was closed: stopping")
+                    break
                 if reload:
                     current = _snapshot(project)
                     if current != snapshot:
@@ -158,12 +182,98 @@ def dev(
                             err.print(f"[green]server restarted[/green] on {base}")
                         else:
                             err.print("[red]the server failed to start; fix the error and save again[/red]")
+                        if app_window is not None:
+                            app_window.restart(err)
         except _Stop:
             pass
         finally:
             stopping.set()  # a second Ctrl-C must not interrupt stopping the server
+            if app_window is not None:
+                app_window.stop()
             if proc is not None:
                 _stop(proc)
+
+
+FRONTEND_DEV_URL = "http://localhost:5173/"
+
+
+class _DesktopApp:
+    """The desktop app beside the dev server (SPEC 4.7 rule 5): ``python -m offline_desktop PROJECT``.
+
+    It syncs with this server (``BUILD_SYNC_URL``) and keeps its settings and database in the project's
+    ``.offline/desktop/``. Its page comes from the frontend dev server on 5173 when the project has a
+    ``dev`` script (started here) or one already answers there; else from the project's web folder.
+    """
+
+    def __init__(self, project: Path, env: dict[str, str], *, sync_url: str) -> None:
+        self.project = project
+        self.env = {**env, "BUILD_SYNC_URL": sync_url}
+        self.env.setdefault("OFFLINE_DESKTOP_CONFIG_DIR", str(project / ".offline" / "desktop"))
+        self.app: subprocess.Popen[bytes] | None = None
+        self.frontend: subprocess.Popen[bytes] | None = None
+        self.page_url: str | None = None
+
+    def check(self) -> None:
+        probe = subprocess.run(
+            [sys.executable, "-c", "import webview, offline_desktop.shell"], capture_output=True, env=self.env
+        )
+        if probe.returncode != 0:
+            raise click.ClickException(
+                "--desktop needs the desktop shell: pip install 'offline[desktop]' (pywebview with Qt WebEngine)"
+            )
+        if not (self.project / "package.json").is_file():
+            raise click.ClickException(
+                f"no package.json in {self.project}: --desktop opens a project made by `offline init`"
+            )
+
+    def _dev_script(self) -> bool:
+        try:
+            scripts = json.loads((self.project / "package.json").read_text(encoding="utf-8")).get("scripts")
+        except (OSError, ValueError, AttributeError):
+            return False
+        return isinstance(scripts, dict) and "dev" in scripts
+
+    def start(self, err: Any) -> None:
+        if self.page_url is None:
+            if _answers(FRONTEND_DEV_URL):
+                self.page_url = FRONTEND_DEV_URL
+            elif self._dev_script():
+                err.print("starting the frontend dev server (npm run dev) on port 5173")
+                self.frontend = subprocess.Popen(["npm", "run", "dev"], cwd=str(self.project), env=self.env)
+                deadline = time.monotonic() + 60
+                while time.monotonic() < deadline and self.frontend.poll() is None:
+                    if _answers(FRONTEND_DEV_URL):
+                        self.page_url = FRONTEND_DEV_URL
+                        break
+                    time.sleep(0.3)
+                else:
+                    err.print("[yellow]the frontend dev server did not answer on 5173: using web/[/yellow]")
+        command = [sys.executable, "-m", "offline_desktop", str(self.project)]
+        if self.page_url is not None:
+            command += ["--app-url", self.page_url]
+        self.app = subprocess.Popen(command, cwd=str(self.project), env=self.env)
+        err.print(f"desktop app started (page: {self.page_url or 'web/'})")
+
+    def closed(self) -> bool:
+        return self.app is not None and self.app.poll() is not None
+
+    def restart(self, err: Any) -> None:
+        if self.app is not None:
+            _stop(self.app)
+        self.start(err)
+
+    def stop(self) -> None:
+        for child in (self.app, self.frontend):
+            if child is not None:
+                _stop(child)
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1) as response:
+            return bool(response.status < 500)
+    except OSError:
+        return False
 
 
 class _Stop(BaseException):

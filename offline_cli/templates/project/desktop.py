@@ -1,9 +1,12 @@
-"""A desktop client of the same list: native SQLite, and the same todos.py the browser runs.
+"""The desktop app: the same page (web/) and the same todos.py as the browser, on native SQLite.
 
-    python desktop.py                 show the list (after syncing with the server)
-    python desktop.py add "buy milk"  add a to-do, sync it, show the list
+    python desktop.py                 open the app's window (pip install 'offline[desktop]')
+    python desktop.py list            print the list (after syncing with the server)
+    python desktop.py add "buy milk"  add a to-do, sync it, print the list
 
-SYNC_URL (default ws://localhost:3001/offline-sync) is the server `offline dev` runs.
+The window syncs with BUILD_SYNC_URL when it is set (as `offline dev --desktop` does); otherwise its first
+launch asks for the server's address, or runs on this computer only. The list and add commands use
+SYNC_URL (default ws://localhost:3001/offline-sync) and DESKTOP_DB (default desktop.db).
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+from pathlib import Path
 
 import todos
 from schema import schema
@@ -20,7 +24,7 @@ from offline import OfflineError, create_app
 SYNC_URL = os.environ.get("SYNC_URL", "ws://localhost:3001/offline-sync")
 
 
-async def main(argv: list[str]) -> int:
+async def command_line(argv: list[str]) -> int:
     app = create_app(schema, sync={"url": SYNC_URL}, path=os.environ.get("DESKTOP_DB", "desktop.db"))
     try:
         if argv[:1] == ["add"] and len(argv) > 1:
@@ -38,5 +42,12 @@ async def main(argv: list[str]) -> int:
     return 0
 
 
+def window() -> int:
+    from offline_desktop.project import main
+
+    return main([str(Path(__file__).resolve().parent)])
+
+
 if __name__ == "__main__":
-    sys.exit(asyncio.run(main(sys.argv[1:])))
+    arguments = sys.argv[1:]
+    sys.exit(asyncio.run(command_line(arguments)) if arguments[:1] in (["list"], ["add"]) else window())

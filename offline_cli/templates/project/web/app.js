@@ -1,6 +1,6 @@
 // The to-do page. All data work happens in Python (todos.py and the offline library) inside the worker;
 // this file only renders what the worker reports and forwards clicks as calls.
-import { OfflineClient } from "./offline-client.js";
+import { isDesktop, OfflineClient } from "./offline-client.js";
 
 const $ = (selector) => document.querySelector(selector);
 const client = new OfflineClient();
@@ -16,7 +16,7 @@ const STATUS_TEXT = {
       ? `Offline · ${s.pending} change${s.pending === 1 ? "" : "s"} saved on this device`
       : "Offline · changes are saved on this device",
   disconnected: () => "Sync paused",
-  disabled: () => "This device only (built without a sync URL)",
+  disabled: () => (isDesktop() ? "This computer only (no sync server set)" : "This device only (built without a sync URL)"),
   error: (s) => `Sync stopped: ${s.error ? s.error.message : "unknown error"}`,
 };
 
@@ -148,8 +148,13 @@ $("#new-todo").addEventListener("submit", async (event) => {
 $("#clear-completed").addEventListener("click", () => client.call("clear_completed").catch(showError));
 
 // Offline reloads: a service worker keeps this page, Pyodide and the Python code in the browser's cache.
+// The desktop shell needs none of that (its files are on disk); it has a settings page for the sync server.
 const cacheStatus = $("#cache-status");
-if ("serviceWorker" in navigator) {
+if (isDesktop()) {
+  const settings = $("#sync-settings");
+  settings.hidden = false;
+  settings.addEventListener("click", () => window.pywebview.api.open_settings());
+} else if ("serviceWorker" in navigator) {
   navigator.serviceWorker
     .register("./sw.js")
     .then(() => navigator.serviceWorker.ready)

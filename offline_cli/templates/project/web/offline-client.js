@@ -82,6 +82,64 @@ class Collection extends Query {
   }
 }
 
+// True when the page runs in the `offline` desktop shell rather than a browser.
+export function isDesktop() {
+  return new URLSearchParams(self.location.search).get("runtime") === "desktop";
+}
+
+// The desktop shell's stand-in for the worker: requests go to Python through pywebview's bridge
+// (`window.pywebview.api`), in order, many per call; Python pushes replies and updates to
+// `window.__offlineDesktop.receive(texts)`.
+class DesktopPort {
+  constructor() {
+    this.onmessage = null;
+    this.onerror = null;
+    this._queue = [];
+    this._sending = false;
+    this._attached = false;
+    window.__offlineDesktop = {
+      receive: (texts) => {
+        for (const text of texts) if (this.onmessage) this.onmessage({ data: text });
+      },
+    };
+    const attach = () =>
+      window.pywebview.api.attach().then(
+        () => {
+          this._attached = true;
+          this._flush();
+        },
+        (error) => this._fail(error),
+      );
+    if (window.pywebview && window.pywebview.api && window.pywebview.api.attach) attach();
+    else window.addEventListener("pywebviewready", attach, { once: true });
+  }
+
+  postMessage(text) {
+    this._queue.push(text);
+    this._flush();
+  }
+
+  terminate() {}
+
+  _flush() {
+    if (!this._attached || this._sending || !this._queue.length) return;
+    const batch = this._queue.splice(0);
+    this._sending = true;
+    window.pywebview.api.post(batch).then(
+      () => {
+        this._sending = false;
+        this._flush();
+      },
+      (error) => this._fail(error),
+    );
+  }
+
+  _fail(error) {
+    this._sending = false;
+    if (this.onerror) this.onerror({ message: `the desktop app is not answering: ${(error && error.message) || error}` });
+  }
+}
+
 export class OfflineClient {
   constructor({ worker = new URL("./worker.js", import.meta.url) } = {}) {
     this.info = null;
@@ -95,7 +153,9 @@ export class OfflineClient {
       this._resolveReady = resolve;
       this._rejectReady = reject;
     });
-    this.worker = new Worker(worker, { type: "module" });
+    // In the desktop shell (which opens the page with ?runtime=desktop) the app runs natively in Python;
+    // in a browser it runs in Pyodide in a worker. Both speak the same messages.
+    this.worker = isDesktop() ? new DesktopPort() : new Worker(worker, { type: "module" });
     this.worker.onmessage = (event) => this._receive(JSON.parse(event.data));
     this.worker.onerror = (event) => this._fatal(event.message || "the worker failed to start");
     // The page hears the browser's online/offline events (a worker may not): the worker then restarts
