@@ -308,3 +308,36 @@ def test_sigterm_and_sighup_stop_dev_and_its_server(
     finally:
         if alive(server):
             os.kill(server, signal.SIGKILL)
+
+
+def http_get(url: str) -> tuple[int, str, str]:
+    """(status, content type, body) of a GET, error statuses included."""
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.status, response.headers.get("content-type", ""), response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.headers.get("content-type", ""), error.read().decode()
+
+
+def test_dev_serves_the_built_client_from_dist_with_spa_fallback(tmp_path: Path, dev_process: Any) -> None:
+    project = tmp_path / "project"
+    (project / "dist" / "assets").mkdir(parents=True)
+    (project / "server.py").write_text(SERVER_SOURCE)
+    index = "<!doctype html><title>notes</title><div id=app data-built=dist-index></div>\n"
+    (project / "dist" / "index.html").write_text(index)
+    (project / "dist" / "assets" / "app.js").write_text("console.log('built client')\n")
+    dev: Dev = dev_process(project, "--exit-after", "60")
+    dev.wait_healthy()
+
+    code, kind, body = http_get(dev.base + "/")
+    assert (code, body) == (200, index) and kind.startswith("text/html")
+    assert http_get(dev.base + "/assets/app.js")[::2] == (200, "console.log('built client')\n")
+    # A client-side route the app handles itself gets the app shell; a missing asset stays a 404.
+    for route in ("/notes", "/notes/42/edit"):
+        assert http_get(dev.base + route)[::2] == (200, index), route
+    assert http_get(dev.base + "/assets/missing.js")[0] == 404
+    # The server's own routes still answer ahead of the fallback.
+    code, kind, body = http_get(dev.base + "/health")
+    assert code == 200 and kind.startswith("application/json") and json.loads(body)["status"] == "ok"
+    assert get_json(dev.base + "/__offline/status")["store"] == "sqlite"
+    assert dev.proc.poll() is None

@@ -234,31 +234,61 @@ class RawClient:
 class BareSocketPeer:
     """A WebSocket client written by hand on a blocking socket, so it can misbehave the way real peers do:
     stop reading (its receive buffer fills, and the server's send buffer behind it), or stop answering pings.
-    ``rcvbuf`` shrinks the kernel receive buffer (set before connecting, so the window stays small)."""
+    ``rcvbuf`` shrinks the kernel receive buffer (set before connecting, so the window stays small).
+    ``upgrade=False`` only connects: the caller may first `get` over the plain HTTP connection, then send the
+    upgrade ``request`` in parts and finish with `upgrade`."""
 
     def __init__(
-        self, host: str, port: int, path: str = "/offline-sync", *, rcvbuf: int | None = None
+        self,
+        host: str,
+        port: int,
+        path: str = "/offline-sync",
+        *,
+        rcvbuf: int | None = None,
+        upgrade: bool = True,
     ) -> None:
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         if rcvbuf is not None:
             self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
         self.sock.settimeout(TIMEOUT)
         self.sock.connect((host, port))
+        self.host = f"{host}:{port}"
         key = base64.b64encode(os.urandom(16)).decode()
-        request = (
-            f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        self.request = (
+            f"GET {path} HTTP/1.1\r\nHost: {self.host}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
             f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n"
-        )
-        self.sock.sendall(request.encode())
+        ).encode()
         self.buffer = b""
+        if upgrade:
+            self.upgrade()
+
+    def upgrade(self, sent: int = 0) -> None:
+        """Send the upgrade request (from byte ``sent`` on: a first part may have gone ahead); expect 101."""
+        self.sock.sendall(self.request[sent:])
+        head = self.read_head()
+        if not head.startswith(b"HTTP/1.1 101"):
+            raise ConnectionError(head.decode(errors="replace"))
+
+    def read_head(self) -> bytes:
+        """The head of the next HTTP response (up to the blank line); what follows stays in the buffer."""
         while b"\r\n\r\n" not in self.buffer:
             chunk = self.sock.recv(4096)
             if not chunk:
-                raise ConnectionError("closed during the upgrade")
+                raise ConnectionError("closed before an HTTP response")
             self.buffer += chunk
         head, _, self.buffer = self.buffer.partition(b"\r\n\r\n")
-        if not head.startswith(b"HTTP/1.1 101"):
-            raise ConnectionError(head.decode(errors="replace"))
+        return head
+
+    def get(self, path: str) -> tuple[bytes, bytes]:
+        """A plain HTTP GET on this connection (kept alive: the upgrade may follow): (head, body)."""
+        self.sock.sendall(f"GET {path} HTTP/1.1\r\nHost: {self.host}\r\n\r\n".encode())
+        head = self.read_head()
+        length = 0
+        for line in head.split(b"\r\n")[1:]:
+            name, _, value = line.partition(b":")
+            if name.strip().lower() == b"content-length":
+                length = int(value)
+        return head, self._read_exact(length)
 
     def send_text(self, text: str) -> None:
         payload = text.encode()
