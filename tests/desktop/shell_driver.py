@@ -53,8 +53,17 @@ def require_shell() -> None:
 class ShellProcess:
     """One desktop app process and the DevTools connection to its window's page."""
 
-    def __init__(self, project: Path, config_dir: Path, *, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        project: Path,
+        config_dir: Path,
+        *,
+        env: dict[str, str] | None = None,
+        command: list[str] | None = None,
+    ) -> None:
         self.project = project
+        # What starts the window: the app itself by default, or a command that starts it (offline dev).
+        self.command = command or [sys.executable, "-m", "offline_desktop", str(project)]
         self.config_dir = config_dir
         self.debug_port = free_port()
         self.log_path = config_dir.parent / f"shell-{config_dir.name}-{self.debug_port}.log"
@@ -79,7 +88,7 @@ class ShellProcess:
     def start(self, timeout: float = 60.0) -> ShellProcess:
         log = open(self.log_path, "ab")  # noqa: SIM115 - kept open for the process's lifetime
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "offline_desktop", str(self.project)],
+            self.command,
             env=self.env,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -112,7 +121,8 @@ class ShellProcess:
         if self._ws is not None:
             with contextlib.suppress(Exception):
                 self._ws.close()
-        self._ws = connect(page["webSocketDebuggerUrl"], max_size=None, open_timeout=10)
+        connection = connect(page["webSocketDebuggerUrl"], max_size=None, open_timeout=10)
+        self._ws = connection.__enter__()  # closed by close() or the next attach
         self._page_id = page["id"]
 
     def _send(self, method: str, **params: Any) -> dict[str, Any]:
