@@ -20,6 +20,7 @@ from .base import (
     DeployContext,
     DeployError,
     StatusReport,
+    masked_values,
 )
 
 __all__ = [
@@ -60,8 +61,9 @@ def find_cli(ctx: DeployContext, names: Sequence[str], *, vendor: str, install_h
 
 
 def redact(text: str, ctx: DeployContext) -> str:
-    """``text`` with every forwarded secret value masked (vendor output may echo what it was given)."""
-    for value in sorted(ctx.forwarded_secrets().values(), key=len, reverse=True):
+    """``text`` with every forwarded secret value (and a database URL's password) masked: vendor output may
+    echo what it was given."""
+    for value in sorted(masked_values(ctx.env), key=len, reverse=True):
         if len(value) >= 4:
             text = text.replace(value, "***")
     return text

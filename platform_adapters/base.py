@@ -41,6 +41,7 @@ __all__ = [
     "StatusReport",
     "SubprocessRunner",
     "forwarded_environment",
+    "masked_values",
     "sync_url_for",
 ]
 
@@ -290,6 +291,24 @@ class Deployment:
 def forwarded_environment(env: Mapping[str, str]) -> dict[str, str]:
     """The SECRET_VARIABLES set (non-empty) in ``env``."""
     return {name: env[name] for name in SECRET_VARIABLES if env.get(name)}
+
+
+def masked_values(env: Mapping[str, str]) -> tuple[str, ...]:
+    """What must never be shown: each forwarded secret value and, for a URL-valued one (DATABASE_URL), its
+    password on its own, as written and percent-decoded (a database or vendor error may echo just that).
+    For masking output only; deploy.json is scrubbed of the whole values (see offline_cli.deploy.state)."""
+    from urllib.parse import unquote, urlsplit
+
+    values: list[str] = []
+    for value in forwarded_environment(env).values():
+        values.append(value)
+        try:
+            password = urlsplit(value).password
+        except ValueError:  # not a URL urllib can split
+            password = None
+        if password:
+            values += [password, unquote(password)]
+    return tuple(dict.fromkeys(values))
 
 
 class PlatformAdapter(abc.ABC):

@@ -51,12 +51,12 @@ class PlatformChoice(click.Choice):  # type: ignore[type-arg]
 
 def build_services(env: Environment) -> Services:
     """The real outside world of a deploy command (tests replace parts of it)."""
-    from platform_adapters.base import SubprocessRunner, forwarded_environment
+    from platform_adapters.base import SubprocessRunner, masked_values
 
     from ..deploy.flow import Services
     from ..deploy.reporter import RichReporter
 
-    secrets = forwarded_environment(env.env).values()
+    secrets = masked_values(env.env)
     return Services(
         env=env.env,
         interactive=env.interactive,
@@ -67,11 +67,11 @@ def build_services(env: Environment) -> Services:
 
 
 def _fail(env: Environment, exc: DeployError) -> NoReturn:
-    from platform_adapters.base import forwarded_environment
+    from platform_adapters.base import masked_values
 
     from ..deploy.reporter import redact
 
-    secrets = list(forwarded_environment(env.env).values())
+    secrets = masked_values(env.env)
     err = env.err
     err.print(
         f"[bold red]error[/bold red] [{exc.code}]: {escape(redact(exc.message, secrets))}", highlight=False

@@ -40,6 +40,7 @@ class FakePlatform:
     status_state: str = "RUNNING"
     logged_in: bool = True
     leak_secrets: bool = False  # a buggy adapter returning the forwarded secrets as state
+    progress: list[tuple[str, str]] = field(default_factory=list)  # (kind, message) deploy() reports
     log_lines: list[str] = field(default_factory=lambda: [f"line {i}" for i in range(1, 301)])
     next_id: int = 1
     # Like ECS without a load balancer: deploy() knows no URL ("") and the health wait may find one.
@@ -89,6 +90,8 @@ class FakeAdapter(PlatformAdapter):
 
     def deploy(self, ctx: DeployContext) -> DeployOutcome:
         self._record("deploy", ctx)
+        for kind, message in self.remote.progress:  # like build output relayed to the user
+            getattr(ctx.reporter, kind)(message)
         self.remote.seen_files.append(
             sorted(str(p.relative_to(ctx.deploy_dir)) for p in ctx.deploy_dir.rglob("*") if p.is_file())
         )

@@ -345,6 +345,9 @@ def test_build_of_another_platform_is_wrong_architecture(
     assert caught.value.code == WRONG_ARCHITECTURE
     assert "image does not provide linux/amd64 platform" in caught.value.message
     assert "linux/arm64" in caught.value.message
+    # What to do next: build for amd64 through emulation, then retry.
+    assert caught.value.hint.startswith("Rebuild for linux/amd64: on an ARM machine enable amd64 emulation")
+    assert "qemu-user-static" in caught.value.hint and caught.value.hint.endswith("then retry.")
 
 
 def test_missing_dockerfile_is_build_failed_before_connecting(tmp_path: Path) -> None:

@@ -384,6 +384,76 @@ def test_secrets_reach_no_file_no_output(harness: Harness) -> None:
     assert "was not saved to deploy.json" in outcome.stderr
 
 
+def test_secrets_in_progress_messages_are_masked_on_stderr(harness: Harness) -> None:
+    password = "very-secret-pw"  # the password inside SECRETS["DATABASE_URL"]
+    assert f":{password}@" in SECRETS["DATABASE_URL"]
+    harness.remote.progress = [
+        ("step", f"Building with AUTH_SECRET={SECRETS['AUTH_SECRET']}"),
+        ("info", f"build log: connecting to {SECRETS['DATABASE_URL']}"),
+        ("warn", f"the database refused password {password}"),
+    ]
+    outcome = harness.first_deploy()
+    for raw in (*SECRETS.values(), password):
+        assert raw not in outcome.stderr and raw not in outcome.stdout
+    assert "] Building with AUTH_SECRET=***\n" in outcome.stderr
+    assert "    build log: connecting to ***\n" in outcome.stderr
+    assert "warning: the database refused password ***\n" in outcome.stderr
+
+
+def test_rich_reporter_masks_every_kind_of_message_and_keeps_markup_literal() -> None:
+    from rich.console import Console
+
+    from offline_cli.deploy.reporter import RichReporter, redact
+
+    out = io.StringIO()
+    secret = "[bold]s3cret-value[/bold]"  # rich markup inside a secret must neither render nor leak
+    reporter = RichReporter(Console(file=out, soft_wrap=True, color_system=None), [secret, "abc"])
+    reporter.step(f"step {secret}")
+    reporter.info(f"info {secret} [red]literal[/red]")
+    reporter.warn(f"warn {secret}")
+    reporter.success(f"done {secret} abc")  # values under 4 characters are not masked
+    assert out.getvalue().splitlines() == [
+        "[1] step ***",
+        "    info *** [red]literal[/red]",
+        "warning: warn ***",
+        "✓ done *** abc",
+    ]
+    # The longest value first: a URL is masked whole, not around its password.
+    url = "postgresql://u:pw-1234@h/db"
+    assert redact(f"{url} / pw-1234", ["pw-1234", url]) == "*** / ***"
+
+
+def test_a_database_url_password_is_masked_on_its_own_raw_and_decoded() -> None:
+    from offline_cli.deploy.reporter import NullReporter
+    from platform_adapters.base import SubprocessRunner, masked_values
+
+    env = {
+        "DATABASE_URL": "postgresql://app:p%40ss-w0rd%2F1@db.internal/app",
+        "AUTH_SECRET": "auth-secret-value",
+        "PUBLIC_URL": "",  # unset values are not secrets
+        "HOME": "/root",  # nor are variables that are not forwarded
+    }
+    assert masked_values(env) == (
+        "postgresql://app:p%40ss-w0rd%2F1@db.internal/app",
+        "p%40ss-w0rd%2F1",
+        "p@ss-w0rd/1",
+        "auth-secret-value",
+    )
+    assert masked_values({"DATABASE_URL": "sqlite:///data.db", "AUTH_SECRET": "x" * 8}) == (
+        "sqlite:///data.db",
+        "x" * 8,
+    )
+    # The state file is scrubbed of whole values only: a weak password must not drop an app name.
+    services = Services(
+        env=env,
+        interactive=False,
+        reporter=NullReporter(),
+        runner=SubprocessRunner(env),
+        prompter=ScriptedPrompter,
+    )
+    assert services.secrets == ("postgresql://app:p%40ss-w0rd%2F1@db.internal/app", "auth-secret-value")
+
+
 def test_a_failing_health_probe_only_warns(harness: Harness) -> None:
     harness.probe_answer = "HTTP 502"
     outcome = harness.first_deploy()
@@ -540,6 +610,40 @@ def test_rollback_returns_to_the_previous_deployment(harness: Harness) -> None:
     state = load_state(harness.project)
     assert state is not None and state.deployment_ids == ["d1", "d2", "d3"]
     assert state.deployments[-1]["kind"] == "rollback" and state.adapter["last_image"] == "img:d1"
+
+
+def test_rollback_json_is_one_object_on_stdout(harness: Harness) -> None:
+    _deploy_twice(harness)
+    outcome = harness.deploy("rollback", "--confirm", "--json")
+    assert outcome.exit_code == 0, outcome.stderr
+    assert outcome.stdout.endswith("\n") and outcome.stdout.count("\n") == 1  # one line, one object
+    assert json.loads(outcome.stdout) == {
+        "platform": "fake-host",
+        "app": "notes",
+        "region": "iad",
+        "url": "https://notes.fake.test",
+        "sync_url": "wss://notes.fake.test/offline-sync",
+        "deployment_id": "d3",
+        "state": "RUNNING",
+        "healthy": True,
+        "health_warning": None,
+        "client_deployed": None,
+        "next_step": None,
+    }
+    assert "Rolled back notes to d3" in outcome.stderr  # progress stays on stderr
+    assert harness.remote.calls[-2:] == ["rollback:None", "wait_until_healthy"]
+    # --json given to the group (before the subcommand) does the same.
+    harness.deploy("--confirm")  # d4
+    before = harness.run("--json", "--project-dir", str(harness.project), "rollback", "--confirm")
+    assert before.exit_code == 0, before.stderr
+    assert before.stdout.count("\n") == 1 and json.loads(before.stdout)["deployment_id"] == "d5"
+
+
+def test_rollback_json_failure_prints_nothing_on_stdout(harness: Harness) -> None:
+    harness.first_deploy()
+    outcome = harness.deploy("rollback", "--confirm", "--json")
+    assert outcome.exit_code == 1 and outcome.stdout == ""
+    assert "NO_PREVIOUS_DEPLOYMENT" in outcome.stderr
 
 
 def test_rollback_to_a_given_id(harness: Harness) -> None:

@@ -1,6 +1,7 @@
 """`offline deploy` through the command line with the real adapters behind it: ECS against moto (a first deploy
 that can only register the task definition, a service whose task has no known address), Fly.io and Railway
-against their fake CLIs (``--org``, ``--workspace``). Only the shiv bundle and the final health probe are
+against their fake CLIs (``--org``, ``--workspace``, and ``--reset``, which must run no vendor CLI), SPEC 7.3
+errors with their hints, and secrets masked in what the user sees. Only the shiv bundle and the final health probe are
 replaced (the real ones are covered in test_steps.py and test_deploy_command.py)."""
 
 from __future__ import annotations
@@ -16,12 +17,15 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
+import platform_adapters
 from offline_cli.commands import deploy as deploy_command
 from offline_cli.deploy.flow import Services
 from offline_cli.deploy.prompts import ScriptedPrompter
 from offline_cli.deploy.state import load_state
 from offline_cli.environment import Environment
 from offline_cli.main import cli
+from platform_adapters import STUB_PLATFORMS, load_adapter
+from platform_adapters.base import DeployError
 from tests.deploy.fakes.harness import FakeCliEnv
 
 from ._core_fakes import FakeBundler, write_project
@@ -43,16 +47,17 @@ class Cli:
     overrides: dict[str, Any] = field(default_factory=dict)
     probes: list[str] = field(default_factory=list)
 
-    def __call__(self, *args: str) -> Run:
+    def __call__(self, *args: str, prompter: ScriptedPrompter | None = None) -> Run:
+        """``prompter`` given: stdin is a terminal and questions go to it; otherwise there is no terminal."""
         out, err = io.StringIO(), io.StringIO()
         environment = Environment(
             stdin=io.StringIO(),
             stdout=out,
             stderr=err,
             env=self.env,
-            stdin_isatty=False,
+            stdin_isatty=prompter is not None,
             stdout_isatty=False,
-            prompter=ScriptedPrompter(),
+            prompter=prompter or ScriptedPrompter(),
         )
         result = CliRunner().invoke(
             cli,
@@ -210,3 +215,169 @@ def test_railway_workspace_creates_the_project_there_and_is_remembered(
     assert not any(argv[1] == "init" for argv in fake_cli.argvs("railway"))
     state = load_state(deploy_cli.project)
     assert state is not None and state.options == {"workspace": "team"}
+
+
+# -- --reset on a real deployment: local files only, never the vendor CLI -----------------------------------------
+
+#: --platform -> (fake CLI to install, its vendor world, a deployable starting world, title in the prompt)
+DEPLOYED_TO: dict[str, tuple[str, str, dict[str, Any], str]] = {
+    "host-a": ("flyctl", "fly", {"apps": {}}, "Fly.io (recommended)"),
+    "host-b": ("railway", "railway", {}, "Railway"),
+}
+
+
+def _deployed(deploy_cli: Cli, fake_cli: FakeCliEnv, platform: str) -> dict[str, bytes]:
+    """Deploy the project to ``platform`` over its fake CLI; return the files of .offline/deploy/ (the
+    vendor's call log is cleared, so anything recorded afterwards was run later)."""
+    cli_name, vendor, world, _ = DEPLOYED_TO[platform]
+    fake_cli.install(cli_name)
+    fake_cli.set_world(vendor, world)
+    deploy_cli.env = fake_cli.env({"RAILWAY_API_TOKEN": "token-for-tests"} if platform == "host-b" else {})
+    region = ["--region", "ams"] if platform == "host-a" else []
+    run = deploy_cli("--platform", platform, "--app", "notes", *region, "--confirm")
+    assert run.exit_code == 0, run.stderr
+    assert fake_cli.calls(), "the deploy itself went through the fake CLI"
+    fake_cli.clear_calls()
+    return _files(deploy_cli.project / ".offline" / "deploy")
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("platform", sorted(DEPLOYED_TO))
+def test_reset_with_confirm_deletes_the_deploy_folder_and_runs_no_vendor_cli(
+    deploy_cli: Cli, fake_cli: FakeCliEnv, platform: str
+) -> None:
+    files = _deployed(deploy_cli, fake_cli, platform)
+    assert "deploy.json" in files and "Dockerfile" in files
+    vendor_world = fake_cli.world(DEPLOYED_TO[platform][1])
+
+    run = deploy_cli("--reset", "--confirm")
+
+    assert run.exit_code == 0, run.stderr
+    assert fake_cli.calls() == []  # not even `whoami`: a reset never reaches the platform
+    assert fake_cli.world(DEPLOYED_TO[platform][1]) == vendor_world  # the app is left as it was
+    assert not (deploy_cli.project / ".offline" / "deploy").exists()
+    assert load_state(deploy_cli.project) is None
+    assert "The app notes on " + platform in run.stderr and "left running" in run.stderr
+    assert run.stdout == ""
+
+
+@pytest.mark.parametrize("platform", sorted(DEPLOYED_TO))
+def test_reset_on_a_terminal_asks_and_no_keeps_everything(
+    deploy_cli: Cli, fake_cli: FakeCliEnv, platform: str
+) -> None:
+    files = _deployed(deploy_cli, fake_cli, platform)
+    folder = deploy_cli.project / ".offline" / "deploy"
+    title = DEPLOYED_TO[platform][3]
+
+    declined = ScriptedPrompter([False])
+    run = deploy_cli("--reset", prompter=declined)
+
+    assert run.exit_code == 1 and "Aborted: nothing was deleted." in run.stderr
+    assert declined.asked == [
+        ("confirm", f"Delete {folder} (the deploy state of notes on {title} and generated files)?")
+    ]
+    assert _files(folder) == files  # every generated file and deploy.json, byte for byte
+    state = load_state(deploy_cli.project)
+    assert state is not None and (state.platform, state.app) == (platform, "notes")
+    assert fake_cli.calls() == []
+
+    accepted = ScriptedPrompter([True])
+    run = deploy_cli("--reset", prompter=accepted)
+    assert run.exit_code == 0, run.stderr
+    assert len(accepted.asked) == 1 and not folder.exists()
+    assert fake_cli.calls() == []
+
+
+def test_reset_without_a_terminal_or_confirm_is_refused_and_keeps_everything(
+    deploy_cli: Cli, fake_cli: FakeCliEnv
+) -> None:
+    files = _deployed(deploy_cli, fake_cli, "host-a")
+    run = deploy_cli("--reset")
+    assert run.exit_code == 1 and "--confirm is required" in run.stderr and "MISSING_OPTION" in run.stderr
+    assert "hint: Pass it on the command line: offline deploy --reset --confirm" in run.stderr
+    assert _files(deploy_cli.project / ".offline" / "deploy") == files
+    assert fake_cli.calls() == []
+
+
+# -- SPEC 7.3: the error and what to do next ------------------------------------------------------------------------
+
+WORKING_PLATFORMS_HINT = "hint: Choose one of: host-a, host-b, cloud-a-containers, cloud-a-orchestrated."
+
+
+@pytest.mark.parametrize("platform", ["web-service-host", "self-hosted-image", "managed-hosting"])
+def test_a_stub_platform_says_not_implemented_and_lists_the_working_ones(
+    deploy_cli: Cli, platform: str
+) -> None:
+    title = platform_adapters.PLATFORMS[platform][1]
+    run = deploy_cli("--platform", platform, "--app", "notes", "--confirm")
+    assert run.exit_code == 1 and run.stdout == ""
+    assert (
+        f"error [NOT_IMPLEMENTED]: The platform '{platform}' ({title}) is not implemented yet." in run.stderr
+    )
+    hint = [line for line in run.stderr.splitlines() if line.startswith("hint:")]
+    assert hint == [WORKING_PLATFORMS_HINT]  # the four that work, no stub among them
+    assert not (deploy_cli.project / ".offline").exists()
+
+    # Chosen in the prompt: the same refusal and hint.
+    prompter = ScriptedPrompter([platform])
+    run = deploy_cli(prompter=prompter)
+    assert run.exit_code == 1 and WORKING_PLATFORMS_HINT in run.stderr
+    assert [kind for kind, _ in prompter.asked] == ["select"]
+
+    # The adapter refuses with the very same hint, so the list cannot drift from the platform table.
+    working = [name for name in platform_adapters.PLATFORMS if name not in STUB_PLATFORMS]
+    assert f"hint: Choose one of: {', '.join(working)}." == WORKING_PLATFORMS_HINT
+    with pytest.raises(DeployError) as caught:
+        load_adapter(platform).check_prerequisites(None)  # type: ignore[arg-type]
+    assert caught.value.code == "NOT_IMPLEMENTED" and f"hint: {caught.value.hint}" == WORKING_PLATFORMS_HINT
+
+
+def test_an_arm_image_is_wrong_architecture_with_how_to_build_for_amd64(ecs: Cli) -> None:
+    from ._aws_support import FakeEngine
+
+    engine = FakeEngine(platform="linux/arm64")
+    ecs.overrides["engine_factory"] = lambda env: engine
+    run = ecs(*ECS_FIRST)
+    assert run.exit_code == 1 and run.stdout == ""
+    assert (
+        "error [WRONG_ARCHITECTURE]: image does not provide linux/amd64 platform: offline-notes:latest was "
+        "built for linux/arm64." in run.stderr
+    )
+    (hint,) = [line for line in run.stderr.splitlines() if line.startswith("hint:")]
+    assert hint.startswith("hint: AWS runs x86_64 containers. Enable multi-platform builds")
+    assert "qemu-user-static" in hint and hint.endswith("then deploy again.")
+    assert [call[0] for call in engine.calls] == ["ping", "build", "image_platform"]  # nothing pushed
+    assert ecs.overrides["client_factory"].params("ecs", "register_task_definition") == []
+
+
+# -- secrets in what the user sees ---------------------------------------------------------------------------------
+
+DB_PASSWORD = "Pg-s3cret-Pa55"
+DB_URL = f"postgresql://notes:{DB_PASSWORD}@db.example.com:5432/notes"
+AUTH = "QXV0aFNlY3JldC1mb3ItbWFza2luZy10ZXN0cy0zMg=="
+
+
+def test_a_vendor_error_that_echoes_secrets_is_shown_masked(deploy_cli: Cli, fake_cli: FakeCliEnv) -> None:
+    fake_cli.install("flyctl")
+    echoed = (
+        f"Error: release command failed: connecting to {DB_URL}\n"
+        f'FATAL: password authentication failed for user "notes" (password "{DB_PASSWORD}")\n'
+        f"AUTH_SECRET {AUTH} is not valid base64url"
+    )
+    fake_cli.set_world("fly", {"apps": {}, "deploy_error": echoed})
+    deploy_cli.env = fake_cli.env({"DATABASE_URL": DB_URL, "AUTH_SECRET": AUTH})
+
+    run = deploy_cli("--platform", "host-a", "--app", "notes", "--region", "ams", "--confirm")
+
+    assert run.exit_code == 1
+    assert "error [PLATFORM_ERROR]: `flyctl deploy` failed:" in run.stderr
+    for raw in (DB_URL, DB_PASSWORD, AUTH):
+        assert raw not in run.stderr and raw not in run.stdout
+    # Masked in place: the rest of what flyctl said is still there to act on.
+    assert "connecting to ***" in run.stderr
+    assert 'password authentication failed for user "notes" (password "***")' in run.stderr
+    assert "AUTH_SECRET *** is not valid base64url" in run.stderr
+    assert "hint:" in run.stderr

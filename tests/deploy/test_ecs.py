@@ -124,6 +124,8 @@ REGISTER = [
     ("ecs", "register_task_definition"),
     ("ecs", "describe_services"),
 ]
+#: What rollback and deployments() ask first: the service (its current revision), then the family's revisions.
+LIST_REVISIONS = [("ecs", "describe_services"), ("ecs", "list_task_definitions")]
 
 
 # -- request shapes as data --------------------------------------------------------------------------------------
@@ -381,17 +383,32 @@ def test_rollback_points_the_service_at_the_previous_revision(
     ctx = two_revisions(factory, tmp_path)
     adapter = EcsAdapter()
     assert [(d.id, d.current) for d in adapter.deployments(ctx)] == [(f"{APP}:2", True), (f"{APP}:1", False)]
+    assert factory.operations() == LIST_REVISIONS
+    factory.calls.clear()
 
     outcome = adapter.rollback(ctx)
 
+    # The service (for its current revision), the family's ACTIVE revisions, then one update; no new task
+    # definition is registered and nothing is created.
+    assert factory.operations() == [*LIST_REVISIONS, ("ecs", "update_service")]
+    (listed,) = factory.params("ecs", "list_task_definitions")
+    assert listed == {"familyPrefix": APP, "status": "ACTIVE", "sort": "DESC"}
+    (update,) = factory.params("ecs", "update_service")
+    assert (update["cluster"], update["service"]) == (APP, APP)
+    assert update["taskDefinition"].endswith(f":task-definition/{APP}:1")
+    assert "forceNewDeployment" not in update
     assert outcome.deployment_id == f"{APP}:1"
-    assert factory.operations()[-1] == ("ecs", "update_service")
-    assert factory.params("ecs", "update_service")[-1]["taskDefinition"].endswith(f"{APP}:1")
     assert service_of(boto3.client("ecs", region_name=REGION))["taskDefinition"].endswith(f"{APP}:1")
     assert [(d.id, d.current) for d in adapter.deployments(ctx)] == [(f"{APP}:2", False), (f"{APP}:1", True)]
-    # ... and forward again by revision, in either spelling.
+    factory.calls.clear()
+    # ... and forward again by revision, in either spelling: the same three calls each time.
     assert adapter.rollback(ctx, "2").deployment_id == f"{APP}:2"
     assert adapter.rollback(ctx, f"{APP}:1").deployment_id == f"{APP}:1"
+    assert factory.operations() == [*LIST_REVISIONS, ("ecs", "update_service")] * 2
+    assert [p["taskDefinition"].rsplit("/", 1)[1] for p in factory.params("ecs", "update_service")] == [
+        f"{APP}:2",
+        f"{APP}:1",
+    ]
 
 
 @pytest.mark.parametrize("wanted", [f"{APP}:2", "7"])
@@ -402,7 +419,7 @@ def test_rollback_to_the_current_or_an_unknown_revision_is_refused(
     with pytest.raises(DeployError) as raised:
         EcsAdapter().rollback(ctx, wanted)
     assert raised.value.code == NO_PREVIOUS_DEPLOYMENT
-    assert ("ecs", "update_service") not in factory.operations()
+    assert factory.operations() == LIST_REVISIONS  # looked, changed nothing
 
 
 def test_rollback_with_a_single_revision_has_nothing_to_return_to(
@@ -415,10 +432,12 @@ def test_rollback_with_a_single_revision_has_nothing_to_return_to(
     adapter = EcsAdapter()
     ctx.state.update(adapter.provision(ctx))
     adapter.deploy(ctx)
+    factory.calls.clear()
     with pytest.raises(DeployError) as raised:
         adapter.rollback(ctx)
     assert raised.value.code == NO_PREVIOUS_DEPLOYMENT
     assert f"{APP}:1" in raised.value.message
+    assert factory.operations() == LIST_REVISIONS
 
 
 def test_rollback_before_the_service_exists_is_not_deployed(
@@ -428,9 +447,11 @@ def test_rollback_before_the_service_exists_is_not_deployed(
     adapter = EcsAdapter()
     ctx.state.update(adapter.provision(ctx))
     adapter.deploy(ctx)  # registers only
+    factory.calls.clear()
     with pytest.raises(DeployError) as raised:
         adapter.rollback(ctx)
     assert raised.value.code == NOT_DEPLOYED
+    assert factory.operations() == [("ecs", "describe_services")]  # no service: nothing else is asked
 
 
 def test_status_follows_the_rollout(
@@ -440,22 +461,34 @@ def test_status_follows_the_rollout(
     adapter = EcsAdapter()
     ctx.state.update(adapter.provision(ctx))
     ctx.state.update(adapter.deploy(ctx).state)
+    factory.calls.clear()
     missing = adapter.status(ctx)
     assert (missing.state, missing.healthy) == ("NOT_FOUND", False)
     assert missing.details["command"] == CREATE_SERVICE_COMMAND
+    assert factory.operations() == [("ecs", "describe_services")]
+    assert factory.params("ecs", "describe_services") == [{"cluster": APP, "services": [APP]}]
 
     subnet, group = network()
     ctx.options = {"subnets": [subnet], "security_groups": [group]}
     adapter.deploy(ctx)  # moto: no task running yet, the rollout stays IN_PROGRESS
+    factory.calls.clear()
     deploying = adapter.status(ctx)
     assert (deploying.state, deploying.healthy, deploying.deployment_id) == ("DEPLOYING", False, f"{APP}:2")
+    assert factory.operations() == [("ecs", "describe_services")]  # no task address while rolling out
 
     monkeypatch.setenv("MOTO_ECS_SERVICE_RUNNING", "1")
     boto3.client("ecs", region_name=REGION).delete_service(cluster=APP, service=APP, force=True)
     ctx.state.pop("create_service_command")
     adapter.deploy(ctx)
+    factory.calls.clear()
     running = adapter.status(ctx)
     assert (running.state, running.healthy, running.deployment_id) == ("RUNNING", True, f"{APP}:3")
+    # Running: the service, then the best-effort task address (moto runs no task, so it stops there).
+    assert factory.operations() == [("ecs", "describe_services"), ("ecs", "list_tasks")]
+    assert factory.params("ecs", "list_tasks") == [
+        {"cluster": APP, "serviceName": APP, "desiredStatus": "RUNNING"}
+    ]
+    assert running.url is None
 
 
 def test_logs_are_the_newest_lines_across_streams(factory: RecordingFactory, tmp_path: Path) -> None:
@@ -471,10 +504,23 @@ def test_logs_are_the_newest_lines_across_streams(factory: RecordingFactory, tmp
             logStreamName=stream,
             logEvents=[{"timestamp": now + i * 1000, "message": f"line {i}"} for i in offsets],
         )
+    factory.calls.clear()
     lines = adapter.logs(ctx, lines=3)
     assert [line.split(" ", 1)[1] for line in lines] == ["line 1", "line 2", "line 3"]
     stamp = datetime.fromtimestamp((now + 3000) / 1000, UTC).isoformat()
     assert lines[-1] == f"{stamp} line 3"
+    # The newest streams first, then the tail of each: CloudWatch Logs only, nothing from ECS.
+    assert factory.operations() == [
+        ("logs", "describe_log_streams"),
+        ("logs", "get_log_events"),
+        ("logs", "get_log_events"),
+    ]
+    (described,) = factory.params("logs", "describe_log_streams")
+    assert described["logGroupName"] == f"/ecs/{APP}"
+    assert (described["orderBy"], described["descending"]) == ("LastEventTime", True)
+    assert [
+        (p["logStreamName"], p["limit"], p["startFromHead"]) for p in factory.params("logs", "get_log_events")
+    ] == [("offline/server/task-b", 3, False), ("offline/server/task-a", 3, False)]
 
 
 def test_logs_before_any_deploy_are_not_deployed(factory: RecordingFactory, tmp_path: Path) -> None:
@@ -482,6 +528,7 @@ def test_logs_before_any_deploy_are_not_deployed(factory: RecordingFactory, tmp_
         EcsAdapter().logs(make_context(tmp_path, client_factory=factory))
     assert raised.value.code == NOT_DEPLOYED
     assert f"/ecs/{APP}" in raised.value.message
+    assert factory.operations() == [("logs", "describe_log_streams")]
 
 
 # -- readiness sequences moto cannot produce (Stubber) -----------------------------------------------------------

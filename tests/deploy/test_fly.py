@@ -84,11 +84,13 @@ def context(fake: FakeCliEnv, project_dir: Path, **kwargs: Any) -> DeployContext
 
 
 def first_deploy(adapter: PlatformAdapter, ctx: DeployContext) -> Any:
-    """The deploy command's order of calls."""
+    """The adapter calls of `offline deploy` in offline_cli.deploy.flow.run_deploy's order: prerequisites,
+    provision (the app exists, its state is saved), public_url (for the client build), render_config,
+    deploy, wait_until_healthy."""
     adapter.check_prerequisites(ctx)
+    ctx.state.update(adapter.provision(ctx))
     adapter.public_url(ctx)
     adapter.render_config(ctx)
-    ctx.state.update(adapter.provision(ctx))
     outcome = adapter.deploy(ctx)
     return outcome, adapter.wait_until_healthy(ctx, outcome)
 
@@ -415,7 +417,7 @@ def test_the_fake_rejects_flags_flyctl_does_not_have(flyctl: FakeCliEnv, project
     assert result.returncode == 1 and "unknown flag: --jsn" in result.stderr
 
 
-# -- secrets and reset ------------------------------------------------------------------------------------------
+# -- secrets (`offline deploy --reset` never runs the CLI: test_deploy_integration.py) ----------------------------
 
 
 def test_secret_values_reach_fly_only_through_stdin(flyctl: FakeCliEnv, project_dir: Path) -> None:
@@ -440,10 +442,3 @@ def test_secret_values_reach_fly_only_through_stdin(flyctl: FakeCliEnv, project_
 def reporter_events(ctx: DeployContext) -> list[tuple[str, str]]:
     assert isinstance(ctx.reporter, ListReporter)
     return ctx.reporter.events
-
-
-def test_reset_has_no_fly_entry_point() -> None:
-    # `offline deploy --reset` only removes local state (the deploy command); the adapter offers nothing to
-    # call, so a reset cannot reach flyctl.
-    for name in ("reset", "destroy", "delete", "teardown"):
-        assert not hasattr(FlyAdapter, name)

@@ -390,6 +390,42 @@ def test_redeploy_reuses_the_service_and_waits_out_an_update(aws: Aws, tmp_path:
     assert not any("Creating Lightsail container service" in m for _, m in reporter_of(ctx).entries)
 
 
+@pytest.mark.parametrize("public_url", ["https://notes.example.com", None])
+def test_public_url_reaches_the_container_only_when_set(
+    aws: Aws, tmp_path: Path, public_url: str | None
+) -> None:
+    install_fake_clis(tmp_path / "bin")
+    env = {"PUBLIC_URL": public_url} if public_url else {}
+    state = {"service": APP, "region": REGION, "url": URL.rstrip("/")}
+    ctx = make_context(tmp_path, client_factory=aws.factory, state=state, env=env)
+    environment = {"PORT": "3001", "DATABASE_URL": DATABASE_URL, "AUTH_SECRET": AUTH_SECRET}
+    if public_url:
+        environment["PUBLIC_URL"] = public_url
+    # The Stubber compares the whole request: an extra or a missing variable fails the call.
+    aws.lightsail.add_response(
+        "create_container_service_deployment",
+        {"containerService": container_service("DEPLOYING", upcoming=(1, "ACTIVATING"))},
+        {
+            "serviceName": APP,
+            "containers": {
+                "server": {
+                    "image": ":todo-app.offline.1",
+                    "environment": environment,
+                    "ports": {"3001": "HTTP"},
+                }
+            },
+            "publicEndpoint": PUBLIC_ENDPOINT,
+        },
+    )
+
+    LightsailAdapter().deploy(ctx)
+
+    aws.lightsail.assert_no_pending_responses()
+    forwarding = [m for _, m in reporter_of(ctx).entries if m.startswith("Forwarding ")]
+    names = ["DATABASE_URL", "AUTH_SECRET"] + (["PUBLIC_URL"] if public_url else [])
+    assert forwarding == [f"Forwarding {name} from the local environment to the container." for name in names]
+
+
 def test_a_failed_deployment_is_reported_with_the_logs_hint(aws: Aws, ctx: DeployContext) -> None:
     aws.get(container_service("DEPLOYING", (4, "ACTIVE"), (5, "ACTIVATING")))
     aws.get(container_service("RUNNING", current=(4, "ACTIVE")))
@@ -633,6 +669,9 @@ def test_an_arm_image_is_refused_before_pushing(aws: Aws, tmp_path: Path) -> Non
         LightsailAdapter().deploy(ctx)
     assert raised.value.code == WRONG_ARCHITECTURE
     assert "image does not provide linux/amd64 platform" in raised.value.message
+    assert "built for linux/arm64" in raised.value.message
+    assert raised.value.hint.startswith("AWS runs x86_64 containers. Enable multi-platform builds")
+    assert raised.value.hint.endswith("then deploy again.")
     assert read_cli_log(tmp_path / "cli.jsonl") == []
 
 

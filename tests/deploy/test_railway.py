@@ -107,11 +107,13 @@ LINKED_STATE = {
 
 
 def full_deploy(adapter: PlatformAdapter, ctx: DeployContext) -> Any:
-    """The deploy command's order of calls."""
+    """The adapter calls of `offline deploy` in offline_cli.deploy.flow.run_deploy's order: prerequisites,
+    provision (the app exists, its state is saved), public_url (for the client build), render_config,
+    deploy, wait_until_healthy."""
     adapter.check_prerequisites(ctx)
+    ctx.state.update(adapter.provision(ctx))
     adapter.public_url(ctx)
     adapter.render_config(ctx)
-    ctx.state.update(adapter.provision(ctx))
     outcome = adapter.deploy(ctx)
     return outcome, adapter.wait_until_healthy(ctx, outcome)
 
@@ -155,6 +157,24 @@ def test_railway_json_is_dockerfile_build_with_health_check() -> None:
     assert config["build"] == {"builder": "DOCKERFILE", "dockerfilePath": "Dockerfile"}
     assert config["deploy"]["healthcheckPath"] == "/health"
     assert config["deploy"]["restartPolicyType"] == "ON_FAILURE"
+
+
+def test_railway_json_written_to_the_deploy_dir_parses_and_names_the_dockerfile(
+    railway: FakeCliEnv, project_dir: Path
+) -> None:
+    ctx = context(railway, project_dir, env=SECRETS)
+    written = RailwayAdapter().render_config(ctx)
+
+    assert written == [ctx.deploy_dir / "railway.json"]
+    config = json.loads(written[0].read_text(encoding="utf-8"))  # what `railway up` uploads, from disk
+    assert config == render_railway_json()
+    assert config["$schema"] == "https://railway.com/railway.schema.json"
+    assert config["build"] == {"builder": "DOCKERFILE", "dockerfilePath": "Dockerfile"}
+    assert (ctx.deploy_dir / config["build"]["dockerfilePath"]).is_file()  # relative to the uploaded dir
+    assert config["deploy"]["healthcheckPath"] == "/health"
+    assert isinstance(config["deploy"]["healthcheckTimeout"], int)
+    assert not any(value in written[0].read_text() for value in SECRETS.values())  # variables go via the CLI
+    assert railway.calls() == []  # rendering runs nothing
 
 
 def test_output_parsers() -> None:
@@ -533,7 +553,7 @@ def test_an_outdated_railway_cli_is_asked_to_update(fake_cli: FakeCliEnv, projec
     assert "npm install -g @railway/cli@latest" in caught.value.hint
 
 
-# -- secrets and reset ------------------------------------------------------------------------------------------
+# -- secrets (`offline deploy --reset` never runs the CLI: test_deploy_integration.py) ----------------------------
 
 
 def test_secret_values_reach_railway_only_through_stdin(railway: FakeCliEnv, project_dir: Path) -> None:
@@ -554,10 +574,3 @@ def test_secret_values_reach_railway_only_through_stdin(railway: FakeCliEnv, pro
         assert all(value not in text for text in exposed)
     stdin_files = list((railway.state_dir / "stdin").iterdir())
     assert sorted(path.read_text() for path in stdin_files) == sorted(SECRETS.values())
-
-
-def test_reset_has_no_railway_entry_point() -> None:
-    # `offline deploy --reset` only removes local state (the deploy command); the adapter offers nothing to
-    # call, so a reset cannot reach Railway.
-    for name in ("reset", "destroy", "delete", "teardown"):
-        assert not hasattr(RailwayAdapter, name)
