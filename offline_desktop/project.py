@@ -77,16 +77,15 @@ def load_project(root: Path, environ: dict[str, str] | None = None) -> DesktopPr
     return DesktopProject(root, schema, actions, web_dir, build)
 
 
-def _check_for_update(build: BuildConfig) -> None:
-    # Only a packaged app (a zipapp with an update URL built in) replaces itself; a project run from its
-    # folder never does.
-    target = Path(sys.argv[0])
-    if not build.update_url or not target.is_file() or not zipfile.is_zipfile(target):
+def _check_for_update(build: BuildConfig, archive: Path | None) -> None:
+    # Only a packaged app (a zipapp built by offline_desktop.build, with an update URL) replaces itself; a
+    # project run from its folder never does.
+    if archive is None or not build.update_url or not archive.is_file() or not zipfile.is_zipfile(archive):
         return
     from .update import update_at_launch  # the cryptography import only when it is needed
 
-    result = update_at_launch(build, target)
-    log.info("update check: %s", result.status)
+    result = update_at_launch(build, archive, argv=[])
+    log.info("update check: %s%s", result.status, f" ({result.reason})" if result.reason else "")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -107,11 +106,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--app-url", help="load the page from this URL (a frontend dev server) instead of web/"
     )
+    parser.add_argument("--archive", type=Path, help=argparse.SUPPRESS)  # the zipapp this runs from
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     try:
         project = load_project(Path(args.project))
-        _check_for_update(project.build)
+        log.info("%s %s", project.build.app_name, project.build.version)
+        _check_for_update(project.build, args.archive)
         DesktopShell(
             schema=project.schema,
             build=project.build,

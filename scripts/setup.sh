@@ -67,6 +67,14 @@ if [ "$want_test" = 1 ]; then
     command -v "$tool" >/dev/null 2>&1 || [ -x "/usr/sbin/$tool" ] || missing+=("$tool")
   done
   if [ ${#missing[@]} -gt 0 ]; then apt_install "${missing[@]}"; fi
+  # The desktop shell's tests open a real window (pywebview on Qt WebEngine, offscreen). The PyQt6 wheels
+  # bundle Qt itself, but not the system libraries it links (X11/xcb, EGL/GL, NSS, fonts, sound).
+  if ! .venv/bin/python -c 'from PyQt6 import QtWebEngineWidgets' >/dev/null 2>&1; then
+    apt_install libnss3 libnspr4 libxkbcommon0 libxkbcommon-x11-0 libxkbfile1 libegl1 libgl1 libgbm1 \
+      libfontconfig1 libfreetype6 libdbus-1-3 libglib2.0-0 libx11-6 libx11-xcb1 libxcb1 libxcb-cursor0 \
+      libxcomposite1 libxdamage1 libxext6 libxfixes3 libxrandr2 libxrender1 libxtst6 libxshmfence1 \
+      libdrm2 libasound2 libwayland-client0 libwayland-cursor0 libwayland-server0
+  fi
   if command -v npm >/dev/null 2>&1; then
     if [ ! -d tests/js/node_modules ] || [ tests/js/package-lock.json -nt tests/js/node_modules ]; then
       log "npm ci in tests/js"
