@@ -9,13 +9,32 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 from offline.core.schema import SchemaDefinition
 
 #: True under Pyodide (CPython compiled to WebAssembly, in a browser or Node.js).
 IS_BROWSER: Final = sys.platform == "emscripten"
+
+#: ``async (op, options_json) -> answer``: one WebAuthn ceremony run by the page for Python in its Web Worker
+#: (a worker has no ``navigator.credentials``). ``op`` is ``"create"`` or ``"get"``; the answer is
+#: ``{"ok": True, "credential": {...}}`` or ``{"ok": False, "error": {"name", "message"}}`` (the DOMException).
+PageWebAuthn = Callable[[str, dict[str, Any]], Awaitable[dict[str, Any]]]
+_page_webauthn: PageWebAuthn | None = None
+
+
+def set_page_webauthn(relay: PageWebAuthn | None) -> None:
+    """Install (or, with None, remove) the page's WebAuthn relay; `offline.worker` does this when its page
+    reports WebAuthn support, and `offline.auth.is_passkey_supported()` is then True."""
+    global _page_webauthn
+    _page_webauthn = relay
+
+
+def page_webauthn() -> PageWebAuthn | None:
+    """The page's WebAuthn relay, when this Python runs in a worker whose page offers WebAuthn."""
+    return _page_webauthn
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,4 +86,12 @@ def unavailable_fields(schema: SchemaDefinition) -> list[UnavailableField]:
     return found
 
 
-__all__ = ["IS_BROWSER", "UnavailableField", "has_module", "unavailable_fields"]
+__all__ = [
+    "IS_BROWSER",
+    "PageWebAuthn",
+    "UnavailableField",
+    "has_module",
+    "page_webauthn",
+    "set_page_webauthn",
+    "unavailable_fields",
+]

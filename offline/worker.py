@@ -16,6 +16,11 @@ Message shapes (all JSON text):
   ``"error": {"code", "message", "context"}``; ``{"type": "snapshot", "sub": 3, "records": [...]}``;
   ``{"type": "status", "status": "connected", "pending": 0, "error": null}``; ``{"type": "log", ...}``;
   ``{"type": "ready", ...}`` once, after `start`.
+- WebAuthn, which a worker lacks (no ``navigator.credentials``), runs on the page: once ready, the page
+  reports ``{"method": "pageInfo", "webauthn": true}``; a passkey ceremony then posts
+  ``{"type": "webauthn", "id": 2, "op": "create" | "get", "options": {...}}`` (WebAuthn's JSON forms) and the
+  page answers ``{"method": "webauthnResult", "ceremony": 2, "ok": true, "credential": {...}}`` or ``"ok":
+  false`` with ``"error": {"name", "message"}`` (see `WorkerBridge.webauthn`).
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ from typing import Any
 from offline.core.errors import INVALID_OPERATION, OfflineError
 from offline.core.operations import Operation
 from offline.core.schema import SchemaDefinition
-from offline.platform import IS_BROWSER, unavailable_fields
+from offline.platform import IS_BROWSER, page_webauthn, set_page_webauthn, unavailable_fields
 from offline.store import App, create_app, op
 from offline.store.collection import Query
 from offline.store.ops import AtomicOp
@@ -68,6 +73,11 @@ def _error_json(exc: BaseException) -> dict[str, Any]:
     if isinstance(exc, OfflineError):
         return {"code": exc.code, "message": exc.message, "context": exc.context or {}}
     return {"code": "INTERNAL_ERROR", "message": f"{type(exc).__name__}: {exc}", "context": {}}
+
+
+def _ceremony_error(name: str, message: str) -> dict[str, Any]:
+    """A failed WebAuthn ceremony's answer, as the page gives one (the DOMException's name and message)."""
+    return {"ok": False, "error": {"name": name, "message": message}}
 
 
 def _dumps(value: Any) -> str:
@@ -125,6 +135,8 @@ class WorkerBridge:
             "disconnect",
             "network",
             "persist",
+            "pageInfo",
+            "webauthnResult",
         }
     )
     # Methods that may write: the bridge persists the database before replying to them.
@@ -140,12 +152,19 @@ class WorkerBridge:
         persist: Persist | None = None,
         actions: ModuleType | None = None,
         status_interval: float = 0.25,
+        relay_webauthn: bool = IS_BROWSER,
     ) -> None:
         self.app = app
         self._post = post
         self._persist = persist
         self.actions = actions
         self.status_interval = status_interval
+        # Passkeys from Python: WebAuthn ceremonies relayed to the page (``relay_webauthn``: when the page
+        # reports WebAuthn support, `offline.auth.is_passkey_supported()` becomes True and the ceremonies go
+        # through `webauthn`; only in the browser's worker by default, natively Python has no WebAuthn).
+        self.relay_webauthn = relay_webauthn
+        self._ceremonies: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._next_ceremony = 0
         # Live queries are re-run once per event-loop turn after the commits that touched their collection,
         # not once per write as `Query.subscribe` does: a burst of writes (1,000 inserts sent at once, a
         # batch received from the server) then costs one query and one message per subscription.
@@ -241,6 +260,7 @@ class WorkerBridge:
         if self._on_commit in self.app.commit_listeners:
             self.app.commit_listeners.remove(self._on_commit)
         self._live.clear()
+        self._end_webauthn()
 
     async def stop(self) -> None:
         watcher = self._watcher
@@ -607,6 +627,65 @@ class WorkerBridge:
     async def _do_persist(self, request: Mapping[str, Any]) -> Any:
         await self.persist_now(force=True)
         return True
+
+    # -- WebAuthn on the page -------------------------------------------------------------------------------
+
+    def _do_pageInfo(self, request: Mapping[str, Any]) -> Any:
+        """What the page offers that a worker lacks; for now whether it has WebAuthn (``"webauthn": true``)."""
+        relays = self.relay_webauthn and request.get("webauthn") is True
+        if relays:
+            set_page_webauthn(self.webauthn)
+        elif page_webauthn() == self.webauthn:
+            set_page_webauthn(None)
+        return {"webauthn": relays}
+
+    async def webauthn(self, op: str, options: dict[str, Any]) -> dict[str, Any]:
+        """Have the page run one WebAuthn ceremony (``op``: ``"create"`` or ``"get"``, ``options`` in WebAuthn's
+        JSON form) and return its answer: ``{"ok": True, "credential": {...}}`` or ``{"ok": False, "error":
+        {"name", "message"}}``. Installed as `offline.platform.page_webauthn` (see `_do_pageInfo`)."""
+        if op not in ("create", "get"):
+            raise _bad(f"a WebAuthn ceremony is 'create' or 'get', not {op!r}")
+        self._next_ceremony += 1
+        ceremony = self._next_ceremony
+        waiter: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._ceremonies[ceremony] = waiter
+        # The browser ends the ceremony after the options' timeout (ms); a page that never answers (closed
+        # in the meantime, say) is given a little longer than that.
+        timeout = options.get("timeout")
+        wait = (timeout / 1000 if isinstance(timeout, (int, float)) and timeout > 0 else 300.0) + 30.0
+        try:
+            self.post({"type": "webauthn", "id": ceremony, "op": op, "options": options})
+            return await asyncio.wait_for(waiter, wait)
+        except TimeoutError:
+            return _ceremony_error("TimeoutError", "the page did not answer the WebAuthn request")
+        finally:
+            self._ceremonies.pop(ceremony, None)
+
+    def _do_webauthnResult(self, request: Mapping[str, Any]) -> Any:
+        """The page's answer to a `webauthn` request; False when nobody waits for it (any more)."""
+        ceremony = request.get("ceremony")
+        waiter = self._ceremonies.get(ceremony) if isinstance(ceremony, int) else None
+        if waiter is None or waiter.done():
+            return False
+        ok = request.get("ok") is True
+        answer: dict[str, Any] = {"ok": ok}
+        if ok:
+            answer["credential"] = request.get("credential")
+        else:
+            error = request.get("error")
+            answer["error"] = error if isinstance(error, dict) else {"name": "Error", "message": str(error)}
+        waiter.set_result(answer)
+        return True
+
+    def _end_webauthn(self) -> None:
+        """This page is gone: no more ceremonies through it, and the ones under way end (aborted)."""
+        if page_webauthn() == self.webauthn:
+            set_page_webauthn(None)
+        for waiter in self._ceremonies.values():
+            if not waiter.done():
+                waiter.set_result(
+                    _ceremony_error("AbortError", "the page closed during the WebAuthn ceremony")
+                )
 
 
 def _import(name: str, role: str) -> ModuleType:

@@ -42,6 +42,9 @@ INVITE_EMAIL_MISMATCH: Final = "INVITE_EMAIL_MISMATCH"
 OAUTH_IDENTITY_LINKED: Final = "OAUTH_IDENTITY_LINKED"
 # Passkeys
 PASSKEYS_UNSUPPORTED: Final = "PASSKEYS_UNSUPPORTED"  # the client's own: no WebAuthn in this shell
+# The client's own: the browser's WebAuthn prompt was dismissed or timed out (WebAuthn tells these apart from
+# "no passkey for this site" on purpose, with one NotAllowedError for all of them).
+PASSKEY_CANCELLED: Final = "PASSKEY_CANCELLED"
 PASSKEYS_NOT_CONFIGURED: Final = "PASSKEYS_NOT_CONFIGURED"
 PASSKEY_CHALLENGE_INVALID: Final = "PASSKEY_CHALLENGE_INVALID"
 PASSKEY_INVALID: Final = "PASSKEY_INVALID"
@@ -78,6 +81,7 @@ __all__ = [
     "ORG_NOT_FOUND",
     "PASSKEYS_NOT_CONFIGURED",
     "PASSKEYS_UNSUPPORTED",
+    "PASSKEY_CANCELLED",
     "PASSKEY_CHALLENGE_INVALID",
     "PASSKEY_EXISTS",
     "PASSKEY_FAILED",

@@ -1,13 +1,17 @@
 """Passkeys (WebAuthn) on the client.
 
-`is_passkey_supported()` is True only in a browser with WebAuthn (Pyodide with ``window.PublicKeyCredential``);
-native Python, and desktop shells that do not expose WebAuthn to Python, have no authenticator to talk to.
+`is_passkey_supported()` is True only in a browser with WebAuthn: Python in the browser client's Web Worker
+whose page reported WebAuthn support (`offline.worker`), or Pyodide on a page with
+``window.PublicKeyCredential``. Native Python, and desktop shells that do not expose WebAuthn to Python,
+have no authenticator to talk to.
 
 The ceremonies run where WebAuthn lives: ``register_passkey()`` and ``sign_in_with_passkey()`` fetch the
-options from the server, hand them to a *ceremony* (by default the browser's ``navigator.credentials``, via
-``PublicKeyCredential.parseCreationOptionsFromJSON`` / ``parseRequestOptionsFromJSON`` and ``toJSON()``) and
-send the resulting credential back. A desktop app whose WebView does WebAuthn passes its own ceremony: an
-async function from the options (WebAuthn JSON form) to the credential (WebAuthn JSON form).
+options from the server, hand them to a *ceremony* and send the resulting credential back. The default
+ceremony is the browser's ``navigator.credentials`` (via ``PublicKeyCredential.parseCreationOptionsFromJSON``
+/ ``parseRequestOptionsFromJSON`` and ``toJSON()``); a worker has none, so there the page runs it and posts
+the credential back (``offline.platform.page_webauthn``). A prompt the user dismisses (or lets time out) is
+PASSKEY_CANCELLED. A desktop app whose WebView does WebAuthn passes its own ceremony: an async function from
+the options (WebAuthn JSON form) to the credential (WebAuthn JSON form).
 """
 
 from __future__ import annotations
@@ -17,7 +21,17 @@ import urllib.parse
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from .errors import AUTH_UNAVAILABLE, INVALID_INPUT, PASSKEYS_UNSUPPORTED, AuthError
+from offline.platform import PageWebAuthn, page_webauthn
+
+from .errors import (
+    AUTH_UNAVAILABLE,
+    INVALID_INPUT,
+    PASSKEY_CANCELLED,
+    PASSKEY_EXISTS,
+    PASSKEY_FAILED,
+    PASSKEYS_UNSUPPORTED,
+    AuthError,
+)
 from .http import HttpResponse
 
 __all__ = ["Ceremony", "PasskeyMethods", "browser_create", "browser_get", "is_passkey_supported"]
@@ -38,7 +52,10 @@ def _js() -> Any:
 
 
 def is_passkey_supported() -> bool:
-    """True in a browser that offers WebAuthn (under Pyodide: ``window.PublicKeyCredential`` exists)."""
+    """True in a browser that offers WebAuthn: in the browser client's worker when its page reported WebAuthn
+    support, or under Pyodide on a page where ``window.PublicKeyCredential`` exists."""
+    if page_webauthn() is not None:
+        return True
     js = _js()
     window = getattr(js, "window", None) if js is not None else None
     return window is not None and getattr(window, "PublicKeyCredential", None) is not None
@@ -53,9 +70,48 @@ def _unsupported() -> AuthError:
     )
 
 
+#: DOMException names of a failed ceremony -> (code, what to tell the user).
+_CEREMONY_ERRORS: dict[str, tuple[str, str]] = {
+    "NotAllowedError": (
+        PASSKEY_CANCELLED,
+        "the passkey prompt was dismissed, timed out, or found no passkey for this site; try again",
+    ),
+    "AbortError": (PASSKEY_CANCELLED, "the passkey prompt was aborted; try again"),
+    "TimeoutError": (PASSKEY_CANCELLED, "the passkey prompt got no answer in time; try again"),
+    "InvalidStateError": (PASSKEY_EXISTS, "this authenticator already holds a passkey for this account"),
+}
+
+
+def _ceremony_failed(kind: str, name: str, message: str) -> AuthError:
+    code, hint = _CEREMONY_ERRORS.get(
+        name,
+        (
+            PASSKEY_FAILED,
+            "the browser refused the passkey ceremony (check that the server's passkey rp_id and origins "
+            "match this page's origin, served over https or from localhost)",
+        ),
+    )
+    return AuthError(f"{hint} ({name}: {message[:200]})", code, {"ceremony": kind, "reason": name})
+
+
+async def _relayed(kind: str, options: dict[str, Any], relay: PageWebAuthn) -> dict[str, Any]:
+    """A ceremony run by the page for Python in its worker (see `offline.platform.page_webauthn`); the
+    credential's shape is checked by the caller (`_credential`)."""
+    answer = await relay(kind, options)
+    if answer.get("ok") is True:
+        credential = answer.get("credential")
+        return credential if isinstance(credential, dict) else {}
+    error = answer.get("error")
+    name, message = (error.get("name"), error.get("message")) if isinstance(error, dict) else (None, None)
+    raise _ceremony_failed(kind, str(name or "Error"), str(message or "the page gave no reason"))
+
+
 async def _browser(kind: str, options: dict[str, Any]) -> dict[str, Any]:
     if not is_passkey_supported():
         raise _unsupported()
+    relay = page_webauthn()
+    if relay is not None:
+        return await _relayed(kind, options, relay)
     js = _js()
     from pyodide.ffi import to_js  # type: ignore[import-not-found, unused-ignore]
 

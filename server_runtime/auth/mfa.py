@@ -178,6 +178,7 @@ class MfaRoutes:
     async def enroll(self, request: Request) -> Response:
         claims = await self.core._claims(request)
         user_id = str(claims["sub"])
+        await read_body(request, required=False)  # nothing to read, but a malformed body is refused
         secret = self.keys.new_secret()
         now = self.core._ms()
         async with self.core._store().transaction() as tx:

@@ -290,7 +290,11 @@ class OrgRoutes:
         org_id = _path_id(request, "org_id")
         target_id = _path_id(request, "user_id")
         caller_id = str(claims["sub"])
-        role = self._role_field(await read_body(request)) if request.method == "PATCH" else None
+        if request.method == "PATCH":
+            role: str | None = self._role_field(await read_body(request))
+        else:  # DELETE takes no body; a malformed one is refused rather than ignored
+            await read_body(request, required=False)
+            role = None
         async with self.core._store().transaction() as tx:
             _, me = await self._caller(tx, org_id, caller_id)
             target = await tx.membership(org_id, target_id)
@@ -325,6 +329,7 @@ class OrgRoutes:
         claims = await self.core._claims(request)
         org_id = _path_id(request, "org_id")
         user_id = str(claims["sub"])
+        await read_body(request, required=False)  # nothing to read, but a malformed body is refused
         async with self.core._store().transaction() as tx:
             _, me = await self._caller(tx, org_id, user_id)
             if me.role == "owner" and await self._owners(tx, org_id) <= 1:

@@ -183,6 +183,11 @@ class PasskeyRoutes:
             )
         if not 0 < len(credential["id"]) <= 1024:
             raise invalid("credential", "credential.id is not a credential id")
+        if not isinstance(credential.get("response"), dict):
+            raise invalid(
+                "credential",
+                "credential.response must be an object (the JSON form of the WebAuthn credential, toJSON())",
+            )
         return credential
 
     # -- registration ----------------------------------------------------------------------------------------
@@ -191,6 +196,7 @@ class PasskeyRoutes:
         conf = self._conf()
         claims = await self.core._claims(request)
         user_id = str(claims["sub"])
+        await read_body(request, required=False)  # nothing to read, but a malformed body is refused
         wa = _webauthn()
         structs = wa.helpers.structs
         async with self.core._store().reader() as tx:

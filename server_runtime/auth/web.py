@@ -94,6 +94,8 @@ async def read_body(request: Request, *, required: bool = True) -> dict[str, Any
         value = json.loads(raw)
     except (ValueError, UnicodeDecodeError):
         raise invalid("body", "the request body is not valid JSON; send a JSON object") from None
+    except RecursionError:  # thousands of nested brackets: refused, not a crash (500) of the route
+        raise invalid("body", "the request body nests too deeply; send a flat JSON object") from None
     if not isinstance(value, dict):
         raise invalid("body", "the request body must be a JSON object")
     return value
@@ -128,8 +130,10 @@ def email_field(body: Mapping[str, Any]) -> str:
 
 def string_field(body: Mapping[str, Any], name: str, *, limit: int = 4096) -> str:
     value = body.get(name)
-    if not isinstance(value, str) or not value:
+    if value is None:
         raise invalid(name, f"{name} is required (a non-empty string)")
+    if not isinstance(value, str) or not value:
+        raise invalid(name, f"{name} must be a non-empty string")
     if len(value) > limit:
         raise invalid(name, f"{name} is longer than {limit} characters")
     return value

@@ -130,8 +130,11 @@ def auth_project(web_project: Path, tmp_path_factory: pytest.TempPathFactory) ->
 
 
 @contextlib.contextmanager
-def auth_server(schema: Any, static_dir: Path, db_path: Path) -> Iterator[LiveServer]:
-    """`create_production_server` with `create_auth_routes` and its sync provider, in its own thread."""
+def auth_server(
+    schema: Any, static_dir: Path, db_path: Path, *, port: int = 0, **route_options: Any
+) -> Iterator[LiveServer]:
+    """`create_production_server` with `create_auth_routes` and its sync provider, in its own thread (on
+    ``port``, 0 for any free one; ``route_options`` go to `create_auth_routes`, e.g. ``passkeys``)."""
     from server_runtime import create_auth_routes, create_production_server
     from server_runtime.stores import create_sqlite_server_store
 
@@ -142,10 +145,12 @@ def auth_server(schema: Any, static_dir: Path, db_path: Path) -> Iterator[LiveSe
     async def start() -> tuple[Any, Any, str]:
         store = create_sqlite_server_store(str(db_path))
         await store.set_schema(schema)
-        routes = create_auth_routes(secret=SECRET, rate_limits={"account_attempts": 2})
+        routes = create_auth_routes(
+            secret=SECRET, **{"rate_limits": {"account_attempts": 2}, **route_options}
+        )
         server = create_production_server(
             store=store,
-            port=0,
+            port=port,
             host="127.0.0.1",
             static_dir=str(static_dir),
             auth_routes=routes,

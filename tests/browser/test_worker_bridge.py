@@ -314,3 +314,98 @@ def test_status_follows_sync_and_network_changes(tmp_path: Path) -> None:
             await bridge.stop()
 
         asyncio.run(scenario())
+
+
+def test_webauthn_ceremonies_are_relayed_to_the_page(app: App) -> None:
+    """Passkeys from the worker's Python: the page reports WebAuthn, each ceremony is posted to it and its
+    answer (credential or DOMException) routed back; natively, and once the page is gone, there is none."""
+    from offline.auth import (
+        PASSKEY_CANCELLED,
+        PASSKEY_EXISTS,
+        PASSKEY_FAILED,
+        AuthError,
+        browser_create,
+        browser_get,
+        is_passkey_supported,
+    )
+    from offline.platform import page_webauthn, set_page_webauthn
+
+    page = Page()
+    options = {"challenge": "Y2hhbGxlbmdlLWJ5dGVz", "rpId": "localhost", "timeout": 60_000}
+    credential = {
+        "id": "Y3JlZA",
+        "rawId": "Y3JlZA",
+        "type": "public-key",
+        "response": {"clientDataJSON": "e30", "authenticatorData": "AA", "signature": "AA"},
+    }
+
+    answered: set[int] = set()
+
+    async def asked(ceremony: asyncio.Future[dict[str, Any]]) -> dict[str, Any]:
+        """The ceremony's request to the page (not answered yet)."""
+        for _ in range(100):
+            await asyncio.sleep(0)
+            waiting = [m for m in page.of_type("webauthn") if m["id"] not in answered]
+            if waiting:
+                return waiting[-1]
+            assert not ceremony.done(), ceremony.result()  # ended without asking: show why
+        raise AssertionError(f"no webauthn request: {page.messages}")
+
+    async def answer(bridge: WorkerBridge, request: dict[str, Any], **fields: Any) -> Any:
+        answered.add(request["id"])
+        return (await page.request(bridge, "webauthnResult", ceremony=request["id"], **fields))["result"]
+
+    async def scenario() -> None:
+        # Natively (the default outside Pyodide) a page's report changes nothing: Python has no WebAuthn.
+        native = WorkerBridge(app, post=page.post)
+        assert (await page.request(native, "pageInfo", webauthn=True))["result"] == {"webauthn": False}
+        assert is_passkey_supported() is False
+        native.detach()
+
+        bridge = WorkerBridge(app, post=page.post, relay_webauthn=True)
+        assert (await page.request(bridge, "pageInfo", webauthn=False))["result"] == {"webauthn": False}
+        assert is_passkey_supported() is False  # a page without WebAuthn
+        with pytest.raises(AuthError) as caught:
+            await browser_get(options)
+        assert caught.value.code == "PASSKEYS_UNSUPPORTED"
+        assert (await page.request(bridge, "pageInfo", webauthn=True))["result"] == {"webauthn": True}
+        assert is_passkey_supported() is True
+
+        # A sign-in ceremony: the page gets the options as they came and its credential comes back.
+        ceremony = asyncio.ensure_future(browser_get(options))
+        request = await asked(ceremony)
+        assert request == {"type": "webauthn", "id": request["id"], "op": "get", "options": options}
+        assert await answer(bridge, request, ok=True, credential=credential) is True
+        assert await ceremony == credential
+        assert await answer(bridge, request, ok=True, credential=credential) is False  # nobody waits now
+
+        # The page's DOMExceptions become auth error codes.
+        for name, code in (
+            ("NotAllowedError", PASSKEY_CANCELLED),
+            ("InvalidStateError", PASSKEY_EXISTS),
+            ("SecurityError", PASSKEY_FAILED),
+        ):
+            ceremony = asyncio.ensure_future(browser_create({**options, "rp": {"id": "localhost"}}))
+            request = await asked(ceremony)
+            assert request["op"] == "create"
+            await answer(bridge, request, ok=False, error={"name": name, "message": "from the browser"})
+            with pytest.raises(AuthError) as caught:
+                await ceremony
+            assert caught.value.code == code, caught.value
+            assert caught.value.context == {"ceremony": "create", "reason": name}
+            assert name in caught.value.message
+
+        # The page goes away during a ceremony: it ends (aborted), and passkeys are unsupported again.
+        ceremony = asyncio.ensure_future(browser_get(options))
+        await asked(ceremony)
+        bridge.detach()
+        with pytest.raises(AuthError) as caught:
+            await ceremony
+        assert caught.value.code == PASSKEY_CANCELLED
+        assert caught.value.context == {"ceremony": "get", "reason": "AbortError"}
+        assert page_webauthn() is None and is_passkey_supported() is False
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        set_page_webauthn(None)

@@ -261,6 +261,8 @@ export class OfflineClient {
         }
         this.info = message;
         this.timings.ready = performance.now();
+        // What this page has and a worker lacks: WebAuthn, for passkeys from Python (before any request).
+        this.request("pageInfo", { webauthn: webauthnAvailable() }).catch(() => {});
         this._resolveReady(message);
         return;
       case "progress":
@@ -270,11 +272,48 @@ export class OfflineClient {
       case "log":
         this._emit("log", message);
         return;
+      case "webauthn": // a passkey ceremony for the worker's Python: run here, answer with the credential
+        runWebAuthn(message).then((answer) =>
+          this.request("webauthnResult", { ...answer, ceremony: message.id }).catch(() => {}),
+        );
+        return;
       case "fatal":
         this._fatal(message.message);
         return;
       default:
         console.warn("unknown message from the offline worker", message);
     }
+  }
+}
+
+// -- WebAuthn for the worker ----------------------------------------------------------------------------------
+// A Web Worker has no navigator.credentials: offline/worker.py asks the page to run each ceremony, with the
+// options and the credential in WebAuthn's JSON forms (the server's /auth/passkeys/... answers and bodies).
+
+function webauthnAvailable() {
+  return (
+    self.isSecureContext === true &&
+    typeof PublicKeyCredential === "function" &&
+    typeof PublicKeyCredential.parseCreationOptionsFromJSON === "function" &&
+    typeof PublicKeyCredential.parseRequestOptionsFromJSON === "function" &&
+    !!(navigator.credentials && navigator.credentials.create)
+  );
+}
+
+// `{op: "create" | "get", options}` -> `{ok: true, credential}` or `{ok: false, error: {name, message}}`.
+async function runWebAuthn({ op, options }) {
+  try {
+    if (!webauthnAvailable()) throw new DOMException("this page does not offer WebAuthn", "NotSupportedError");
+    if (op !== "create" && op !== "get") throw new TypeError(`unknown WebAuthn ceremony ${op}`);
+    const publicKey =
+      op === "create"
+        ? PublicKeyCredential.parseCreationOptionsFromJSON(options)
+        : PublicKeyCredential.parseRequestOptionsFromJSON(options);
+    const credential = await navigator.credentials[op]({ publicKey });
+    if (!credential) throw new DOMException("no credential was returned", "NotAllowedError");
+    return { ok: true, credential: credential.toJSON() };
+  } catch (error) {
+    const name = (error && error.name) || "Error";
+    return { ok: false, error: { name, message: String((error && error.message) || error) } };
   }
 }
