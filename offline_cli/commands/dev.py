@@ -239,7 +239,10 @@ class _DesktopApp:
                 self.page_url = FRONTEND_DEV_URL
             elif self._dev_script():
                 err.print("starting the frontend dev server (npm run dev) on port 5173")
-                self.frontend = subprocess.Popen(["npm", "run", "dev"], cwd=str(self.project), env=self.env)
+                # Its own process group: npm runs the dev server as a grandchild, which must stop with it.
+                self.frontend = subprocess.Popen(
+                    ["npm", "run", "dev"], cwd=str(self.project), env=self.env, start_new_session=True
+                )
                 deadline = time.monotonic() + 60
                 while time.monotonic() < deadline and self.frontend.poll() is None:
                     if _answers(FRONTEND_DEV_URL):
@@ -263,9 +266,17 @@ class _DesktopApp:
         self.start(err)
 
     def stop(self) -> None:
-        for child in (self.app, self.frontend):
-            if child is not None:
-                _stop(child)
+        if self.app is not None:
+            _stop(self.app)
+        if self.frontend is not None and self.frontend.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.frontend.pid, signal.SIGTERM)
+            try:
+                self.frontend.wait(10)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.frontend.pid, signal.SIGKILL)
+                self.frontend.wait(5)
 
 
 def _answers(url: str) -> bool:

@@ -10,7 +10,10 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
+import os
+import shutil
 import sys
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -206,3 +209,31 @@ def test_offline_dev_desktop_starts_the_server_and_the_app_synced_with_it(
             "from offline dev --desktop"
         ]
         assert "desktop app started" in shell.log()
+
+
+def test_offline_dev_desktop_loads_the_page_from_the_frontend_dev_server(
+    project: Path, tmp_path: Path
+) -> None:
+    """A project with a `dev` script: dev starts it, waits for port 5173 and the window loads the page there."""
+    if shutil.which("npm") is None:
+        if os.environ.get("CI"):
+            pytest.fail("npm is needed for the frontend dev server test; scripts/setup.sh installs it")
+        pytest.skip("npm is not installed (scripts/setup.sh --test installs it)")
+    package = json.loads((project / "package.json").read_text())
+    # A stand-in for vite: any server of the page on 5173 will do; this one also marks what it served.
+    package["scripts"]["dev"] = f"{sys.executable} -m http.server 5173 --bind 127.0.0.1 --directory web"
+    (project / "package.json").write_text(json.dumps(package))
+    port = free_port()
+    command = [sys.executable, "-m", "offline_cli", "dev", str(project), "--port", str(port), "--desktop", "--no-reload"]  # fmt: skip
+    with running_shell(project, tmp_path / "dev-device", command=command) as shell:
+        shell.wait_for(READY)
+        assert shell.url().startswith("http://localhost:5173/")
+        shell.wait_for(SYNCED)
+        add_todo(shell, "page from the dev server")
+        shell.wait_for(SYNCED)
+        assert "starting the frontend dev server" in shell.log()
+        assert server_titles(project, f"ws://127.0.0.1:{port}/offline-sync", tmp_path / "probe") == [
+            "page from the dev server"
+        ]
+    with pytest.raises(OSError):  # dev stopped the frontend server with itself
+        urllib.request.urlopen("http://127.0.0.1:5173/", timeout=2)
