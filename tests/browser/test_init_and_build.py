@@ -322,3 +322,34 @@ def test_the_web_client_javascript_parses_and_speaks_the_bridges_protocol(tmp_pa
         # package.json says "type": "module": node parses them as the browser does, as ES modules.
         done = subprocess.run([node, "--check", str(script)], capture_output=True, text=True, timeout=60)
         assert done.returncode == 0, f"{script.name}: {done.stderr}"
+
+
+def test_offline_deploy_builds_the_template_client_with_the_deployed_sync_url(
+    project: Path, tmp_path: Path
+) -> None:
+    """The deploy step `npm run build`s an `offline init` project (real npm and build.mjs) for the live URL."""
+    from offline_cli.deploy.client_build import build_client
+    from offline_cli.deploy.reporter import RecordingReporter
+    from platform_adapters.base import SubprocessRunner
+
+    if shutil.which("npm") is None:
+        reason = "npm is not on PATH (install Node.js 20 or newer)"
+        if os.environ.get("CI"):
+            pytest.fail(f"{reason} (CI must run this test)", pytrace=False)
+        pytest.skip(reason)
+    deploy_dir = project / ".offline" / "deploy"
+    deploy_dir.mkdir(parents=True)
+    reporter = RecordingReporter()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("BUILD_SYNC_URL", None)
+    client = build_client(
+        project,
+        deploy_dir,
+        sync_url="wss://my-todos.fly.dev/offline-sync",
+        runner=SubprocessRunner(env),
+        reporter=reporter,
+    )
+    assert client == deploy_dir / "client"
+    assert read_config(client)["syncUrl"] == "wss://my-todos.fly.dev/offline-sync"
+    assert (client / "index.html").is_file() and (client / "worker.js").is_file()
+    assert "npm run build with BUILD_SYNC_URL=wss://my-todos.fly.dev/offline-sync" in reporter.of("info")
