@@ -116,30 +116,55 @@ def with_runtime(url: str) -> str:
     return joined + (f"#{fragment}" if fragment else "")
 
 
+def origin(url: str) -> str:
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}".lower()
+
+
 class PageApi:
-    """What the page's JavaScript may call (``window.pywebview.api``); every other attribute is private."""
+    """What the page's JavaScript may call (``window.pywebview.api``); every other attribute is private.
+
+    pywebview offers these methods to whatever page the window shows, so each call first checks that the
+    page comes from the app (the shell's own files, or the dev server it was told to load): a link that
+    leads the window to another site must not reach the user's data.
+    """
 
     def __init__(self, shell: DesktopShell) -> None:
         self._shell = shell
 
+    def _guard(self) -> None:
+        current = self._shell.current_url()
+        if current is None or origin(current) not in self._shell.trusted_origins():
+            raise OfflineError(
+                f"a page from {origin(current or 'about:blank')} may not use this app's data",
+                SHELL_ERROR,
+                {"url": current},
+            )
+
     def attach(self) -> bool:
+        self._guard()
         self._shell.bridge.attach()
         return True
 
     def post(self, messages: list[str]) -> bool:
+        self._guard()
         self._shell.bridge.post(list(messages))
         return True
 
     def state(self) -> dict[str, Any]:
+        self._guard()
         return {**self._shell.bridge.state(), "appUrl": self._shell.app_url}
 
     def connect_server(self, url: str) -> dict[str, Any]:
+        self._guard()
         return self._shell.bridge.connect_server(url)
 
     def stay_local(self) -> dict[str, Any]:
+        self._guard()
         return self._shell.bridge.stay_local()
 
     def open_settings(self) -> bool:
+        self._guard()
         self._shell.show_settings()
         return True
 
@@ -181,6 +206,13 @@ class DesktopShell:
     def page_url(self, view: str) -> str:
         """The shell's own page: ``setup`` (first launch) or ``settings`` (the settings control)."""
         return f"{self.files_url}{PAGES_PREFIX}setup.html?{RUNTIME_QUERY}&view={view}"
+
+    def trusted_origins(self) -> set[str]:
+        return {origin(url) for url in (self.files_url, self.app_url) if url}
+
+    def current_url(self) -> str | None:
+        window = self._window
+        return None if window is None else window.get_current_url()
 
     def show_settings(self) -> None:
         if self._window is not None:

@@ -23,6 +23,7 @@ from offline import create_app
 from tests.support.servers import ServerProcess, free_port
 
 from .shell_driver import ShellProcess, require_shell, running_shell, template_project
+from .support import static_server
 
 FAST = {"backoff_initial": 0.05, "backoff_max": 0.5, "ack_timeout": 2.0, "handshake_timeout": 10.0}
 
@@ -237,3 +238,24 @@ def test_offline_dev_desktop_loads_the_page_from_the_frontend_dev_server(
         ]
     with pytest.raises(OSError):  # dev stopped the frontend server with itself
         urllib.request.urlopen("http://127.0.0.1:5173/", timeout=2)
+
+
+def test_a_page_from_another_site_cannot_reach_the_apps_data(project: Path, tmp_path: Path) -> None:
+    """pywebview offers its bridge to any page the window shows; the shell answers only the app's pages."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "index.html").write_text("<!doctype html><title>another site</title><p>hello</p>")
+    built = {"BUILD_SYNC_URL": f"ws://127.0.0.1:{free_port()}/offline-sync"}
+    with static_server(elsewhere) as other, running_shell(project, tmp_path / "device", env=built) as shell:
+        shell.wait_for(READY)
+        add_todo(shell, "private")
+        shell.evaluate(f"location.href = {json.dumps(other + '/index.html')}")
+        shell.wait_for(
+            "document.title === 'another site' && typeof window.pywebview?.api?.post === 'function'"
+        )
+        for call in ("state()", "attach()", 'post([\'{"id":1,"method":"fetch","collection":"todos"}\'])'):
+            answer = shell.evaluate(
+                f"window.pywebview.api.{call}.then(r => 'answered: ' + JSON.stringify(r), e => 'refused: ' + (e.message || e))"
+            )
+            assert answer.startswith("refused") and "may not use this app's data" in answer, (call, answer)
+        assert "private" not in json.dumps(shell.evaluate("document.documentElement.outerHTML"))
