@@ -135,13 +135,23 @@ class Relayed:
     """One committed operation as the relay needs it: who wrote it, where, its scope snapshot and its wire
     JSON (encoded at most once, then shared by every session it goes to)."""
 
-    __slots__ = ("_operation", "_wire", "collection", "delivery", "node_id", "scope")
+    __slots__ = (
+        "_operation",
+        "_wire",
+        "collection",
+        "delivery",
+        "moved_from",
+        "node_id",
+        "record_id",
+        "scope",
+    )
 
     def __init__(
         self,
         delivery: int,
         node_id: str,
         collection: str,
+        record_id: str,
         scope: dict[str, Any] | None,
         wire: str | None = None,
         operation: Operation | None = None,
@@ -149,14 +159,17 @@ class Relayed:
         self.delivery = delivery
         self.node_id = node_id
         self.collection = collection
+        self.record_id = record_id
         self.scope = scope
+        # The scope values before this operation, when it moved its record (else None).
+        self.moved_from: dict[str, Any] | None = scope.get(MOVED_FROM) if scope else None
         self._wire = wire
         self._operation = operation
 
     @classmethod
     def of(cls, stored: StoredOperation) -> Relayed:
         op = stored.operation
-        return cls(stored.delivery, op.node_id, op.collection, stored.scope, operation=op)
+        return cls(stored.delivery, op.node_id, op.collection, op.record_id, stored.scope, operation=op)
 
     def wire_json(self) -> str:
         wire = self._wire
@@ -165,6 +178,10 @@ class Relayed:
             wire = self._wire = compact_json(self._operation.to_wire())
             self._operation = None  # the text is all the relay needs from now on
         return wire
+
+
+#: Key of a scope snapshot holding the record's scope values before the operation that moved it.
+MOVED_FROM = "$from"
 
 
 def _delivery(item: Relayed) -> int:
@@ -216,6 +233,7 @@ class SyncService:
             "duplicates": 0,
             "sent": 0,
             "server_ops": 0,
+            "history_sent": 0,  # records sent whole to a session because they moved into its scope
         }
         self.rejections: dict[str, int] = {}
         self.conflicts: dict[str, int] = {}
@@ -359,12 +377,24 @@ class SyncService:
             out[name] = filt
         return out
 
-    def _scope_snapshot(self, collection: str, record: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    def _scope_snapshot(
+        self,
+        collection: str,
+        record: Mapping[str, Any] | None,
+        before: Mapping[str, Any] | None = None,
+    ) -> dict[str, Any] | None:
+        """The record's scope values as the relay judges an operation by; when the operation changed them,
+        the values before it too, under ``"$from"`` (see `relay`)."""
         fields = self.scope_fields.get(collection)
         if not fields:
             return None
         record = record or {}
-        return {f: record.get(f) for f in fields}
+        snapshot = {f: record.get(f) for f in fields}
+        if before is not None:
+            previous = {f: before.get(f) for f in fields}
+            if previous != snapshot:
+                snapshot[MOVED_FROM] = previous
+        return snapshot
 
     # -- the write pipeline ------------------------------------------------------------------------------------
 
@@ -498,7 +528,11 @@ class SyncService:
             view.put(trial.row)
             after = view.record(op.collection, op.record_id)
             accepted.append(
-                (index, op, self._scope_snapshot(op.collection, after if after is not None else before))
+                (
+                    index,
+                    op,
+                    self._scope_snapshot(op.collection, after if after is not None else before, before),
+                )
             )
             taken.add(op.id)
             results[op.id] = 0
@@ -570,7 +604,7 @@ class SyncService:
         self._apply(view, op)
         after = view.record(action.collection, action.record_id)
         self.counters["server_ops"] += 1
-        return op, self._scope_snapshot(action.collection, after if after is not None else before)
+        return op, self._scope_snapshot(action.collection, after if after is not None else before, before)
 
     def _judge(
         self, session: Session | None, op: Operation, view: StagedView
@@ -718,9 +752,34 @@ class SyncService:
         if texts is not None:  # the stored wire text as it is: nothing to decode or encode again
             rows = await texts(cursor, limit)
             return [
-                Relayed(d, node, coll, decode_optional(scope), wire) for d, node, coll, scope, wire in rows
+                Relayed(d, node, coll, record, decode_optional(scope), wire)
+                for d, node, coll, record, scope, wire in rows
             ]
         return [Relayed.of(item) for item in await self.store.operations_since(cursor, limit)]
+
+    async def _visible(self, session: Session, batch: list[Relayed]) -> list[str]:
+        """The wire texts of ``batch`` that a session with record filters receives.
+
+        An operation goes to the sessions whose scope its record is in after it. One that moved the record
+        between scopes also goes to the sessions it left (they learn where it went, and hear no more of it),
+        and the sessions it entered first get the record's earlier operations, which they were never sent:
+        without them they would hold only the fields written since the move.
+        """
+        node_id = session.node_id
+        visible: list[str] = []
+        for r in batch:
+            if r.node_id == node_id:
+                continue
+            if session.matches(r.collection, r.scope):
+                if r.moved_from is not None and not session.matches(r.collection, r.moved_from):
+                    history = getattr(self.store, "record_operations", _no_history)
+                    for earlier in await history(r.collection, r.record_id, r.delivery):
+                        visible.append(Relayed.of(earlier).wire_json())
+                    self.counters["history_sent"] += 1
+                visible.append(r.wire_json())
+            elif r.moved_from is not None and session.matches(r.collection, r.moved_from):
+                visible.append(r.wire_json())
+        return visible
 
     async def relay(self, session: Session) -> None:
         """Stream the committed log to one session from its cursor: catch-up batches, then live updates."""
@@ -740,11 +799,7 @@ class SyncService:
                     r.wire_json() for r in batch if r.node_id != node_id and r.collection in session.filters
                 ]
             else:
-                visible = [
-                    r.wire_json()
-                    for r in batch
-                    if r.node_id != node_id and session.matches(r.collection, r.scope)
-                ]
+                visible = await self._visible(session, batch)
             final = len(batch) < limit
             if batch:
                 top = batch[-1].delivery
@@ -803,6 +858,10 @@ class SyncService:
             resend_after = min(resend_after * 2, 60.0)
             session.cursor = last_sent = base
             initial = True
+
+
+async def _no_history(collection: str, record_id: str, before: int) -> list[StoredOperation]:
+    return []
 
 
 def _bindings(schema: SchemaDefinition) -> dict[str, dict[str, Any]]:

@@ -53,7 +53,9 @@ class StoredOperation:
     """An operation as stored: its delivery sequence (commit order) and its scope snapshot.
 
     ``scope`` holds the record's scope-relevant field values when the operation was stored (JSON), used to
-    decide which clients may receive it; None when the operation is visible to everyone.
+    decide which clients may receive it; None when the operation is visible to everyone. An operation that
+    moved the record from one scope to another also holds the values before it under ``"$from"`` (no field
+    name starts with ``$``), so the relay can tell both sides (see ``SyncService.relay``).
     """
 
     delivery: int
@@ -190,6 +192,11 @@ class ServerStore(abc.ABC):
     @abc.abstractmethod
     async def operations_since(self, after: int, limit: int | None = None) -> list[StoredOperation]:
         """Committed operations with delivery > ``after``, ascending, at most ``limit`` of them."""
+
+    @abc.abstractmethod
+    async def record_operations(self, collection: str, record_id: str, before: int) -> list[StoredOperation]:
+        """Every committed operation of one record with delivery < ``before``, ascending: what a client
+        needs to build the record when it moves into that client's scope."""
 
     @abc.abstractmethod
     async def max_delivery(self) -> int:

@@ -101,6 +101,14 @@ class MemoryServerStore(ServerStore):
         self._check_open()
         return [op.stored() for op in _since(self._ops, after, limit)]
 
+    async def record_operations(self, collection: str, record_id: str, before: int) -> list[StoredOperation]:
+        self._check_open()
+        return [
+            op.stored()
+            for op in self._ops[: max(before - 1, 0)]
+            if op.operation.record_id == record_id and op.operation.collection == collection
+        ]
+
     async def max_delivery(self) -> int:
         self._check_open()
         return len(self._ops)

@@ -68,6 +68,7 @@ CREATE TABLE IF NOT EXISTS offline_operations (
     scope JSONB
 );
 CREATE INDEX IF NOT EXISTS offline_operations_node_sequence ON offline_operations (node_id, sequence_number);
+CREATE INDEX IF NOT EXISTS offline_operations_record ON offline_operations (collection, record_id, delivery);
 CREATE TABLE IF NOT EXISTS offline_records (
     collection TEXT NOT NULL,
     record_id TEXT NOT NULL,
@@ -289,6 +290,17 @@ class PostgresServerStore(ServerStore):
     async def operations_since(self, after: int, limit: int | None = None) -> list[StoredOperation]:
         async with self._reading("reading operations") as conn:
             return await _operations_since(conn, after, limit)
+
+    async def record_operations(self, collection: str, record_id: str, before: int) -> list[StoredOperation]:
+        async with self._reading("reading a record's operations") as conn:
+            rows = await conn.fetch(
+                "SELECT delivery, wire, scope FROM offline_operations"
+                " WHERE collection = $1 AND record_id = $2 AND delivery < $3 ORDER BY delivery",
+                collection,
+                record_id,
+                int(before),
+            )
+        return [_codec.stored_operation(r["delivery"], r["wire"], r["scope"]) for r in rows]
 
     async def max_delivery(self) -> int:
         async with self._reading("reading the max delivery") as conn:

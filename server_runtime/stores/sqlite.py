@@ -52,6 +52,9 @@ _DDL: Final = (
     )""",
     """CREATE INDEX IF NOT EXISTS offline_operations_node_sequence
         ON offline_operations (node_id, sequence_number)""",
+    # A record's history, sent to a client when the record moves into its scope.
+    """CREATE INDEX IF NOT EXISTS offline_operations_record
+        ON offline_operations (collection, record_id, delivery)""",
     """CREATE TABLE IF NOT EXISTS offline_records (
         collection TEXT NOT NULL,
         record_id TEXT NOT NULL,
@@ -331,16 +334,25 @@ class SQLiteServerStore(ServerStore):
 
     async def operation_texts_since(
         self, after: int, limit: int | None = None
-    ) -> list[tuple[int, str, str, str | None, str]]:
-        """``operations_since`` as stored, undecoded: ``(delivery, node id, collection, scope JSON or None,
-        wire JSON)``. The relay sends the wire text as it is."""
+    ) -> list[tuple[int, str, str, str, str | None, str]]:
+        """``operations_since`` as stored, undecoded: ``(delivery, node id, collection, record id, scope JSON
+        or None, wire JSON)``. The relay sends the wire text as it is."""
         async with self._reading("reading operations") as conn:
             rows = await conn.execute_fetchall(
-                "SELECT delivery, node_id, collection, scope, wire FROM offline_operations"
+                "SELECT delivery, node_id, collection, record_id, scope, wire FROM offline_operations"
                 " WHERE delivery > ? ORDER BY delivery LIMIT ?",
                 (int(after), -1 if limit is None else max(int(limit), 0)),
             )
-        return [(int(d), str(n), str(c), s, str(w)) for d, n, c, s, w in rows]
+        return [(int(d), str(n), str(c), str(r), s, str(w)) for d, n, c, r, s, w in rows]
+
+    async def record_operations(self, collection: str, record_id: str, before: int) -> list[StoredOperation]:
+        async with self._reading("reading a record's operations") as conn:
+            rows = await conn.execute_fetchall(
+                "SELECT delivery, wire, scope FROM offline_operations"
+                " WHERE collection = ? AND record_id = ? AND delivery < ? ORDER BY delivery",
+                (collection, record_id, int(before)),
+            )
+        return [_codec.stored_operation(d, w, s) for d, w, s in rows]
 
     async def max_delivery(self) -> int:
         async with self._reading("reading the max delivery") as conn:

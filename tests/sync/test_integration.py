@@ -589,6 +589,60 @@ def test_scoped_clients_see_only_their_records(backend: Backend, tmp_path: Path)
     asyncio.run(scenario())
 
 
+def test_a_record_moved_to_another_scope_reaches_its_new_owner_whole(
+    backend: Backend, tmp_path: Path
+) -> None:
+    """An unscoped writer gives A's record to B: B (and a device of B that joins later) gets the whole record,
+    not just the fields written since the move; A hears of the move and nothing of the record after it."""
+    server = backend.server(SCOPED_SOURCE, "moves")
+
+    async def scenario() -> None:
+        admin = client(tmp_path, "admin", server.sync_url, schema=SCOPED)
+        a = client(tmp_path, "a", server.sync_url, schema=SCOPED, scope={"userId": "a"})
+        b = client(tmp_path, "b", server.sync_url, schema=SCOPED, scope={"userId": "b"})
+        late = client(tmp_path, "b-later", server.sync_url, schema=SCOPED, scope={"userId": "b"})
+        async with clients(admin, a, b, late):
+            for app in (admin, a, b):
+                await app.sync.connect()
+            moving = a.todos.insert({"ownerId": "a", "title": "draft"})
+            a.todos.update(moving["id"], {"title": "written by a"})
+            staying = a.todos.insert({"ownerId": "a", "title": "stays with a"})
+            await a.sync.wait_until_synced(TIMEOUT)
+            await wait_for(lambda: admin.todos.find_by_id(moving["id"]) is not None, "the admin has it")
+
+            admin.todos.update(moving["id"], {"ownerId": "b"})  # only the owner field: a partial update
+            await admin.sync.wait_until_synced(TIMEOUT)
+            await wait_for(lambda: b.todos.find_by_id(moving["id"]) is not None, "B receives the record")
+            assert b.todos.find_by_id(moving["id"]) == {**moving, "ownerId": "b", "title": "written by a"}
+            await wait_for(
+                lambda: (a.todos.find_by_id(moving["id"]) or {}).get("ownerId") == "b", "A hears of the move"
+            )
+
+            admin.todos.update(moving["id"], {"title": "b's now"})
+            marker = admin.todos.insert({"ownerId": "a", "title": "marker for a"})
+            await wait_for(lambda: a.todos.find_by_id(marker["id"]) is not None, "A's marker")
+            await wait_for(
+                lambda: (b.todos.find_by_id(moving["id"]) or {}).get("title") == "b's now", "B's update"
+            )
+            assert a.todos.find_by_id(moving["id"])["title"] == "written by a"  # nothing after the move
+
+            # A device of B that connects now catches up from nothing: the whole record again.
+            await late.sync.connect()
+            await late.sync.wait_until_synced(TIMEOUT)
+            await wait_for(lambda: late.todos.find_by_id(moving["id"]) is not None, "the late device has it")
+            assert late.todos.find_by_id(moving["id"]) == b.todos.find_by_id(moving["id"])
+            assert late.todos.find_by_id(staying["id"]) is None and b.todos.find_by_id(staying["id"]) is None
+
+            # And back: B's record given to A again reaches A with everything written meanwhile.
+            admin.todos.update(moving["id"], {"ownerId": "a"})
+            await wait_for(
+                lambda: (a.todos.find_by_id(moving["id"]) or {}).get("title") == "b's now", "A has it back"
+            )
+            assert a.todos.find_by_id(moving["id"]) == admin.todos.find_by_id(moving["id"])
+
+    asyncio.run(scenario())
+
+
 # -- 7. hostile input over a raw WebSocket --------------------------------------------------------------------------------
 
 
