@@ -20,6 +20,7 @@ import importlib
 import json
 import logging
 import os
+import signal
 import sys
 import threading
 from collections.abc import Iterator, Mapping
@@ -244,10 +245,35 @@ class DesktopShell:
                     height=self.height,
                     menu=menu,
                 )
-                webview.start(gui=_gui(), private_mode=True)
+                with self._closed_by_signals():
+                    webview.start(gui=_gui(), private_mode=True)
         finally:
             self._window = None
             self.bridge.stop()
+            log.info("desktop app closed")
+
+    @contextlib.contextmanager
+    def _closed_by_signals(self) -> Iterator[None]:
+        """SIGTERM and SIGINT (a session logging out, `offline dev` stopping, Ctrl-C) close the window like
+        its close button does, so sync says goodbye and the database is closed cleanly."""
+
+        def close(signum: int, frame: object) -> None:
+            window = self._window
+            if window is not None:
+                log.info("%s: closing the window", signal.Signals(signum).name)
+                window.destroy()
+
+        previous: dict[signal.Signals, Any] = {}
+        try:
+            for number in (signal.SIGTERM, signal.SIGINT):
+                previous[number] = signal.signal(number, close)
+        except ValueError:  # not the main thread: leave signals to whoever owns it
+            pass
+        try:
+            yield
+        finally:
+            for number, handler in previous.items():
+                signal.signal(number, handler)
 
 
 __all__ = ["INSTALL_HINT", "SHELL_ERROR", "DesktopShell", "PageApi", "serve_files", "with_runtime"]

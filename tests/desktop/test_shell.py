@@ -114,6 +114,10 @@ def test_first_launch_shows_setup_refuses_a_bad_url_and_a_good_one_is_kept(
     assert json.loads((config / "settings.json").read_text())["syncUrl"] == server.sync_url
     assert server_titles(project, server.sync_url, tmp_path / "probe") == ["written in the window"]
 
+    # Closed by SIGTERM (as `offline dev` or a logout does): the window closes and the app shuts down cleanly.
+    assert shell.proc is not None and shell.proc.returncode == 0, shell.log()[-2000:]
+    assert "SIGTERM: closing the window" in shell.log() and "desktop app closed" in shell.log()
+
     # The next launch skips setup, connects by itself and still has the device's data.
     with running_shell(project, config) as again:
         again.wait_for(READY)
