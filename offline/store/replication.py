@@ -115,3 +115,39 @@ def reject_operation(
         app.events.emit("sync:rejected", operation=op, code=code, message=message)
     app.subscriptions.notify({op.collection}, op)
     return op
+
+
+def forget_records(app: App, collection: str, record_ids: Iterable[str]) -> list[str]:
+    """Drop records that left this replica's sync scope (the server moved them to someone else's).
+
+    The server sends a replica the operation that moves a record out of its scope, and nothing about the
+    record after it: kept, the record would go stale. Its row, merge state and received operations are
+    deleted (a local clean-up, not an operation: nothing is sent). This node's own operations that the server
+    has not acknowledged stay, and the record is refolded from them; the server refuses them (the record
+    is no longer in scope) and they are dropped then. Returns the ids of the records forgotten.
+    """
+    ids = list(dict.fromkeys(record_ids))
+    if not ids or collection not in app.codecs:
+        return []
+    app.flush()
+    codec = app.codecs[collection]
+    with app.db.lock, app.db.transaction():
+        conn = app.db.conn
+        for record_id in ids:
+            conn.execute(
+                "DELETE FROM _offline_ops WHERE collection = ? AND record_id = ? AND status != ?",
+                (collection, record_id, PENDING),
+            )
+            kept = app.db.record_operations(collection, record_id)
+            app._rows.pop((collection, record_id), None)
+            if kept:
+                state, record = app.engine.fold(collection, record_id, kept)
+                app._persist(collection, record_id, state, record)
+            else:
+                conn.execute(
+                    "DELETE FROM _offline_state WHERE collection = ? AND record_id = ?",
+                    (collection, record_id),
+                )
+                conn.execute(codec.delete_sql, (record_id,))
+    app.subscriptions.notify({collection}, None)
+    return ids

@@ -97,6 +97,8 @@ class SyncEngine:
         self._ack_rtt = 0.0  # smoothed time from sending a batch to its acknowledgement
         self.connections = 0
         self._accepted = False  # whether the current session's handshake was accepted
+        # Per collection, the record filter the server accepted for this session (what it may see).
+        self._scope_filters: dict[str, dict[str, Any]] = {}
         self._auth_retry_used = False  # one refresh-and-retry per refused handshake (reset when accepted)
         app.commit_listeners.append(self._on_local_commit)
 
@@ -341,6 +343,11 @@ class SyncEngine:
         self._accepted = True
         self._auth_retry_used = False
         self.server_node_id = reply.node_id
+        self._scope_filters = {
+            name: dict(filt)
+            for name, filt in (reply.accepted_scope or {}).items()
+            if isinstance(filt, Mapping) and filt
+        }
         self._handshake_reply = reply.message_id
         app.set_authoritative_nodes([reply.node_id])
         self.status = SYNCING
@@ -571,6 +578,8 @@ class SyncEngine:
                     log.warning("could not apply operation %s: %s", op.id, exc)
             if watermark is not None:
                 app.apply_verified([], None, watermark=watermark)
+        if self._scope_filters and applied:
+            self._forget_moved_away(applied)
         if ops and app.events.has_listeners("sync:received"):
             app.events.emit("sync:received", operations=applied, batchSize=len(ops))
         ack = p.Acknowledgment(
@@ -580,6 +589,27 @@ class SyncEngine:
             delivery_sequence=watermark,
         )
         await conn.send(p.encode(ack))
+
+    def _forget_moved_away(self, applied: list[Operation]) -> None:
+        """Records these operations moved out of this session's scope (the server gave them to someone
+        else): the server sends nothing more about them, so they are dropped here instead of going stale."""
+        touched: dict[str, set[str]] = {}
+        for op in applied:
+            if op.collection in self._scope_filters and op.type != "delete":
+                touched.setdefault(op.collection, set()).add(op.record_id)
+        for collection, record_ids in touched.items():
+            filt = self._scope_filters[collection]
+            handle = self.app.collection(collection)
+            gone = []
+            for record_id in record_ids:
+                record = handle.find_by_id(record_id)
+                if record is not None and any(record.get(k) != v for k, v in filt.items()):
+                    gone.append(record_id)
+            if gone:
+                replication.forget_records(self.app, collection, gone)
+                log.info(
+                    "sync: %d %s record(s) left this device's scope and were removed", len(gone), collection
+                )
 
 
 def create_sync_engine(app: App, config: Mapping[str, Any]) -> SyncEngine:

@@ -593,7 +593,8 @@ def test_a_record_moved_to_another_scope_reaches_its_new_owner_whole(
     backend: Backend, tmp_path: Path
 ) -> None:
     """An unscoped writer gives A's record to B: B (and a device of B that joins later) gets the whole record,
-    not just the fields written since the move; A hears of the move and nothing of the record after it."""
+    not just the fields written since the move; A hears of the move and drops the record (the server sends
+    it nothing more about it, so a copy would go stale); given back, A gets it whole again."""
     server = backend.server(SCOPED_SOURCE, "moves")
 
     async def scenario() -> None:
@@ -614,9 +615,16 @@ def test_a_record_moved_to_another_scope_reaches_its_new_owner_whole(
             await admin.sync.wait_until_synced(TIMEOUT)
             await wait_for(lambda: b.todos.find_by_id(moving["id"]) is not None, "B receives the record")
             assert b.todos.find_by_id(moving["id"]) == {**moving, "ownerId": "b", "title": "written by a"}
-            await wait_for(
-                lambda: (a.todos.find_by_id(moving["id"]) or {}).get("ownerId") == "b", "A hears of the move"
-            )
+            changes = []
+            a.todos.all().subscribe(changes.append)
+            await wait_for(lambda: a.todos.find_by_id(moving["id"]) is None, "A drops the record")
+            assert moving["id"] not in {r["id"] for r in changes[-1]}  # A's live queries saw it go
+            assert a.todos.find_by_id(staying["id"]) is not None
+            with a.db.lock:
+                left = a.db.conn.execute(
+                    "SELECT COUNT(*) FROM _offline_ops WHERE record_id = ?", (moving["id"],)
+                ).fetchone()[0]
+            assert left == 0
 
             admin.todos.update(moving["id"], {"title": "b's now"})
             marker = admin.todos.insert({"ownerId": "a", "title": "marker for a"})
@@ -624,7 +632,7 @@ def test_a_record_moved_to_another_scope_reaches_its_new_owner_whole(
             await wait_for(
                 lambda: (b.todos.find_by_id(moving["id"]) or {}).get("title") == "b's now", "B's update"
             )
-            assert a.todos.find_by_id(moving["id"])["title"] == "written by a"  # nothing after the move
+            assert a.todos.find_by_id(moving["id"]) is None  # nothing after the move reached A
 
             # A device of B that connects now catches up from nothing: the whole record again.
             await late.sync.connect()
