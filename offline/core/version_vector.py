@@ -75,6 +75,29 @@ def topological_sort(ops: Iterable[Operation]) -> list[Operation]:
     the order they were given in. Duplicates (same id) are kept once. A dependency cycle, which only a
     forged or corrupted operation can create because ids are content hashes, raises INVALID_OPERATION.
     """
+    ops = list(ops)
+    # The usual case: every dependency held here sorts before its dependent in HLC order (the HLC respects
+    # causality), and no id repeats. The heap walk below then yields exactly the sorted order (at each step
+    # the smallest remaining operation has all its dependencies out already, so it is the smallest ready
+    # one); only when that does not hold is the walk needed.
+    ordered = sorted(ops, key=_sort_key)
+    position: dict[str, int] = {}
+    for index, op in enumerate(ordered):
+        if position.setdefault(op.id, index) != index:
+            break  # a repeated id
+    else:
+        get = position.get
+        for index, op in enumerate(ordered):
+            for dep in op.causal_deps:
+                at = get(dep)
+                if at is not None and at >= index:
+                    break
+            else:
+                continue
+            break
+        else:
+            return ordered
+
     by_id: dict[str, Operation] = {}
     for op in ops:
         by_id.setdefault(op.id, op)
@@ -89,7 +112,7 @@ def topological_sort(ops: Iterable[Operation]) -> list[Operation]:
 
     ready = [_sort_key(op) for op_id, op in by_id.items() if pending[op_id] == 0]
     heapq.heapify(ready)
-    ordered: list[Operation] = []
+    ordered = []
     while ready:
         op_id = heapq.heappop(ready)[3]
         ordered.append(by_id[op_id])

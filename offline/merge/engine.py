@@ -21,12 +21,13 @@ to the materialised row, so applying an operation costs one record, not the hist
 from __future__ import annotations
 
 import json
+import json.scanner
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
 from itertools import chain, repeat
-from typing import Any
+from typing import Any, cast
 
 from offline.core.fields import MAX_SAFE_INTEGER, FieldDescriptor
 from offline.core.frozen import FrozenDict, thaw
@@ -39,7 +40,7 @@ from offline.core.state_machine import (
 )
 
 from . import richtext
-from .values import OpKey, compact_json, element_key, fits, fraction_to_number, normalize, op_key
+from .values import OpKey, compact_json, element_key, fits, fraction_to_number, normalize
 
 log = logging.getLogger("offline.merge")
 
@@ -87,7 +88,7 @@ class RecordState:
 
     @classmethod
     def from_json(cls, text: str | bytes) -> RecordState:
-        raw = json.loads(text)
+        raw = _loads(text)
         graph = raw["g"]
         if type(graph) is dict:  # the plain form
             return cls(graph=graph, exist=raw["e"], has_insert=raw["i"], fields=raw["f"])
@@ -99,6 +100,8 @@ class RecordState:
 
     def heads(self) -> list[str]:
         """Ops of this record that no other held op depends on: the causal deps of the next local write."""
+        if not self.graph:
+            return []
         referenced = {dep for deps in self.graph.values() for dep in deps}
         return sorted(op_id for op_id in self.graph if op_id not in referenced)
 
@@ -148,6 +151,21 @@ class RecordState:
 
 
 _ABSENT: Any = object()
+_scan_once: Callable[[str, int], tuple[Any, int]] = json.scanner.make_scanner(cast(Any, json.JSONDecoder()))
+
+
+def _loads(text: str | bytes) -> Any:
+    """``json.loads(text)``: a state text (compact, no surrounding whitespace) goes straight to the scanner,
+    skipping the checks and whitespace matching around it; anything else takes ``json.loads`` itself."""
+    if type(text) is str:
+        try:
+            value, end = _scan_once(text, 0)
+        except StopIteration:
+            pass
+        else:
+            if end == len(text):
+                return value
+    return json.loads(text)
 
 
 class _Irregular(Exception):
@@ -295,16 +313,20 @@ def _decode_state(cls: type[RecordState], raw: dict[str, Any]) -> RecordState:
     entries = raw["g"]
     ids = [entry[0] for entry in entries]
     at = ids.__getitem__
-    graph: dict[str, list[str]] = {}
-    keys: list[Any] = []
-    for entry in entries:
-        op_id = entry[0]
-        deps = entry[1]
-        try:
-            graph[op_id] = list(map(at, deps))  # deps held in the graph: all indices
-        except TypeError:  # some dep is an id the graph does not hold
-            graph[op_id] = [dep if type(dep) is str else ids[dep] for dep in deps]
-        keys.append([entry[2], entry[3], entry[4], op_id] if len(entry) > 2 else None)
+    graph: dict[str, list[str]]
+    try:
+        graph = {entry[0]: list(map(at, entry[1])) for entry in entries}  # deps held in the graph: indices
+    except TypeError:  # some dep is an id the graph does not hold
+        graph = {}
+        for entry in entries:
+            deps = entry[1]
+            try:
+                graph[entry[0]] = list(map(at, deps))
+            except TypeError:
+                graph[entry[0]] = [dep if type(dep) is str else ids[dep] for dep in deps]
+    keys: list[Any] = [
+        [entry[2], entry[3], entry[4], entry[0]] if len(entry) > 2 else None for entry in entries
+    ]
     exist = raw["e"]
     if exist is not None and type(exist[0]) is int:
         exist[0] = keys[exist[0]]
@@ -355,6 +377,7 @@ class _Plan:
             for name, descriptor in collection.fields.items()
             if descriptor.type in _IDENTITY_TYPES
         }
+        self.arrays = frozenset(name for name, d in collection.fields.items() if d.type == "array")
         # Renames and removals between schema versions, so an operation written under an older schema is
         # read with today's field names (operations are immutable; their meaning is upgraded on read).
         self.upgrades: dict[int, list[tuple[str, str, str | None]]] = {}
@@ -369,6 +392,14 @@ class _Plan:
                     steps.append(("remove", step.field, None))
             self.upgrades[version] = steps
         self.schema_version = schema.version
+        # Per field, in schema order, what materialize() needs: (name, merge kind, the value of a field no
+        # write has touched when it is immutable, else _FRESH: a new copy is made each time).
+        self.shape: list[tuple[str, str, Any]] = []
+        for name, descriptor in collection.fields.items():
+            initial = _initial(descriptor)
+            if type(initial) not in _SCALARS:
+                initial = _FRESH
+            self.shape.append((name, self.kinds[name], initial))
 
     def upgrade(self, data: Mapping[str, Any], schema_version: int) -> dict[str, Any]:
         out = dict(data)
@@ -415,6 +446,7 @@ class MergeEngine:
         else:
             items = raw._data.items() if type(raw) is FrozenDict else dict(raw).items()
         identity = plan.identity_types
+        arrays = plan.arrays
         out: dict[str, Any] = {}
         for name, value in items:
             kinds = identity.get(name)
@@ -423,6 +455,9 @@ class MergeEngine:
                 if kind in kinds and (kind is not int or -MAX_SAFE_INTEGER <= value <= MAX_SAFE_INTEGER):
                     out[name] = value
                     continue
+            elif type(value) is tuple and not value and name in arrays:
+                out[name] = []  # an empty list fits every array field, and thaw/normalize give a new []
+                continue
             descriptor = plan.fields.get(name)
             if descriptor is None:
                 continue
@@ -476,33 +511,84 @@ class MergeEngine:
 
     def apply(self, state: RecordState, op: Operation, *, want_conflicts: bool = True) -> list[Conflict]:
         """Fold ``op`` into ``state`` (in place). Idempotent; returns the conflicts it resolved."""
-        if op.id in state.graph:
+        graph = state.graph
+        op_id = op.id
+        if op_id in graph:
             return []
-        state.graph[op.id] = list(op.causal_deps)
+        graph[op_id] = list(op.causal_deps)
         plan = self._plans.get(op.collection)
         if plan is None:
             return []
-        data = self.op_fields(op) if op.type != "delete" else {}
-        for name, _, _, policy in self.transition_problems(op):
-            if policy == "reject":
-                # A write its author could not legally make contributes nothing, on every replica alike
-                # (the local store refuses the whole write when any 'reject' machine objects).
-                return []
-            data.pop(name, None)  # 'last-valid-state': the field keeps its value, the rest applies
+        op_type = op.type
+        data = self.op_fields(op) if op_type != "delete" else {}
+        if plan.state_machines:
+            for name, _, _, policy in self.transition_problems(op):
+                if policy == "reject":
+                    # A write its author could not legally make contributes nothing, on every replica alike
+                    # (the local store refuses the whole write when any 'reject' machine objects).
+                    return []
+                data.pop(name, None)  # 'last-valid-state': the field keeps its value, the rest applies
 
-        key = op_key(op)
-        if state.exist is None or key > state.exist[0]:
-            state.exist = [key, op.type]
-        if op.type == "insert":
+        ts = op.timestamp
+        key = [ts.wall_time, ts.logical, ts.node_id, op_id]  # op_key(op)
+        exist = state.exist
+        if exist is None or key > exist[0]:
+            state.exist = [key, op_type]
+        if op_type == "insert":
             state.has_insert = True
-        if op.type == "delete":
+        elif op_type == "delete":
             return []
 
-        previous = self.op_fields(op, "previous") if op.type == "update" else {}
+        previous = self.op_fields(op, "previous") if op_type == "update" and op.previous_data else {}
         conflicts: list[Conflict] = []
+        kinds = plan.kinds
+        fields = state.fields
         for name, value in data.items():
-            kind = plan.kinds[name]
-            register = state.fields.get(name)
+            kind = kinds[name]
+            register = fields.get(name)
+            # The common registers, inlined: exactly what _apply_field does for them when no conflict is
+            # reported (none wanted, or no earlier write to the field).
+            if not register:
+                if kind == "lww":
+                    fields[name] = {"k": key, "v": value, "lk": key}
+                    continue
+                if kind == "counter":
+                    if op_type == "insert":
+                        fields[name] = {"n": 0, "d": 1, "k": key, "v": value, "lk": key}
+                        continue
+                    after = value or 0
+                    before = previous.get(name) or 0
+                    if type(after) is int and type(before) is int:
+                        fields[name] = {"n": after - before, "d": 1, "lk": key}
+                        continue
+                elif kind == "union" and not value and not previous.get(name):
+                    fields[name] = {"a": {}, "r": {}, "v": {}, "lk": key}  # nothing added nor removed
+                    continue
+            elif not want_conflicts:
+                if kind == "lww":
+                    if "k" not in register or key > register["k"]:
+                        register["k"] = key
+                        register["v"] = value
+                    last = register.get("lk")
+                    if last is None or key > last:
+                        register["lk"] = key
+                    continue
+                if kind == "counter" and op_type != "insert":
+                    after = value or 0
+                    before = previous.get(name) or 0
+                    n = register["n"]
+                    if (
+                        type(after) is int
+                        and type(before) is int
+                        and type(n) is int
+                        and type(register["d"]) is int
+                        and register["d"] == 1
+                    ):
+                        register["n"] = n + after - before
+                        last = register.get("lk")
+                        if last is None or key > last:
+                            register["lk"] = key
+                        continue
             conflict = self._apply_field(
                 plan, state, name, kind, register, op, key, value, previous, want_conflicts
             )
@@ -689,16 +775,232 @@ class MergeEngine:
         if not state.alive:
             return None
         plan = self._plans[collection]
-        kinds = plan.kinds
         registers = state.fields
         record: dict[str, Any] = {"id": record_id}
-        for name in plan.fields:
+        # The common cases of value_of, inlined (the same values).
+        for name, kind, initial in plan.shape:
             reg = registers.get(name)
-            if reg is not None and kinds[name] == "lww":
-                record[name] = reg.get("v")  # the common case of value_of, inlined
+            if reg is None:
+                record[name] = initial if initial is not _FRESH else _initial(plan.fields[name])
+            elif kind == "lww":
+                record[name] = reg.get("v")
+            elif kind == "counter":
+                base, n, d = reg.get("v") or 0, reg["n"], reg["d"]
+                if type(base) is int and type(n) is int and type(d) is int and d == 1:
+                    record[name] = base + n
+                else:
+                    record[name] = self.value_of(plan, name, reg, state)
+            elif kind == "union" and not reg["a"]:
+                record[name] = []  # nothing ever added
             else:
                 record[name] = self.value_of(plan, name, reg, state)
         return record
+
+    def apply_to_text(self, op: Operation, text: str | bytes | None, record_id: str) -> TextFold | None:
+        """`apply` of one operation to a stored state text (None: a record with no state yet), without
+        building its `RecordState`: the new state text and the record, exactly as ``apply`` +
+        ``materialize`` + ``to_json`` of the decoded state give them (no conflicts are reported). None when
+        the state or the operation is outside the common case this covers (the caller then takes the
+        general path); REPEATED when the state holds ``op`` already.
+
+        Covered: the insert of a new record writing lww fields, counters and empty add-wins sets; and on a
+        compact state text as `to_json` writes it, whose keys all stand as entry indices, with no add-wins
+        set element, resolver writes or dangling dependency: an update (no state machine in the
+        collection) writing only lww fields and whole-number counters.
+        """
+        if text is None:
+            return self._insert_text(op, record_id) if op.type == "insert" else None
+        if op.type != "update" or type(text) is not str:
+            return None
+        plan = self._plans.get(op.collection)
+        if plan is None or plan.state_machines:
+            return None
+        try:
+            raw, end = _scan_once(text, 0)
+        except StopIteration:
+            return None
+        if end != len(text) or type(raw) is not dict or tuple(raw) != _COMPACT_KEYS:
+            return None
+        entries = raw["g"]
+        exist = raw["e"]
+        fields = raw["f"]
+        if (
+            type(entries) is not list
+            or type(exist) is not list
+            or len(exist) != 2
+            or raw["i"] is not True
+            or type(fields) is not dict
+        ):
+            return None
+        size = len(entries)
+        index: dict[str, int] = {}
+        keyed: set[int] = set()
+        for i, entry in enumerate(entries):
+            if type(entry) is not list:
+                return None
+            width = len(entry)
+            if width == 5:
+                if type(entry[2]) is not int or type(entry[3]) is not int or type(entry[4]) is not str:
+                    return None
+                keyed.add(i)
+            elif width != 2:
+                return None
+            entry_id, deps = entry[0], entry[1]
+            if type(entry_id) is not str or entry_id in index or type(deps) is not list:
+                return None
+            for dep in deps:
+                if type(dep) is not int or not 0 <= dep < size:
+                    return None  # a dependency the graph does not hold (or something irregular)
+            index[entry_id] = i
+        op_id = op.id
+        if op_id in index:
+            return REPEATED
+
+        # Every key is an index of a keyed entry, and every keyed entry is referred to (as to_json writes).
+        if type(exist[0]) is not int:
+            return None
+        referenced = {exist[0]}
+        for reg in fields.values():
+            if type(reg) is not dict:
+                return None
+            for slot in ("k", "lk"):
+                if slot in reg:
+                    ref = reg[slot]
+                    if type(ref) is not int:
+                        return None
+                    referenced.add(ref)
+            if "a" in reg:
+                added = reg["a"]
+                if type(added) is dict and (added or reg.get("r")):
+                    return None  # an add-wins set that holds something: its additions name entries
+            if "w" in reg:
+                return None  # resolver writes: their value depends on the causal graph
+        if referenced != keyed:
+            return None
+
+        ts = op.timestamp
+        wall, logical, node = ts.wall_time, ts.logical, ts.node_id
+        if type(wall) is not int or type(logical) is not int or type(node) is not str:
+            return None
+        data = self.op_fields(op)
+        previous = self.op_fields(op, "previous") if op.previous_data else {}
+        kinds = plan.kinds
+        for name, value in data.items():
+            kind = kinds[name]
+            if kind == "lww":
+                continue
+            if kind != "counter" or type(value or 0) is not int or type(previous.get(name) or 0) is not int:
+                return None
+            reg = fields.get(name)
+            if reg and (type(reg.get("n")) is not int or type(reg.get("d")) is not int or reg["d"] != 1):
+                return None
+
+        # The fold (what apply does), with keys as entry indices: the new operation is entry ``size``.
+        key = [wall, logical, node, op_id]
+
+        def key_at(i: int) -> list[Any]:
+            entry = entries[i]
+            return [entry[2], entry[3], entry[4], entry[0]]
+
+        if key > key_at(exist[0]):
+            raw["e"] = exist = [size, "update"]
+        for name, value in data.items():
+            reg = fields.get(name)
+            if kinds[name] == "lww":
+                if not reg:
+                    fields[name] = {"k": size, "v": value, "lk": size}
+                    continue
+                if "k" not in reg or key > key_at(reg["k"]):
+                    reg["k"] = size
+                    reg["v"] = value
+            else:
+                delta = (value or 0) - (previous.get(name) or 0)
+                if not reg:
+                    fields[name] = {"n": delta, "d": 1, "lk": size}
+                    continue
+                reg["n"] += delta
+            last = reg.get("lk")
+            if last is None or key > key_at(last):
+                reg["lk"] = size
+        index[op_id] = size
+        get = index.get
+        new_entry: list[Any] = [op_id, [get(dep, dep) for dep in op.causal_deps]]
+        entries.append(new_entry)
+
+        # Entries carry their key's HLC exactly while something refers to them.
+        now_referenced = {exist[0]}
+        for reg in fields.values():
+            for slot in ("k", "lk"):
+                if slot in reg:
+                    now_referenced.add(reg[slot])
+        for i in keyed - now_referenced:
+            del entries[i][2:]
+        if size in now_referenced:
+            new_entry += (wall, logical, node)
+
+        record: dict[str, Any] | None = None
+        if exist[1] != "delete":
+            record = {"id": record_id}
+            for name, kind, initial in plan.shape:
+                reg = fields.get(name)
+                if reg is None:
+                    record[name] = initial if initial is not _FRESH else _initial(plan.fields[name])
+                elif kind == "lww":
+                    record[name] = reg.get("v")
+                elif kind == "union" and not reg["a"]:
+                    record[name] = []  # nothing ever added
+                elif kind == "counter":
+                    base, n, d = reg.get("v") or 0, reg["n"], reg["d"]
+                    if type(base) is int and type(n) is int and type(d) is int and d == 1:
+                        record[name] = base + n
+                    else:
+                        record[name] = self.value_of(plan, name, reg, None)
+                else:  # no register left whose value depends on the causal graph (checked above)
+                    record[name] = self.value_of(plan, name, reg, None)
+        return TextFold(compact_json(raw), record, fields)
+
+    def _insert_text(self, op: Operation, record_id: str) -> TextFold | None:
+        """`apply_to_text` of the insert of a record with no state: what ``apply`` makes of it in a new
+        `RecordState`, as `to_json` (its one-operation form) and ``materialize`` write it."""
+        plan = self._plans.get(op.collection)
+        deps = list(op.causal_deps)
+        ts = op.timestamp
+        wall, logical, node = ts.wall_time, ts.logical, ts.node_id
+        if (
+            plan is None
+            or op.id in deps
+            or type(wall) is not int
+            or type(logical) is not int
+            or type(node) is not str
+        ):
+            return None
+        kinds = plan.kinds
+        registers: dict[str, dict[str, Any]] = {}
+        for name, value in self.op_fields(op).items():
+            kind = kinds[name]
+            if kind == "lww":
+                registers[name] = {"k": 0, "v": value, "lk": 0}
+            elif kind == "counter":
+                registers[name] = {"n": 0, "d": 1, "k": 0, "v": value, "lk": 0}
+            elif kind == "union" and not value:
+                registers[name] = {"a": {}, "r": {}, "v": {}, "lk": 0}
+            else:
+                return None
+        record: dict[str, Any] = {"id": record_id}
+        for name, kind, initial in plan.shape:
+            reg = registers.get(name)
+            if reg is None:
+                record[name] = initial if initial is not _FRESH else _initial(plan.fields[name])
+            elif kind == "lww":
+                record[name] = reg["v"]
+            elif kind == "counter" and type(reg["v"] or 0) is int:
+                record[name] = reg["v"] or 0
+            else:
+                record[name] = self.value_of(plan, name, reg, None)
+        text = compact_json(
+            {"g": [[op.id, deps, wall, logical, node]], "e": [0, "insert"], "i": True, "f": registers}
+        )
+        return TextFold(text, record, registers)
 
     def fold(self, collection: str, record_id: str, ops: Iterable[Operation]) -> tuple[RecordState, Any]:
         """Build a record's state from scratch (any order of ``ops`` gives the same result)."""
@@ -706,6 +1008,23 @@ class MergeEngine:
         for op in ops:
             self.apply(state, op, want_conflicts=False)
         return state, self.materialize(collection, record_id, state)
+
+
+@dataclass(slots=True)
+class TextFold:
+    """`MergeEngine.apply_to_text`'s result: the new state text, the record (None: it does not exist) and
+    the state's registers (read-only; rich text rows take their document from them)."""
+
+    text: str
+    record: dict[str, Any] | None
+    fields: dict[str, dict[str, Any]]
+
+
+#: `MergeEngine.apply_to_text`: the state holds this operation already (compared by identity).
+REPEATED = TextFold("", None, {})
+_COMPACT_KEYS = ("g", "e", "i", "f")
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+_FRESH: Any = object()
 
 
 def _initial(descriptor: FieldDescriptor) -> Any:
@@ -741,4 +1060,4 @@ def _or_set_value(reg: dict[str, Any], state: RecordState | None) -> list[Any]:
     return [item for _, item in survivors]
 
 
-__all__ = ["Conflict", "MergeEngine", "RecordState"]
+__all__ = ["REPEATED", "Conflict", "MergeEngine", "RecordState", "TextFold"]

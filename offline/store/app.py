@@ -27,6 +27,7 @@ from offline.core.operations import (
     _check_record,
     _check_str,
     _content_id,
+    _new_operation,
     create_operation,
     verify_operation,
 )
@@ -34,7 +35,7 @@ from offline.core.schema import SchemaDefinition
 from offline.core.uuid7 import generate_uuid_v7
 from offline.core.version_vector import topological_sort
 from offline.merge.constraints import Violation
-from offline.merge.engine import Conflict, MergeEngine, RecordState
+from offline.merge.engine import REPEATED, Conflict, MergeEngine, RecordState, TextFold
 from offline.merge.trace import MergeTrace
 from offline.merge.values import compact_json
 
@@ -311,6 +312,18 @@ class App:
         )
         return codec.row(record, rich)
 
+    def _text_row(self, collection: str, done: TextFold) -> list[Any] | None:
+        """`_row` of a record folded by `MergeEngine.apply_to_text`."""
+        if done.record is None:
+            return None
+        codec = self.codecs[collection]
+        rich = (
+            {name: (done.fields.get(name) or {}).get("s") for name in codec.names}
+            if codec.has_richtext
+            else None
+        )
+        return codec.row(done.record, rich)
+
     # -- writes ---------------------------------------------------------------------------------------------
 
     def _persist(
@@ -366,10 +379,13 @@ class App:
         row_of = self.row_of
         self._write_records([(c, r, state, row_of(c, r, state)) for (c, r), state in states.items()])
 
-    def _write_records(self, items: list[tuple[str, str, RecordState, list[Any] | None]]) -> None:
-        """Store the merge state and the row (None: delete it) of each record, a statement per table."""
+    def _write_records(self, items: list[tuple[str, str, RecordState | str, list[Any] | None]]) -> None:
+        """Store the merge state (or its text) and the row (None: delete it) of each record, a statement per
+        table."""
         conn = self.db.conn
-        self.db.save_states([(c, r, state.to_json()) for c, r, state, _ in items])
+        self.db.save_states(
+            [(c, r, state if isinstance(state, str) else state.to_json()) for c, r, state, _ in items]
+        )
         upserts: dict[str, list[list[Any]]] = {}
         deletes: dict[str, list[tuple[str]]] = {}
         for collection, record_id, _, row in items:
@@ -676,14 +692,43 @@ class App:
                     ) from None
                 raise
             keys = list(dict.fromkeys((op.collection, op.record_id) for op in ordered))
-            states = self.db.load_states(keys)
+            staged = self._batch.staged if self._batch is not None else {}
+            texts = self.db.load_state_texts(keys)
+            # A record receiving a single operation (the usual case: a new record's insert, or an update) is
+            # folded on its stored state text when the engine covers it (apply_to_text, the same result);
+            # every other record decodes its state.
+            single: dict[tuple[str, str], Operation | None] = {}
+            for op in ordered:
+                key = (op.collection, op.record_id)
+                single[key] = op if key not in single else None
+            # (state text, row) of the records folded on their text: kept small, nothing of the parsed state
+            # outlives its fold (a batch's worth of live containers would otherwise reach the oldest
+            # garbage collector generation and make it walk every object of the process).
+            folded: dict[tuple[str, str], tuple[str, list[Any] | None]] = {}
+            states: dict[tuple[str, str], RecordState] = {}
             # An id its record's state already holds is a duplicate held under another sequence number
             # (only a misbehaving peer resends an operation so): keep one copy.
-            repeated = {
+            repeated: set[str] = set()
+            apply_to_text = self.engine.apply_to_text
+            from_json = RecordState.from_json
+            for key in keys:
+                text = texts.get(key)
+                single_op = single[key]
+                if single_op is not None and not want_traces and key not in staged:
+                    outcome = apply_to_text(single_op, text, key[1])
+                    if outcome is REPEATED:
+                        repeated.add(single_op.id)
+                        continue
+                    if outcome is not None:
+                        folded[key] = (outcome.text, self._text_row(key[0], outcome))
+                        continue
+                if text is not None:
+                    states[key] = from_json(text)
+            repeated.update(
                 op.id
                 for op in ordered
                 if (state := states.get((op.collection, op.record_id))) is not None and op.id in state.graph
-            }
+            )
             if repeated:
                 ordered = [op for op in ordered if op.id not in repeated]
                 if not ordered:
@@ -692,15 +737,20 @@ class App:
             engine_apply = self.engine.apply
             for op in ordered:
                 key = (op.collection, op.record_id)
+                if key in folded:
+                    continue
                 state = states.get(key)
                 if state is None:
                     state = states[key] = RecordState()
                 for conflict in engine_apply(state, op, want_conflicts=want_traces):
                     traces.append((op, conflict))
-            staged = self._batch.staged if self._batch is not None else {}
             materialize = self.engine.materialize
-            items = []
+            items: list[tuple[str, str, RecordState | str, list[Any] | None]] = []
             for collection, record_id in keys:
+                done = folded.get((collection, record_id))
+                if done is not None:
+                    items.append((collection, record_id, *done))
+                    continue
                 state = states[(collection, record_id)]
                 row = self._row(collection, state, materialize(collection, record_id, state))
                 items.append((collection, record_id, state, row))
@@ -864,7 +914,9 @@ def _local_operation(
     )
     op_id = _content_id(type_, collection, record_id, hashed, timestamp, node_id)
     deps = tuple(causal_deps)
-    op = Operation(
+    # Every field is checked and frozen already: what the dataclass __init__ and __post_init__ would store.
+    op = _new_operation(Operation)
+    op.__dict__.update(
         id=op_id,
         node_id=node_id,
         type=type_,

@@ -32,6 +32,8 @@ if TYPE_CHECKING:
 _NO_DECISION = Decision()
 # "No ready value": the field's default (if any) goes through the complete validation at each insert.
 _UNSET: Any = object()
+# A default of an empty list: each insert stores a new one.
+_EMPTY_LIST: Any = object()
 # Exact value types that validate_field_value accepts and normalize() returns unchanged, by field type
 # (ints only within the safe range).
 _AS_IS: dict[str, frozenset[type]] = {
@@ -168,7 +170,8 @@ class Collection:
                     values[name] = value  # valid, and already normalised
                     continue
             elif ready is not _UNSET:
-                values[name] = ready  # an immutable default, validated and normalised once
+                # An immutable default, validated and normalised once; or a new empty list.
+                values[name] = ready if ready is not _EMPTY_LIST else []
                 continue
             elif descriptor.has_default:
                 value = thaw(descriptor.default_value)
@@ -319,6 +322,8 @@ def _ready_default(collection: str, name: str, descriptor: FieldDescriptor) -> A
     if descriptor.is_auto or descriptor.type == "richtext" or not descriptor.has_default:
         return _UNSET
     default = descriptor.default_value
+    if descriptor.type == "array" and type(default) in (tuple, list) and not default:
+        return _EMPTY_LIST  # valid, and thaw/normalize give a new [] each time
     if type(default) not in _IMMUTABLE:
         return _UNSET  # None, or a container: fresh copies, validated at each insert
     try:

@@ -17,7 +17,7 @@ from offline.core.hlc import serialize_timestamp
 from offline.core.operations import Operation
 from offline.core.schema import SchemaDefinition
 from offline.merge.engine import RecordState
-from offline.merge.values import compact_json
+from offline.merge.values import wire_json
 
 from .rows import create_table_sql
 
@@ -246,7 +246,7 @@ class LocalDatabase:
             op.collection,
             op.record_id,
             serialize_timestamp(op.timestamp),
-            compact_json(op.to_wire()),
+            wire_json(op),
             1 if local else 0,
             status,
             delivery,
@@ -327,19 +327,24 @@ class LocalDatabase:
         return None if row is None else RecordState.from_json(row[0])
 
     def load_states(self, keys: list[tuple[str, str]]) -> dict[tuple[str, str], RecordState]:
-        out: dict[tuple[str, str], RecordState] = {}
+        from_json = RecordState.from_json
+        return {key: from_json(text) for key, text in self.load_state_texts(keys).items()}
+
+    def load_state_texts(self, keys: list[tuple[str, str]]) -> dict[tuple[str, str], str | bytes]:
+        """The stored merge state text of each of these records that has one."""
+        out: dict[tuple[str, str], str | bytes] = {}
         by_collection: dict[str, list[str]] = {}
         for collection, record_id in keys:
             by_collection.setdefault(collection, []).append(record_id)
         for collection, ids in by_collection.items():
             for start in range(0, len(ids), 500):
                 chunk = ids[start : start + 500]
-                marks = ",".join("?" for _ in chunk)
+                marks = ",".join("?" * len(chunk))
                 for record_id, state in self.conn.execute(
                     f"SELECT record_id, state FROM _offline_state WHERE collection = ? AND record_id IN ({marks})",
                     [collection, *chunk],
                 ):
-                    out[(collection, record_id)] = RecordState.from_json(state)
+                    out[(collection, record_id)] = state
         return out
 
     def save_states(self, rows: list[tuple[str, str, str]]) -> None:

@@ -49,6 +49,8 @@ def to_column(descriptor: FieldDescriptor, value: Any) -> Any:
         return 1 if value else 0
     if kind == "array":
         # Compact JSON, the same text migrations write for array defaults.
+        if type(value) is list and not value:
+            return "[]"
         return compact_json(list(value))
     return value
 
