@@ -803,6 +803,24 @@ class SyncService:
             final = len(batch) < limit
             if batch:
                 top = batch[-1].delivery
+                while len(visible) > limit:
+                    # Earlier operations of records that entered this session's scope made the batch long:
+                    # the surplus goes first in frames that do not move the delivery cursor (no max), so
+                    # no frame grows past what a client takes.
+                    chunk, visible = visible[:limit], visible[limit:]
+                    message_id = p.new_message_id()
+                    session.unacked[message_id] = (time.monotonic(), last_sent)
+                    await session.send(
+                        p.encode_batch_frame(
+                            message_id,
+                            chunk,
+                            is_final=False,
+                            batch_index=index,
+                            base_delivery_sequence=last_sent,
+                        )
+                    )
+                    self.counters["sent"] += len(chunk)
+                    index += 1
                 if visible or (initial and final):
                     message_id = p.new_message_id()
                     session.unacked[message_id] = (time.monotonic(), last_sent)

@@ -578,7 +578,9 @@ class SyncEngine:
                     log.warning("could not apply operation %s: %s", op.id, exc)
             if watermark is not None:
                 app.apply_verified([], None, watermark=watermark)
-        if self._scope_filters and applied:
+        # A frame without a delivery watermark holds the earlier operations of records entering this
+        # session's scope, in the states they had before: only the frame that ends the batch can tell.
+        if self._scope_filters and applied and watermark is not None:
             self._forget_moved_away(applied)
         if ops and app.events.has_listeners("sync:received"):
             app.events.emit("sync:received", operations=applied, batchSize=len(ops))

@@ -99,13 +99,15 @@ class Backend:
     def durable(self) -> bool:
         return self.kind != "memory"
 
-    def server(self, source: str = GENERAL_SOURCE, name: str = "general") -> ServerProcess:
+    def server(
+        self, source: str = GENERAL_SOURCE, name: str = "general", env: dict[str, str] | None = None
+    ) -> ServerProcess:
         folder = self.folder / f"server-{name}"
         folder.mkdir(exist_ok=True)
         entry = folder / "server.py"
         if not entry.exists():
             write_entry(folder, source)
-        process = ServerProcess(entry, store=self.kind, db=self.db)
+        process = ServerProcess(entry, store=self.kind, db=self.db, env=env)
         self.processes.append(process)
         return process.start()
 
@@ -595,7 +597,8 @@ def test_a_record_moved_to_another_scope_reaches_its_new_owner_whole(
     """An unscoped writer gives A's record to B: B (and a device of B that joins later) gets the whole record,
     not just the fields written since the move; A hears of the move and drops the record (the server sends
     it nothing more about it, so a copy would go stale); given back, A gets it whole again."""
-    server = backend.server(SCOPED_SOURCE, "moves")
+    # Relay batches of 3: the moved record's history (7 operations) must be split over several frames.
+    server = backend.server(SCOPED_SOURCE, "moves", env={"OFFLINE_BATCH_SIZE": "3"})
 
     async def scenario() -> None:
         admin = client(tmp_path, "admin", server.sync_url, schema=SCOPED)
@@ -606,6 +609,8 @@ def test_a_record_moved_to_another_scope_reaches_its_new_owner_whole(
             for app in (admin, a, b):
                 await app.sync.connect()
             moving = a.todos.insert({"ownerId": "a", "title": "draft"})
+            for version in range(5):
+                a.todos.update(moving["id"], {"title": f"draft {version}"})
             a.todos.update(moving["id"], {"title": "written by a"})
             staying = a.todos.insert({"ownerId": "a", "title": "stays with a"})
             await a.sync.wait_until_synced(TIMEOUT)
