@@ -126,6 +126,18 @@ class App:
         self.path = path
         self.events = EventBus()
         self.db = LocalDatabase(path, durability=durability)
+        try:
+            self._open(schema, sync, now)
+        except BaseException:
+            self.db.close()  # the file (and its lock) is free for the next attempt; the error says what to fix
+            raise
+
+    def _open(
+        self,
+        schema: SchemaDefinition,
+        sync: Mapping[str, Any] | None,
+        now: Callable[[], int] | None,
+    ) -> None:
         self._authoritative: set[str] = set()
         self.engine = MergeEngine(schema, authoritative_nodes=lambda: self._authoritative)
         self.codecs = {name: RowCodec(coll) for name, coll in schema.collections.items()}

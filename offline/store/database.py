@@ -19,6 +19,7 @@ from offline.core.schema import SchemaDefinition
 from offline.merge.engine import RecordState
 from offline.merge.values import wire_json
 
+from .file_lock import FileLock
 from .rows import create_table_sql
 
 # Status of an operation in the log.
@@ -138,9 +139,14 @@ class LocalDatabase:
     """A thin, typed wrapper over one sqlite3 connection. Every public write runs in `transaction()`."""
 
     def __init__(self, path: str, *, durability: str = "normal") -> None:
+        self._file_lock: FileLock | None = None
+        if path != ":memory:" and not path.startswith("file:"):
+            self._file_lock = FileLock(path)
+            self._file_lock.acquire()  # before anything is read: another app may be writing
         try:
             self.conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         except sqlite3.Error as exc:
+            self._release_file_lock()
             raise storage_error(f"cannot open the local database {path!r}", exc, path=path) from exc
         self.path = path
         self.lock = threading.RLock()
@@ -355,3 +361,9 @@ class LocalDatabase:
     def close(self) -> None:
         with self.lock:
             self.conn.close()
+            self._release_file_lock()
+
+    def _release_file_lock(self) -> None:
+        if self._file_lock is not None:
+            self._file_lock.release()
+            self._file_lock = None

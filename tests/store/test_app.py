@@ -148,3 +148,44 @@ def test_app_is_a_context_manager(tmp_path: Path) -> None:
         record = app.todos.insert({"title": "kept"})
     with create_app(SCHEMA, path=path) as again:
         assert again.todos.find_by_id(record["id"]) == record
+
+
+def test_a_database_file_is_open_in_one_app_at_a_time(tmp_path: Path) -> None:
+    """A second app on the same file would share the node id and collide on sequence numbers: refused."""
+    path = str(tmp_path / "app.db")
+    first = create_app(SCHEMA, path=path)
+    written = first.todos.insert({"title": "by the first app"})
+    with pytest.raises(OfflineError) as info:
+        create_app(SCHEMA, path=path)
+    assert info.value.code == "STORAGE_ERROR" and info.value.context["reason"] == "locked"
+    assert "already open in another app or process" in info.value.message
+    first.todos.insert({"title": "the first app is unharmed"})
+    first.close()
+    with create_app(SCHEMA, path=path) as again:  # free once the first one closed
+        assert again.todos.find_by_id(written["id"]) == written
+        assert again.todos.where({}).count() == 2
+
+
+def test_the_lock_holds_across_processes_and_goes_with_the_process(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    path = str(tmp_path / "app.db")
+    holder = subprocess.Popen(
+        [sys.executable, "-c", (
+            "import sys, time; sys.path.insert(0, sys.argv[2]);"
+            "from tests.store.test_app import SCHEMA; from offline import create_app;"
+            "app = create_app(SCHEMA, path=sys.argv[1]); print('open', flush=True); time.sleep(60)"
+        ), path, str(Path(__file__).resolve().parents[2])],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "open"
+        with pytest.raises(OfflineError) as info:
+            create_app(SCHEMA, path=path)
+        assert info.value.context["reason"] == "locked"
+    finally:
+        holder.kill()  # dies without closing anything: the lock goes with it
+        holder.wait(10)
+    with create_app(SCHEMA, path=path) as app:
+        assert app.todos.where({}).count() == 0
