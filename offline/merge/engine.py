@@ -774,8 +774,13 @@ class MergeEngine:
         """The record as applications see it (`id` plus every field), or None when it does not exist."""
         if not state.alive:
             return None
-        plan = self._plans[collection]
-        registers = state.fields
+        return self._record(self._plans[collection], record_id, state.fields, state)
+
+    def _record(
+        self, plan: _Plan, record_id: str, registers: Mapping[str, Any], state: RecordState | None
+    ) -> dict[str, Any]:
+        """`id` plus every field's value from its register; ``state`` None when no register left depends
+        on the causal graph (`apply_to_text`'s records)."""
         record: dict[str, Any] = {"id": record_id}
         # The common cases of value_of, inlined (the same values).
         for name, kind, initial in plan.shape:
@@ -938,25 +943,8 @@ class MergeEngine:
         if size in now_referenced:
             new_entry += (wall, logical, node)
 
-        record: dict[str, Any] | None = None
-        if exist[1] != "delete":
-            record = {"id": record_id}
-            for name, kind, initial in plan.shape:
-                reg = fields.get(name)
-                if reg is None:
-                    record[name] = initial if initial is not _FRESH else _initial(plan.fields[name])
-                elif kind == "lww":
-                    record[name] = reg.get("v")
-                elif kind == "union" and not reg["a"]:
-                    record[name] = []  # nothing ever added
-                elif kind == "counter":
-                    base, n, d = reg.get("v") or 0, reg["n"], reg["d"]
-                    if type(base) is int and type(n) is int and type(d) is int and d == 1:
-                        record[name] = base + n
-                    else:
-                        record[name] = self.value_of(plan, name, reg, None)
-                else:  # no register left whose value depends on the causal graph (checked above)
-                    record[name] = self.value_of(plan, name, reg, None)
+        # No register left whose value depends on the causal graph (checked above): no state needed.
+        record = self._record(plan, record_id, fields, None) if exist[1] != "delete" else None
         return TextFold(compact_json(raw), record, fields)
 
     def _insert_text(self, op: Operation, record_id: str) -> TextFold | None:
