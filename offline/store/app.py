@@ -71,6 +71,8 @@ class _Batch:
     violations: list[Violation] = field(default_factory=list)
     # Staged records changed since the batch's last flush: a read inside the batch writes only those rows.
     unflushed: set[tuple[str, str]] = field(default_factory=set)
+    # Remote operations applied inside the batch, with their traces and start time: announced at commit.
+    applied: list[tuple[list[Operation], list[tuple[Operation, Conflict]], float]] = field(default_factory=list)
 
 
 class Ready:
@@ -386,6 +388,8 @@ class App:
         self._after_commit([op for op, _ in batch.results], batch.traces, started=None)
         if batch.violations:
             self._emit_violations(batch.violations, [op for op, _ in batch.results])
+        for ordered, traces, started in batch.applied:
+            self._after_commit(ordered, traces, started=started)
 
     def _persist_many(self, states: Mapping[tuple[str, str], RecordState]) -> None:
         row_of = self.row_of
@@ -798,6 +802,10 @@ class App:
                 vector[op.node_id] = max(vector.get(op.node_id, -1), op.sequence_number)
             self.db.advance_vector(vector)
             self._seq = max(self._seq, vector.get(self.node_id, self._seq))
+            if self._batch is not None:
+                # Inside app.batch(): announced when the batch commits (it may still roll back).
+                self._batch.applied.append((ordered, traces, started))
+                return ordered
         self._after_commit(ordered, traces, started=started)
         return ordered
 

@@ -293,3 +293,31 @@ def test_rolled_back_batch_emits_nothing(app: App) -> None:
         app.todos.insert({"title": "a"})
         raise RuntimeError("abort")
     assert log.events == []
+
+
+def test_remote_apply_inside_a_batch_is_announced_when_the_batch_commits(app: App, peer: App) -> None:
+    log = Log(app, "operation:applied", "operation:created")
+    seen: list[list[str]] = []
+    app.todos.where({}).subscribe(lambda records: seen.append(sorted(r["title"] for r in records)))
+    peer.todos.insert({"title": "remote"})
+    with app.batch():
+        app.apply(peer.operations())
+        app.todos.insert({"title": "local"})
+        assert log.events == [] and seen == [[]]  # nothing announced before the commit
+    created = [e.operation.id for e in log.of("operation:created")]
+    assert len(created) == 1
+    remote = [op.id for op in peer.operations()]
+    assert sorted(e.operation.id for e in log.of("operation:applied")) == sorted(created + remote)
+    assert seen[-1] == ["local", "remote"]
+
+
+def test_remote_apply_inside_a_rolled_back_batch_announces_nothing(app: App, peer: App) -> None:
+    log = Log(app, "*")
+    peer.todos.insert({"title": "remote"})
+    with pytest.raises(RuntimeError), app.batch():
+        app.apply(peer.operations())
+        raise RuntimeError("abort")
+    assert log.events == []
+    assert app.todos.where({}).count() == 0
+    assert app.apply(peer.operations())  # not held: it applies now
+    assert len(log.of("operation:applied")) == 1
