@@ -20,9 +20,11 @@ to the materialised row, so applying an operation costs one record, not the hist
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import json.scanner
 import logging
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -71,6 +73,7 @@ class Conflict:
     input_b: Any
     base: Any
     output: Any = None
+    duration: float = dataclasses.field(default=0.0, compare=False)  # ms spent resolving (MergeTrace)
 
 
 @dataclass(slots=True)
@@ -589,10 +592,12 @@ class MergeEngine:
                         if last is None or key > last:
                             register["lk"] = key
                         continue
+            started = time.perf_counter() if want_conflicts else 0.0
             conflict = self._apply_field(
                 plan, state, name, kind, register, op, key, value, previous, want_conflicts
             )
             if conflict is not None:
+                conflict.duration = (time.perf_counter() - started) * 1000
                 conflicts.append(conflict)
         return conflicts
 

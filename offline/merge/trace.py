@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import base64
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from offline.core.operations import Operation
+from offline.core.operations import BYTES_MARKER, Operation
 
 Tier = Literal[1, 2, 3]
 
@@ -26,17 +27,28 @@ class MergeTrace:
     duration: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        """SPEC's camelCase shape, with operations in wire form (for events and the dashboard)."""
+        """SPEC's camelCase shape, with operations in wire form (for events and the dashboard); JSON-ready:
+        bytes (a rich text field's Yjs updates) take their wire form ``{"__offline_bytes__": base64}``."""
         return {
             "operationA": self.operation_a.to_wire(),
             "operationB": self.operation_b.to_wire(),
             "field": self.field,
             "strategy": self.strategy,
-            "inputA": self.input_a,
-            "inputB": self.input_b,
-            "base": self.base,
-            "output": self.output,
+            "inputA": _json_ready(self.input_a),
+            "inputB": _json_ready(self.input_b),
+            "base": _json_ready(self.base),
+            "output": _json_ready(self.output),
             "tier": self.tier,
             "constraintViolated": self.constraint_violated,
             "duration": self.duration,
         }
+
+
+def _json_ready(value: Any) -> Any:
+    if isinstance(value, bytes | bytearray | memoryview):
+        return {BYTES_MARKER: base64.b64encode(bytes(value)).decode("ascii")}
+    if isinstance(value, dict):
+        return {key: _json_ready(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_ready(item) for item in value]
+    return value

@@ -72,7 +72,9 @@ class _Batch:
     # Staged records changed since the batch's last flush: a read inside the batch writes only those rows.
     unflushed: set[tuple[str, str]] = field(default_factory=set)
     # Remote operations applied inside the batch, with their traces and start time: announced at commit.
-    applied: list[tuple[list[Operation], list[tuple[Operation, Conflict]], float]] = field(default_factory=list)
+    applied: list[tuple[list[Operation], list[tuple[Operation, Conflict]], float]] = field(
+        default_factory=list
+    )
 
 
 class Ready:
@@ -827,6 +829,7 @@ class App:
             base=conflict.base,
             output=conflict.output,
             tier=conflict.tier,  # type: ignore[arg-type]
+            duration=conflict.duration,
         )
 
     def _after_commit(

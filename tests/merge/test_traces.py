@@ -161,6 +161,15 @@ def test_strategy_names_of_tier_1_traces(pair: list[App], clock: FakeClock) -> N
     assert b.items.find_by_id("r1")["body"] == "A hello B"
     for trace in (tags, count, traces["hi"]):
         assert (trace.operation_a.id, trace.operation_b.id) == (op_a.id, op_b.id)
+    # Every trace is JSON-ready, the rich text one too (its inputs are Yjs updates, in their wire form).
+    shape = json.loads(json.dumps(body.to_dict()))
+    assert shape["output"] == "A hello B" and shape["base"] == "hello"
+    for side in ("inputA", "inputB"):
+        if not isinstance(body.input_a if side == "inputA" else body.input_b, str):
+            assert set(shape[side]) == {"__offline_bytes__"}
+    for trace in traces.values():
+        json.dumps(trace.to_dict())
+        assert trace.duration > 0  # measured, in milliseconds
 
 
 def test_causally_ordered_writes_are_not_conflicts(pair: list[App], clock: FakeClock) -> None:
