@@ -979,17 +979,7 @@ class MergeEngine:
                 registers[name] = {"a": {}, "r": {}, "v": {}, "lk": 0}
             else:
                 return None
-        record: dict[str, Any] = {"id": record_id}
-        for name, kind, initial in plan.shape:
-            reg = registers.get(name)
-            if reg is None:
-                record[name] = initial if initial is not _FRESH else _initial(plan.fields[name])
-            elif kind == "lww":
-                record[name] = reg["v"]
-            elif kind == "counter" and type(reg["v"] or 0) is int:
-                record[name] = reg["v"] or 0
-            else:
-                record[name] = self.value_of(plan, name, reg, None)
+        record = self._record(plan, record_id, registers, None)
         text = compact_json(
             {"g": [[op.id, deps, wall, logical, node]], "e": [0, "insert"], "i": True, "f": registers}
         )
