@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ with atheris.instrument_imports():
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 
+from offline.core.operations import Operation
 from tests.hardening.support import SCHEMA, Oracle
 
 CONFIG: dict[str, Any] = json.loads(Path(os.environ["OFFLINE_ATHERIS_CONFIG"]).read_text())
@@ -40,6 +42,7 @@ class State:
     sent = 0
     counts: Counter[str] = Counter()
     violations: list[str] = []
+    accepted: list[str] = []  # ids of legitimate operations atheris made and the server stored
 
 
 def session() -> ClientConnection:
@@ -108,10 +111,59 @@ def check(frame: str) -> str:
     if not isinstance(reply, p.Acknowledgment) or reply.acknowledged_message_id != message_id:
         raise AssertionError(f"expected the acknowledgment of {message_id}, got {reply}")
     if reply.delivery_sequence is not None:
-        raise AssertionError("a hostile batch was stored")
+        # Coverage-guided mutation learns the server's hash comparison, so atheris can make a *valid* new
+        # operation (a mutated title with its id fixed up). The server may store such a one only when a
+        # legitimate client of this user could have written it; anything else stored is a violation.
+        accepted = refused - rejected
+        if not accepted:
+            raise AssertionError("a hostile batch was stored")
+        for op in operations_of(frame, accepted):
+            problem = illegitimate(op)
+            if problem is not None:
+                raise AssertionError(f"a hostile operation was stored ({problem}): {op.id}")
+        ORACLE.stored.update(accepted)
+        State.accepted.extend(sorted(accepted))
+        refused -= accepted
+        if rejected != refused:
+            raise AssertionError(f"rejected {sorted(rejected)}, expected {sorted(refused)}")
+        return "legitimate operation stored"
     if rejected != refused:
         raise AssertionError(f"rejected {sorted(rejected)}, expected {sorted(refused)}")
     return "batch refused" if refused else "replay acknowledged"
+
+
+def operations_of(frame: str, ids: set[str]) -> list[Operation]:
+    message = p.decode(frame, max_bytes=ORACLE.max_message, max_batch=ORACLE.max_batch)
+    items = message.operations if isinstance(message, p.OperationBatch) else (message.operation,)  # type: ignore[attr-defined]
+    found = []
+    for item in items:
+        try:
+            op = p.decode_operation(item, max_bytes=ORACLE.max_operation)
+        except p.ProtocolError:
+            continue
+        if op.id in ids:
+            found.append(op)
+    if {op.id for op in found} != ids:
+        raise AssertionError(f"stored operations not found in the frame: {sorted(ids)}")
+    return found
+
+
+def illegitimate(op: Operation) -> str | None:
+    """Why this user's client could not have written ``op`` (None: it could have)."""
+    if op.schema_version != SCHEMA.version:
+        return f"schema version {op.schema_version}"
+    if op.timestamp.wall_time > time.time() * 1000 + 5 * 60 * 1000:
+        return "stamped more than 5 minutes ahead"
+    if op.collection == "boards":
+        return None  # shared by everyone
+    if op.collection != "todos":
+        return f"collection {op.collection!r}"
+    owner = (op.data or {}).get("ownerId")
+    if op.type == "insert":
+        return None if owner == CONFIG["user"] else f"insert for owner {owner!r}"
+    if op.record_id not in CONFIG["todos"]:
+        return "a todo of someone else"
+    return None if owner in (None, CONFIG["user"]) else f"moves a todo to {owner!r}"
 
 
 def test_one_input(data: bytes) -> None:
@@ -119,7 +171,7 @@ def test_one_input(data: bytes) -> None:
     try:
         outcome = check(frame)
     except Exception as exc:  # keep fuzzing; the test fails on the report
-        State.violations.append(f"{type(exc).__name__}: {exc} <- {frame[:200]!r}")
+        State.violations.append(f"{type(exc).__name__}: {exc} <- {frame[:1500]!r}")
         if State.ws is not None:
             State.ws.close()
         State.ws = None
@@ -127,7 +179,14 @@ def test_one_input(data: bytes) -> None:
     State.sent += outcome != "silent"
     State.counts[outcome] += 1
     REPORT.write_text(
-        json.dumps({"sent": State.sent, "counts": State.counts, "violations": State.violations[:50]})
+        json.dumps(
+            {
+                "sent": State.sent,
+                "counts": State.counts,
+                "violations": State.violations[:50],
+                "accepted": State.accepted,
+            }
+        )
     )
 
 
