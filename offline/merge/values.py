@@ -19,6 +19,29 @@ OpKey = list[Any]
 _SAFE = 2**53
 
 
+def _c_compact_encoder(
+    default: Callable[[Any], Any], fallback: Callable[[Any], str], sample: Any
+) -> Callable[[Any], str]:
+    """A compact, non-ASCII-escaping encoder built once on json's C iterencoder (json.dumps builds one on
+    every call); ``fallback`` when the interpreter lacks it or it disagrees with ``fallback`` on ``sample``.
+    markers=None: no cycle check (the values encoded here are trees); the output is the same."""
+    make = getattr(json.encoder, "c_make_encoder", None)
+    basestring = getattr(json.encoder, "c_encode_basestring", None)
+    if make is None or basestring is None:  # pragma: no cover - interpreters without the _json module
+        return fallback
+    try:
+        iterencode = make(None, default, basestring, None, ":", ",", False, False, True)
+
+        def encode(value: Any) -> str:
+            return "".join(iterencode(value, 0))
+
+        if encode(sample) != fallback(sample) or encode("x") != fallback("x"):  # pragma: no cover
+            return fallback
+    except Exception:  # pragma: no cover - a changed private interface
+        return fallback
+    return encode
+
+
 def _make_compact_encoder() -> Callable[[Any], str]:
     """``json.dumps(value, separators=(",", ":"), ensure_ascii=False)``, with the C encoder built once.
 
@@ -26,23 +49,8 @@ def _make_compact_encoder() -> Callable[[Any], str]:
     iterencoder, on every call; the state and the wire text of every operation pass through here.
     """
     public = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
-    make = getattr(json.encoder, "c_make_encoder", None)
-    basestring = getattr(json.encoder, "c_encode_basestring", None)
-    if make is None or basestring is None:  # pragma: no cover - interpreters without the _json module
-        return public
-    try:
-        # markers=None: no cycle check (the values encoded here are trees); the output is the same.
-        iterencode = make(None, json.JSONEncoder().default, basestring, None, ":", ",", False, False, True)
-
-        def encode(value: Any) -> str:
-            return "".join(iterencode(value, 0))
-
-        sample = {"b": [1, 2.5, None, True, False, "\u00e9\n\x01\u2028", float("nan")], "a": {"z": -3}}
-        if encode(sample) != public(sample) or encode("x") != public("x"):  # pragma: no cover
-            return public
-    except Exception:  # pragma: no cover - a changed private interface
-        return public
-    return encode
+    sample = {"b": [1, 2.5, None, True, False, "\u00e9\n\x01\u2028", float("nan")], "a": {"z": -3}}
+    return _c_compact_encoder(json.JSONEncoder().default, public, sample)
 
 
 #: Compact JSON text, identical to ``json.dumps(value, separators=(",", ":"), ensure_ascii=False)``.
@@ -66,24 +74,10 @@ def _make_wire_encoder() -> Callable[[Any], str]:
     def slow(value: Any) -> str:
         return compact_json(encode_value(value))
 
-    make = getattr(json.encoder, "c_make_encoder", None)
-    basestring = getattr(json.encoder, "c_encode_basestring", None)
-    if make is None or basestring is None:  # pragma: no cover - interpreters without the _json module
-        return slow
-    try:
-        iterencode = make(None, _encode_default, basestring, None, ":", ",", False, False, True)
-
-        def encode(value: Any) -> str:
-            return "".join(iterencode(value, 0))
-
-        sample: FrozenDict[str, Any] = FrozenDict(
-            {"b": (1, 2.5, None, True, b"\x00\xff", FrozenDict({"z": (-3,)})), "a": {"\u00e9": float("nan")}}
-        )
-        if encode(sample) != slow(sample):  # pragma: no cover - a changed private interface
-            return slow
-    except Exception:  # pragma: no cover - a changed private interface
-        return slow
-    return encode
+    sample: FrozenDict[str, Any] = FrozenDict(
+        {"b": (1, 2.5, None, True, b"\x00\xff", FrozenDict({"z": (-3,)})), "a": {"\u00e9": float("nan")}}
+    )
+    return _c_compact_encoder(_encode_default, slow, sample)
 
 
 _wire_encode: Callable[[Any], str] = _make_wire_encoder()
