@@ -20,6 +20,9 @@ What each limit does when it is hit (codes are the protocol's, see ``offline.syn
   every buffer is full) is cut off at the TCP level; nothing it could read would get through anyway.
 - ``ping_interval`` / ``ping_timeout``: WebSocket pings; a peer that does not answer is disconnected and its
   session freed.
+- ``relay_frame_bytes``: the largest frame the relay sends a client (about; one larger operation goes alone).
+  A catch-up batch of ``batch_size`` operations larger than this goes in several frames; keep it at most
+  the clients' own frame limit (``protocol.MAX_MESSAGE_BYTES``, 4 MiB).
 - ``shutdown_grace``: on shutdown, how long sessions get to finish the batch in hand before being cut off.
 
 ``allowed_origins`` (option ``sync_options={"allowed_origins": [...]}`` or ``OFFLINE_ALLOWED_ORIGINS``, a

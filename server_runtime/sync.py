@@ -199,6 +199,9 @@ class SyncLimits:
     recent_operations: int = 20_000
     # Relay batches unacknowledged this long, with no acknowledgement at all meanwhile, are streamed again.
     ack_timeout: float = 5.0
+    # Largest relay frame in UTF-8 bytes (a single larger operation goes alone): clients refuse frames over
+    # protocol.MAX_MESSAGE_BYTES, whatever this server accepts, and smaller frames keep each apply short.
+    relay_frame_bytes: int = p.MAX_MESSAGE_BYTES // 4
 
 
 class SyncService:
@@ -803,11 +806,13 @@ class SyncService:
             final = len(batch) < limit
             if batch:
                 top = batch[-1].delivery
-                while len(visible) > limit:
-                    # Earlier operations of records that entered this session's scope made the batch long:
-                    # the surplus goes first in frames that do not move the delivery cursor (no max), so
-                    # no frame grows past what a client takes.
-                    chunk, visible = visible[:limit], visible[limit:]
+                chunks = _frames(visible, limit, self.limits.relay_frame_bytes)
+                visible = chunks.pop() if chunks else []
+                for chunk in chunks:
+                    # More than one frame's worth (by count or bytes; the earlier operations of records that
+                    # entered this session's scope add to the count): all but the last frame leave the
+                    # delivery cursor where it is (no max), so a client acknowledges and moves it only once
+                    # it holds everything up to ``top``.
                     message_id = p.new_message_id()
                     session.unacked[message_id] = (time.monotonic(), last_sent)
                     await session.send(
@@ -876,6 +881,27 @@ class SyncService:
             resend_after = min(resend_after * 2, 60.0)
             session.cursor = last_sent = base
             initial = True
+
+
+def _frames(texts: list[str], count: int, budget: int) -> list[list[str]]:
+    """``texts`` in consecutive frames of at most ``count`` texts and about ``budget`` UTF-8 bytes each (a
+    text larger than the budget goes alone). No texts, no frames."""
+    # Every code point takes at most 4 UTF-8 bytes: the usual batch fits without measuring each text.
+    if len(texts) <= count and 4 * sum(map(len, texts)) + len(texts) <= budget:
+        return [texts] if texts else []
+    frames: list[list[str]] = []
+    current: list[str] = []
+    size = 0
+    for text in texts:
+        length = (len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))) + 1
+        if current and (len(current) >= count or size + length > budget):
+            frames.append(current)
+            current, size = [], 0
+        current.append(text)
+        size += length
+    if current:
+        frames.append(current)
+    return frames
 
 
 async def _no_history(collection: str, record_id: str, before: int) -> list[StoredOperation]:

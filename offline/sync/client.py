@@ -99,6 +99,8 @@ class SyncEngine:
         self._accepted = False  # whether the current session's handshake was accepted
         # Per collection, the record filter the server accepted for this session (what it may see).
         self._scope_filters: dict[str, dict[str, Any]] = {}
+        # Applied from frames that end no batch (no watermark): judged for leaving the scope at the next end.
+        self._unsettled: list[Operation] = []
         self._auth_retry_used = False  # one refresh-and-retry per refused handshake (reset when accepted)
         app.commit_listeners.append(self._on_local_commit)
 
@@ -578,10 +580,15 @@ class SyncEngine:
                     log.warning("could not apply operation %s: %s", op.id, exc)
             if watermark is not None:
                 app.apply_verified([], None, watermark=watermark)
-        # A frame without a delivery watermark holds the earlier operations of records entering this
-        # session's scope, in the states they had before: only the frame that ends the batch can tell.
-        if self._scope_filters and applied and watermark is not None:
-            self._forget_moved_away(applied)
+        # A frame without a delivery watermark is part of a longer batch (split by size, or holding the
+        # earlier operations of records entering this session's scope, in the states they had before): only
+        # the frame that ends the batch can tell which records left the scope.
+        if self._scope_filters:
+            if watermark is None:
+                self._unsettled.extend(applied)
+            elif applied or self._unsettled:
+                settled, self._unsettled = self._unsettled + applied, []
+                self._forget_moved_away(settled)
         if ops and app.events.has_listeners("sync:received"):
             app.events.emit("sync:received", operations=applied, batchSize=len(ops))
         ack = p.Acknowledgment(

@@ -193,3 +193,26 @@ def test_a_frame_around_encoded_operations_is_the_batch_message() -> None:
     assert p.decode(p.encode_batch_frame("m3", [], is_final=True, batch_index=0)) == p.OperationBatch(
         "m3", (), True, 0
     )
+
+
+def test_relay_frames_are_bounded_by_count_and_utf8_bytes() -> None:
+    """The relay's frame split (pure): at most ``count`` texts and ``budget`` UTF-8 bytes (a text and its comma)
+    per frame, a larger text alone, order kept, nothing lost or duplicated."""
+    from server_runtime.sync import _frames
+
+    assert _frames([], 500, 1000) == []
+    small = ['{"a":1}'] * 7
+    assert _frames(small, 500, 1000) == [small]  # the common case: one frame, as it is
+    assert _frames(small, 3, 1000) == [small[:3], small[3:6], small[6:]]
+    ascii_texts = ["x" * 90] * 10  # 91 bytes each with its comma
+    assert [len(f) for f in _frames(ascii_texts, 500, 300)] == [3, 3, 3, 1]
+    wide = ["é" * 60] * 4  # 60 characters, 121 bytes each
+    assert [len(f) for f in _frames(wide, 500, 250)] == [2, 2]  # by bytes: characters alone would fit 4
+    mixed = ["y" * 10, "z" * 1000, "w" * 10]
+    assert _frames(mixed, 500, 100) == [["y" * 10], ["z" * 1000], ["w" * 10]]  # too big: alone
+    texts = [str(i) * (i % 50) for i in range(300)]
+    frames = _frames(texts, 40, 700)
+    assert [t for f in frames for t in f] == texts
+    for frame in frames:
+        assert len(frame) <= 40
+        assert len(frame) == 1 or sum(len(t.encode()) + 1 for t in frame) <= 700

@@ -664,6 +664,63 @@ def test_a_record_moved_to_another_scope_reaches_its_new_owner_whole(
     asyncio.run(scenario())
 
 
+def test_large_operations_reach_a_client_catching_up(memory_backend: Backend, tmp_path: Path) -> None:
+    """Operations near the size limit (256 KiB each; two thirds of them non-ASCII, two bytes a character) add up
+    to more than a client's 4 MiB frame limit within one relay batch: the server splits the batch into frames
+    by bytes, and a client that connects afterwards receives all of them."""
+    server = memory_backend.server()
+
+    async def scenario() -> None:
+        writer = client(tmp_path, "writer", server.sync_url)
+        reader = client(tmp_path, "reader", server.sync_url)
+        async with clients(writer, reader):
+            await writer.sync.connect()
+            bodies = [(("é" if i % 3 else "a") * (120_000 if i % 3 else 240_000)) + str(i) for i in range(24)]
+            with writer.batch():
+                for body in bodies:
+                    writer.notes.insert({"body": body})
+            await writer.sync.wait_until_synced(TIMEOUT)
+            frames: list[int] = []
+            reader.events.on("sync:received", lambda e: frames.append(e["batchSize"]))
+            await reader.sync.connect()
+            await reader.sync.wait_until_synced(TIMEOUT)
+            assert sorted(r["body"] for r in reader.notes.all().fetch()) == sorted(bodies)
+            assert len(frames) >= 6, frames  # ~5.6 MB in frames of at most ~1 MiB
+
+    asyncio.run(scenario())
+
+
+def test_frames_split_by_size_still_drop_records_that_left_the_scope(
+    memory_backend: Backend, tmp_path: Path
+) -> None:
+    """One batch that moves A's record away and writes more of A's records, relayed in frames of ~600 bytes: the
+    move is in an early frame, but A drops the record when the frame that ends the batch arrives."""
+    server = memory_backend.server(SCOPED_SOURCE, "small-frames", env={"OFFLINE_RELAY_FRAME_BYTES": "600"})
+
+    async def scenario() -> None:
+        admin = client(tmp_path, "admin", server.sync_url, schema=SCOPED)
+        a = client(tmp_path, "a", server.sync_url, schema=SCOPED, scope={"userId": "a"})
+        async with clients(admin, a):
+            for app in (admin, a):
+                await app.sync.connect()
+            moving = a.todos.insert({"ownerId": "a", "title": "moves"})
+            await a.sync.wait_until_synced(TIMEOUT)
+            await wait_for(lambda: admin.todos.find_by_id(moving["id"]) is not None, "the admin has it")
+            frames: list[int] = []
+            a.events.on("sync:received", lambda e: frames.append(e["batchSize"]))
+            with admin.batch():
+                admin.todos.update(moving["id"], {"ownerId": "b"})
+                added = [admin.todos.insert({"ownerId": "a", "title": f"for a {i}"}) for i in range(8)]
+            await admin.sync.wait_until_synced(TIMEOUT)
+            await wait_for(
+                lambda: all(a.todos.find_by_id(r["id"]) is not None for r in added), "A gets its new records"
+            )
+            await wait_for(lambda: a.todos.find_by_id(moving["id"]) is None, "A drops the moved record")
+            assert len(frames) >= 3, frames
+
+    asyncio.run(scenario())
+
+
 # -- 7. hostile input over a raw WebSocket --------------------------------------------------------------------------------
 
 
