@@ -491,7 +491,9 @@ class SyncEngine:
                     raise ConnectionLost(
                         f"delivery gap: expected after {self._cursor}, got a batch after {base}"
                     )
-                await self._receive(conn, message.message_id, list(message.operations), top)
+                await self._receive(
+                    conn, message.message_id, list(message.operations), top, message.operation_texts
+                )
                 # Buffered frames are returned without suspending; let the app, pings and the sender run.
                 await asyncio.sleep(0)
                 if top is not None:
@@ -555,13 +557,20 @@ class SyncEngine:
         if self._progress is not None:
             self._progress.set()
 
-    async def _receive(self, conn: Any, message_id: str, raw_ops: list[Any], watermark: int | None) -> None:
+    async def _receive(
+        self,
+        conn: Any,
+        message_id: str,
+        raw_ops: list[Any],
+        watermark: int | None,
+        texts: tuple[str, ...] | None = None,
+    ) -> None:
         app = self.app
         ops: list[Operation] = []
         wires: list[str] = []
-        for raw in raw_ops:
+        for index, raw in enumerate(raw_ops):
             try:
-                op, wire = p.decode_operation_text(raw)
+                op, wire = p.decode_operation_text(raw, text=None if texts is None else texts[index])
             except p.ProtocolError as exc:  # never let one bad operation stall the stream
                 log.warning("ignoring an operation from the server: %s", exc)
                 continue

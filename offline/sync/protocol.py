@@ -19,7 +19,7 @@ import math
 import uuid
 from array import array
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from itertools import accumulate
 from typing import Any, ClassVar, Final, TypeAlias
 
@@ -288,6 +288,10 @@ class OperationBatch:
     batch_index: int
     base_delivery_sequence: int | None = None
     max_delivery_sequence: int | None = None
+    #: Set by ``decode`` for a frame that is the compact encoding of its operations: each operation's compact
+    #: JSON, exactly as it appeared in the frame (pass it to ``decode_operation_text``). Not part of the wire
+    #: form and not compared.
+    operation_texts: tuple[str, ...] | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.operations, tuple):
@@ -607,6 +611,12 @@ def decode(
     """Parse and validate one frame; raise ``ProtocolError`` (and nothing else) when it is not a message."""
     text, data = _frame_text(frame, max_bytes)
     _check_depth(data, max_depth)
+    compact = _compact_batch(text, data, max_batch)
+    if compact is not None:
+        message = from_dict(compact[0], max_batch=max_batch)
+        if isinstance(message, OperationBatch):
+            return replace(message, operation_texts=compact[1])
+        return message  # pragma: no cover - _compact_batch only accepts operation arrays
     try:
         obj = json.loads(
             text,
@@ -624,6 +634,51 @@ def decode(
     except (ValueError, RecursionError) as exc:
         raise _malformed("frame", f"message is not valid JSON: {exc}", reason="INVALID_JSON") from None
     return from_dict(obj, max_batch=max_batch)
+
+
+# Bytes of a frame with every digit made "0" and everything else a space: a run of zeros this long is an
+# integer literal (or a string of digits) long enough to need the strict parser's refusal.
+_DIGITS_ONLY: Final = bytes(48 if 48 <= b <= 57 else 32 for b in range(256))
+_LONG_DIGIT_RUN: Final = b"0" * (_MAX_INT_DIGITS + 1)
+_OPERATIONS_TAIL: Final = ',"operations":['
+
+
+def _compact_batch(text: str, data: bytes, max_batch: int) -> tuple[dict[str, Any], tuple[str, ...]] | None:
+    """The parsed frame and its operations' texts when ``text`` is exactly the compact encoding of a message
+    whose last field is an ``operations`` array of objects (as ``encode_batch_frame`` writes it, which is how
+    servers and clients send batches); otherwise None, and the strict parser decides.
+
+    Equality with the re-encoding proves what the strict parser's hooks check one value at a time: no key
+    is repeated (the parsed object would encode shorter), no number is non-finite; long digit runs are left
+    to the strict parser. So the plain C parser can be used, and the operations' texts come for free: the
+    receiver stores them instead of encoding each operation again.
+    """
+    if _OPERATIONS_TAIL not in text or _LONG_DIGIT_RUN in data.translate(_DIGITS_ONLY):
+        return None
+    try:
+        obj = json.loads(text, parse_constant=_refuse_constant)
+    except (ProtocolError, ValueError, RecursionError):
+        return None
+    if type(obj) is not dict or next(reversed(obj), None) != "operations":
+        return None
+    operations = obj["operations"]
+    if type(operations) is not list or len(operations) > max_batch:
+        return None
+    head = dict(obj)
+    del head["operations"]
+    if not head:
+        return None
+    encode_operation = _encode_operation
+    try:
+        texts = tuple([encode_operation(item) for item in operations if type(item) is dict])
+        if len(texts) != len(operations):
+            return None
+        expected = encode_operation(head)
+    except (TypeError, ValueError, RecursionError):
+        return None
+    if f"{expected[:-1]}{_OPERATIONS_TAIL}{','.join(texts)}]}}" != text:
+        return None
+    return obj, texts
 
 
 def from_dict(obj: object, *, max_batch: int = MAX_BATCH_OPERATIONS) -> Message:
@@ -947,12 +1002,13 @@ def decode_operation(raw: Mapping[str, Any], *, max_bytes: int = MAX_OPERATION_B
 
 
 def decode_operation_text(
-    raw: Mapping[str, Any], *, max_bytes: int = MAX_OPERATION_BYTES
+    raw: Mapping[str, Any], *, max_bytes: int = MAX_OPERATION_BYTES, text: str | None = None
 ) -> tuple[Operation, str]:
     """``decode_operation``, plus the operation's compact JSON text (the size check computes it anyway).
 
     The text reads back (``Operation.from_wire(json.loads(text))``) as the same operation, so a receiver
-    can store it instead of encoding the operation again.
+    can store it instead of encoding the operation again. Pass ``text`` only as ``decode`` gave it
+    (``OperationBatch.operation_texts``): ``raw``'s compact encoding, whose frame was depth-checked whole.
     """
     if not isinstance(raw, Mapping):
         raise ProtocolError(
@@ -964,17 +1020,19 @@ def decode_operation_text(
     claimed = raw.get("id")
     ids: dict[str, Any] = {"operationId": claimed} if isinstance(claimed, str) and claimed else {}
     try:
-        # Data may nest MAX_DEPTH levels below the operation object; from_wire enforces the exact limit.
-        _walk_operation(raw, MAX_DEPTH + 1, max_bytes)
-        try:
-            text = _encode_operation(raw)
-        except (TypeError, ValueError) as exc:
-            raise ProtocolError(
-                INVALID_OPERATION,
-                f"operation is not JSON-serializable: {exc}",
-                field="operation",
-                context={"reason": "NOT_JSON"},
-            ) from None
+        if text is None:
+            # Data may nest MAX_DEPTH levels below the operation object; from_wire enforces the exact limit.
+            # (A frame's depth check bounds its operations to that too: a known text skips this walk.)
+            _walk_operation(raw, MAX_DEPTH + 1, max_bytes)
+            try:
+                text = _encode_operation(raw)
+            except (TypeError, ValueError) as exc:
+                raise ProtocolError(
+                    INVALID_OPERATION,
+                    f"operation is not JSON-serializable: {exc}",
+                    field="operation",
+                    context={"reason": "NOT_JSON"},
+                ) from None
         try:
             size = len(text) if text.isascii() else len(text.encode("utf-8"))
         except UnicodeEncodeError:

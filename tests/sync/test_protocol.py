@@ -982,3 +982,109 @@ def test_fuzz_decode_operation(changes: list[tuple[str, Any]]) -> None:
         assert "field" in err.context
     else:
         assert isinstance(op, Operation)
+
+
+# ------------------------------------------------------------------ compact batch frames (decode's fast path)
+
+
+def decode_strictly(frame: str | bytes, **kw: Any) -> Message:
+    """``decode`` with its compact-batch fast path turned off: the parser with every check as a hook."""
+    fast = P._compact_batch
+    P._compact_batch = lambda *args: None  # type: ignore[assignment]
+    try:
+        return decode(frame, **kw)
+    finally:
+        P._compact_batch = fast  # type: ignore[assignment]
+
+
+def outcome(decoder: Any, frame: str | bytes, **kw: Any) -> tuple[str, Any]:
+    try:
+        return "message", decoder(frame, **kw)
+    except ProtocolError as exc:
+        return "refused", (exc.code, (exc.context or {}).get("field"), (exc.context or {}).get("reason"))
+
+
+def batch_frame(ops: list[Any], **head: Any) -> str:
+    texts = [json.dumps(op, ensure_ascii=False, separators=(",", ":")) for op in ops]
+    return P.encode_batch_frame(
+        head.get("message_id", "m1"),
+        texts,
+        is_final=head.get("is_final", True),
+        batch_index=head.get("batch_index", 0),
+        base_delivery_sequence=head.get("base"),
+        max_delivery_sequence=head.get("top"),
+    )
+
+
+def test_compact_batches_carry_their_operation_texts() -> None:
+    ops = [wire_op(), wire_op(record_id="rec-2", data={"title": 'é ☃ \u2028 "q" \\ \n'}), {"id": "x"}]
+    frame = batch_frame(ops, base=3, top=9)
+    message = decode(frame)
+    assert isinstance(message, OperationBatch)
+    assert message == decode_strictly(frame)
+    texts = [json.dumps(op, ensure_ascii=False, separators=(",", ":")) for op in ops]
+    assert message.operation_texts == tuple(texts)
+    for raw, text in zip(message.operations[:2], texts[:2], strict=True):
+        assert P.decode_operation_text(raw, text=text) == P.decode_operation_text(raw)
+    # What encode() writes (operations not last), or any spacing, takes the strict path: no texts.
+    for other in (encode(message), json.dumps(json.loads(frame))):
+        again = decode(other)
+        assert again == message and isinstance(again, OperationBatch) and again.operation_texts is None
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        ('"title":"Buy milk"', '"title":"Buy milk","title":"Sell milk"'),  # a key twice, inside an operation
+        ('"isFinal":true', '"isFinal":true,"isFinal":false'),  # ... in the envelope
+        ('"sequenceNumber":3', '"sequenceNumber":1' + "0" * 120),  # an integer literal too long to read
+        ('"sequenceNumber":3', '"sequenceNumber":1e999'),  # not finite
+        ('"sequenceNumber":3', '"sequenceNumber":NaN'),
+        ('"sequenceNumber":3', '"sequenceNumber":3.0'),  # valid, but not how it is encoded
+        ('"title":"Buy milk"', '"title":"Buy \\u006dilk"'),  # valid escape, written the long way
+        ('"title":"Buy milk"', '"title":"\\ud800"'),  # a lone surrogate
+        ('"title":"Buy milk"', '"title": "Buy milk"'),  # spacing
+        ('"title":"Buy milk"', '"title":"' + "7" * 150 + '"'),  # a long run of digits inside a string
+    ],
+)
+def test_frames_that_are_not_plain_compact_batches_decode_as_before(edit: tuple[str, str]) -> None:
+    frame = batch_frame([wire_op(), wire_op(record_id="rec-2")], top=2)
+    assert edit[0] in frame
+    edited = frame.replace(edit[0], edit[1], 1)
+    result = outcome(decode, edited)
+    assert result == outcome(decode_strictly, edited)
+    if result[0] == "message":
+        assert result[1].operation_texts is None or result[1].operation_texts == tuple(
+            json.dumps(op, ensure_ascii=False, separators=(",", ":")) for op in result[1].operations
+        )
+
+
+@fuzz(300)
+@given(
+    st.lists(json_objects, max_size=4),
+    st.lists(st.tuples(st.integers(0, 10**6), st.binary(max_size=3)), max_size=3),
+    optional(counters),
+)
+def test_fuzz_compact_batches_decode_as_the_strict_parser_does(
+    ops: list[dict[str, Any]], edits: list[tuple[int, bytes]], top: int | None
+) -> None:
+    """Random batch frames as senders write them, then corrupted: the fast path and the strict parser agree
+    on every frame (the same message, or the same refusal), and texts it hands out are the operations'."""
+    try:
+        data = bytearray(batch_frame(ops, top=top).encode("utf-8"))
+    except UnicodeEncodeError:
+        return  # a lone surrogate in a generated string: not a frame a sender can write
+    if not edits:  # as sent: the fast path takes it
+        message = decode(bytes(data))
+        assert isinstance(message, OperationBatch) and message.operation_texts is not None
+    for position, replacement in edits:
+        at = position % (len(data) + 1)
+        data[at : at + len(replacement) % 2] = replacement
+    for frame in (bytes(data), bytes(data).decode("utf-8", "replace")):
+        result = outcome(decode, frame)
+        assert result == outcome(decode_strictly, frame)
+        if result[0] == "message" and isinstance(result[1], OperationBatch) and result[1].operation_texts:
+            assert result[1].operation_texts == tuple(
+                json.dumps(op, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+                for op in result[1].operations
+            )
