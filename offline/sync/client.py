@@ -63,6 +63,9 @@ class SyncEngine:
         self.max_in_flight = max(1, int(config.get("max_in_flight", 4)))
         # A batch also ends at this many bytes of operations, well inside the server's frame limit.
         self.batch_bytes = int(config.get("batch_bytes", p.MAX_MESSAGE_BYTES // 4))
+        # Most operations held from frames that end no batch (a batch split by size, or made long by the
+        # earlier operations of records entering the scope): past this many, they are applied as they come.
+        self.max_held_operations = int(config.get("max_held_operations", 20_000))
         self.backoff_initial = float(config.get("backoff_initial", 0.2))
         self.backoff_max = float(config.get("backoff_max", 15.0))
         self.handshake_timeout = float(config.get("handshake_timeout", 15.0))
@@ -99,7 +102,12 @@ class SyncEngine:
         self._accepted = False  # whether the current session's handshake was accepted
         # Per collection, the record filter the server accepted for this session (what it may see).
         self._scope_filters: dict[str, dict[str, Any]] = {}
-        # Applied from frames that end no batch (no watermark): judged for leaving the scope at the next end.
+        # Operations (and their texts) of frames that end no batch (no watermark), held to be applied with the
+        # frame that ends it: one transaction, so no state in between is ever visible (a record entering this
+        # session's scope arrives with its earlier operations first, in the states it had before the move).
+        self._held: tuple[list[Operation], list[str]] = ([], [])
+        # Applied before the end of their batch (past max_held_operations): judged for leaving the scope
+        # at the end.
         self._unsettled: list[Operation] = []
         self._auth_retry_used = False  # one refresh-and-retry per refused handshake (reset when accepted)
         app.commit_listeners.append(self._on_local_commit)
@@ -356,6 +364,7 @@ class SyncEngine:
         self._in_flight.clear()
         self._sent.clear()
         self._places.clear()
+        self._held = ([], [])  # the server sends the whole batch again: its cursor did not move
         self._scan_from = 0
         self._last_ack = time.monotonic()
         self._acked_upto = 0.0
@@ -576,6 +585,16 @@ class SyncEngine:
                 continue
             ops.append(op)
             wires.append(wire)
+        count = len(ops)
+        held_ops, held_wires = self._held
+        if watermark is None and len(held_ops) + count <= self.max_held_operations:
+            held_ops += ops
+            held_wires += wires
+            await self._acknowledge(conn, message_id, ops, watermark)
+            return
+        if held_ops:
+            ops, wires = held_ops + ops, held_wires + wires
+            self._held = ([], [])
         try:
             # decode_operation_text verified every id: the store need not hash the operations again, and
             # it stores the texts as they are.
@@ -589,9 +608,8 @@ class SyncEngine:
                     log.warning("could not apply operation %s: %s", op.id, exc)
             if watermark is not None:
                 app.apply_verified([], None, watermark=watermark)
-        # A frame without a delivery watermark is part of a longer batch (split by size, or holding the
-        # earlier operations of records entering this session's scope, in the states they had before): only
-        # the frame that ends the batch can tell which records left the scope.
+        # Operations applied before the end of their batch (more than max_held_operations came without one):
+        # only the frame that ends the batch can tell which records left the scope.
         if self._scope_filters:
             if watermark is None:
                 self._unsettled.extend(applied)
@@ -600,6 +618,11 @@ class SyncEngine:
                 self._forget_moved_away(settled)
         if ops and app.events.has_listeners("sync:received"):
             app.events.emit("sync:received", operations=applied, batchSize=len(ops))
+        await self._acknowledge(conn, message_id, ops[len(ops) - count :], watermark)
+
+    async def _acknowledge(
+        self, conn: Any, message_id: str, ops: list[Operation], watermark: int | None
+    ) -> None:
         ack = p.Acknowledgment(
             message_id=p.new_message_id(),
             acknowledged_message_id=message_id,

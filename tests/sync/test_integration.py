@@ -616,14 +616,18 @@ def test_a_record_moved_to_another_scope_reaches_its_new_owner_whole(
             await a.sync.wait_until_synced(TIMEOUT)
             await wait_for(lambda: admin.todos.find_by_id(moving["id"]) is not None, "the admin has it")
 
+            seen_by_b: list[dict[str, Any]] = []
+            b.todos.all().subscribe(lambda rows: seen_by_b.extend(r for r in rows if r["id"] == moving["id"]))
             admin.todos.update(moving["id"], {"ownerId": "b"})  # only the owner field: a partial update
             await admin.sync.wait_until_synced(TIMEOUT)
-            # (Its history comes in several frames: between them B may hold it as it was before the move.)
             whole = {**moving, "ownerId": "b", "title": "written by a"}
             await wait_for(
                 lambda: b.todos.find_by_id(moving["id"]) == whole,
                 lambda: f"B receives the whole record: {b.todos.find_by_id(moving['id'])}",
             )
+            # Its history came in several frames, applied together with the move: B never held it as it was
+            # before (A's record, in A's scope), not even for a moment.
+            assert seen_by_b and all(r == whole for r in seen_by_b), seen_by_b
             changes = []
             a.todos.all().subscribe(changes.append)
             await wait_for(lambda: a.todos.find_by_id(moving["id"]) is None, "A drops the record")
@@ -667,7 +671,7 @@ def test_a_record_moved_to_another_scope_reaches_its_new_owner_whole(
 def test_large_operations_reach_a_client_catching_up(memory_backend: Backend, tmp_path: Path) -> None:
     """Operations near the size limit (256 KiB each; two thirds of them non-ASCII, two bytes a character) add up
     to more than a client's 4 MiB frame limit within one relay batch: the server splits the batch into frames
-    by bytes, and a client that connects afterwards receives all of them."""
+    by bytes, and a client that connects afterwards receives all of them, in one transaction."""
     server = memory_backend.server()
 
     async def scenario() -> None:
@@ -685,21 +689,27 @@ def test_large_operations_reach_a_client_catching_up(memory_backend: Backend, tm
             await reader.sync.connect()
             await reader.sync.wait_until_synced(TIMEOUT)
             assert sorted(r["body"] for r in reader.notes.all().fetch()) == sorted(bodies)
-            assert len(frames) >= 6, frames  # ~5.6 MB in frames of at most ~1 MiB
+            # ~5.6 MB sent in frames of at most ~1 MiB, applied together when the frame ending the batch came.
+            assert frames == [24], frames
 
     asyncio.run(scenario())
 
 
+@pytest.mark.parametrize("held", [20_000, 1])
 def test_frames_split_by_size_still_drop_records_that_left_the_scope(
-    memory_backend: Backend, tmp_path: Path
+    memory_backend: Backend, tmp_path: Path, held: int
 ) -> None:
     """One batch that moves A's record away and writes more of A's records, relayed in frames of ~600 bytes: the
-    move is in an early frame, but A drops the record when the frame that ends the batch arrives."""
+    move is in an early frame, but A drops the record when the frame that ends the batch arrives. A holds the
+    early frames and applies the batch at once; or, past ``max_held_operations``, applies each as it comes and
+    judges them all at the end."""
     server = memory_backend.server(SCOPED_SOURCE, "small-frames", env={"OFFLINE_RELAY_FRAME_BYTES": "600"})
 
     async def scenario() -> None:
         admin = client(tmp_path, "admin", server.sync_url, schema=SCOPED)
-        a = client(tmp_path, "a", server.sync_url, schema=SCOPED, scope={"userId": "a"})
+        a = client(
+            tmp_path, "a", server.sync_url, schema=SCOPED, scope={"userId": "a"}, max_held_operations=held
+        )
         async with clients(admin, a):
             for app in (admin, a):
                 await app.sync.connect()
@@ -716,7 +726,10 @@ def test_frames_split_by_size_still_drop_records_that_left_the_scope(
                 lambda: all(a.todos.find_by_id(r["id"]) is not None for r in added), "A gets its new records"
             )
             await wait_for(lambda: a.todos.find_by_id(moving["id"]) is None, "A drops the moved record")
-            assert len(frames) >= 3, frames
+            if held > 1:
+                assert frames == [9], frames  # applied together
+            else:
+                assert len(frames) >= 3 and sum(frames) == 9, frames
 
     asyncio.run(scenario())
 
