@@ -285,7 +285,8 @@ async def _session(
                     # one) instead of refusing it.
                     guard.counts["rate_limited_batches"] += 1
                     await asyncio.sleep(wait)
-                await _receive_operations(service, session, message.message_id, raw)
+                texts = message.operation_texts if isinstance(message, p.OperationBatch) else None
+                await _receive_operations(service, session, message.message_id, raw, texts)
             elif isinstance(message, p.Acknowledgment):
                 # The client persists its own watermark; the relay only needs to know the batch arrived.
                 session.acknowledged(message.acknowledged_message_id)
@@ -343,13 +344,21 @@ async def _stop_task(task: asyncio.Task[Any]) -> None:
 
 
 async def _receive_operations(
-    service: SyncService, session: Session, message_id: str, raw: Sequence[object]
+    service: SyncService,
+    session: Session,
+    message_id: str,
+    raw: Sequence[object],
+    texts: Sequence[str] | None = None,
 ) -> None:
+    """Decode, judge and store one batch's operations; ``texts`` are their compact texts when ``decode``
+    vouched for them (the operations keep them: the store and the relay use them as they are)."""
     refused: dict[str, Refusal] = {}
     ops = []
-    for item in raw:
+    limit = service.limits.max_operation_bytes
+    for index, item in enumerate(raw):
         try:
-            ops.append(p.decode_operation(item, max_bytes=service.limits.max_operation_bytes))  # type: ignore[arg-type]
+            text = None if texts is None else texts[index]
+            ops.append(p.decode_operation_text(item, max_bytes=limit, text=text)[0])  # type: ignore[arg-type]
         except p.ProtocolError as exc:
             op_id = item.get("id") if isinstance(item, dict) else None
             # Echo the id only when the peer can take it back (the protocol's rule for operationId).

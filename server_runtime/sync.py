@@ -36,7 +36,7 @@ from offline.core.version_vector import topological_sort
 from offline.merge.constraints import Action, check_write
 from offline.merge.engine import Conflict, MergeEngine
 from offline.merge.relations import complete_actions, plan_record_delete
-from offline.merge.values import compact_json
+from offline.merge.values import operation_text
 from offline.sync import protocol as p
 
 from .records import RecordCache, StagedView
@@ -175,7 +175,7 @@ class Relayed:
         wire = self._wire
         if wire is None:
             assert self._operation is not None
-            wire = self._wire = compact_json(self._operation.to_wire())
+            wire = self._wire = operation_text(self._operation)
             self._operation = None  # the text is all the relay needs from now on
         return wire
 

@@ -28,12 +28,15 @@ __all__ = [
     "BYTES_MARKER",
     "MAX_SAFE_INTEGER",
     "OPERATION_TYPES",
+    "WIRE_KEYS",
     "Operation",
     "OperationType",
     "compute_operation_id",
     "create_operation",
     "decode_value",
     "encode_value",
+    "keep_received_text",
+    "received_text",
     "verify_operation",
 ]
 
@@ -523,6 +526,27 @@ class Operation:
 
 
 _WIRE_KEYS: Final = frozenset({"id", *_WIRE_NAMES.values()})
+#: The keys of an operation's wire form, all of them required (``previousData`` may be null).
+WIRE_KEYS: Final = _WIRE_KEYS
+
+# Key, in an operation's instance dict, of the compact wire text it was received as (not a dataclass field:
+# not compared, not hashed, not carried by copies made with dataclasses.replace).
+_RECEIVED_TEXT: Final = "_received_wire_text"
+
+
+def keep_received_text(op: Operation, text: str) -> None:
+    """Remember the compact wire text ``op`` was decoded from (see ``offline.merge.values.operation_text``).
+    Only for a text that is the compact JSON of exactly ``op``'s wire fields, as ``protocol.decode_operation_text``
+    makes sure."""
+    op.__dict__[_RECEIVED_TEXT] = text
+
+
+def received_text(op: Operation) -> str | None:
+    """The text `keep_received_text` kept for ``op``, if any."""
+    text: str | None = op.__dict__.get(_RECEIVED_TEXT)
+    return text
+
+
 _new_operation: Final = object.__new__
 
 

@@ -10,7 +10,7 @@ from typing import Any
 from offline.core.fields import FieldDescriptor, value_problem
 from offline.core.frozen import FrozenDict, thaw
 from offline.core.hlc import serialize_timestamp
-from offline.core.operations import Operation, encode_value
+from offline.core.operations import Operation, encode_value, received_text
 
 #: An operation's total-order key: HLC (wall, logical, node) then id. Lists, not strings, because
 #: node ids differ in length and a concatenated string would not sort like HybridLogicalClock.compare.
@@ -102,6 +102,17 @@ def wire_json(op: Operation) -> str:
             "schemaVersion": op.schema_version,
         }
     )
+
+
+def operation_text(op: Operation) -> str:
+    """The operation's compact wire text: the text it was received as when that was kept, else `wire_json`.
+
+    Both read back (``Operation.from_wire(json.loads(text))``) as this operation; they can differ only in
+    the order of keys inside its data, as the writer's encoder chose it. A server stores and relays the text
+    it received instead of encoding every operation again.
+    """
+    text = received_text(op)
+    return wire_json(op) if text is None else text
 
 
 def op_key(op: Operation) -> OpKey:

@@ -24,7 +24,7 @@ from itertools import accumulate
 from typing import Any, ClassVar, Final, TypeAlias
 
 from offline.core.errors import OfflineError
-from offline.core.operations import Operation
+from offline.core.operations import WIRE_KEYS, Operation, keep_received_text
 
 __all__ = [
     "AUTH_FAILED",
@@ -301,12 +301,13 @@ class OperationBatch:
         out: dict[str, Any] = {
             "type": self.TYPE,
             "messageId": self.message_id,
-            "operations": list(self.operations),
             "isFinal": self.is_final,
             "batchIndex": self.batch_index,
         }
         _put(out, "baseDeliverySequence", self.base_delivery_sequence)
         _put(out, "maxDeliverySequence", self.max_delivery_sequence)
+        # Last, as encode_batch_frame writes it: a receiver's decode then takes the compact-batch path.
+        out["operations"] = list(self.operations)
         return out
 
 
@@ -445,7 +446,7 @@ def encode_batch_frame(
 ) -> str:
     """An ``operation-batch`` frame around operations already encoded as compact JSON objects.
 
-    The same message as ``encode(OperationBatch(...))`` (field order aside): senders that hold operations
+    The same text as ``encode(OperationBatch(...))`` of those operations: senders that hold operations
     as stored JSON text (the server's log, a client's pending writes) join them instead of decoding and
     encoding every operation again. Each text must be one JSON object (``decode`` checks the rest).
     """
@@ -1040,7 +1041,10 @@ def decode_operation_text(
         if size > max_bytes:
             raise _operation_too_large(size, max_bytes)
         try:
-            return Operation.from_wire(raw, verify=True), text
+            op = Operation.from_wire(raw, verify=True)
+            if type(raw) is dict and raw.keys() == WIRE_KEYS:
+                keep_received_text(op, text)  # nothing but the operation's own fields: store and relay it
+            return op, text
         except OfflineError as exc:
             context = dict(exc.context or {})
             context.setdefault("field", "operation")

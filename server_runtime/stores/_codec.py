@@ -13,6 +13,7 @@ from typing import Any, Final, TypeVar
 from offline.core.errors import STORAGE_ERROR, OfflineError
 from offline.core.operations import Operation, decode_value, encode_value
 from offline.merge.engine import RecordState
+from offline.merge.values import operation_text
 
 from .base import RecordRow, StoredOperation
 
@@ -27,7 +28,10 @@ def dumps(value: Any) -> str:
 
 
 def encode_operation(op: Operation) -> str:
-    return json.dumps(op.to_wire(), separators=(",", ":"), ensure_ascii=False)
+    # The text the operation was received as when the sync endpoint kept it (it reads back as the same
+    # operation), else its compact wire JSON: json.dumps(op.to_wire(), separators=(",", ":"),
+    # ensure_ascii=False), byte for byte.
+    return operation_text(op)
 
 
 def decode_operation(text: str) -> Operation:

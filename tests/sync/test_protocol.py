@@ -1026,8 +1026,9 @@ def test_compact_batches_carry_their_operation_texts() -> None:
     assert message.operation_texts == tuple(texts)
     for raw, text in zip(message.operations[:2], texts[:2], strict=True):
         assert P.decode_operation_text(raw, text=text) == P.decode_operation_text(raw)
-    # What encode() writes (operations not last), or any spacing, takes the strict path: no texts.
-    for other in (encode(message), json.dumps(json.loads(frame))):
+    assert encode(message) == frame  # encode() writes the same text
+    # Any other form (operations not last, any spacing) takes the strict path: no texts.
+    for other in (json.dumps(message.to_dict(), sort_keys=True), json.dumps(json.loads(frame))):
         again = decode(other)
         assert again == message and isinstance(again, OperationBatch) and again.operation_texts is None
 
@@ -1088,3 +1089,20 @@ def test_fuzz_compact_batches_decode_as_the_strict_parser_does(
                 json.dumps(op, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
                 for op in result[1].operations
             )
+
+
+def test_decoded_operations_keep_the_text_they_came_as() -> None:
+    """``decode_operation_text`` keeps the text on the operation (``operation_text`` returns it) only when the
+    raw operation holds exactly the wire fields; copies and other operations are encoded as usual."""
+    import dataclasses
+
+    from offline.merge.values import operation_text, wire_json
+
+    raw = dict(reversed(list(wire_op().items())))  # the writer's own key order
+    op, text = P.decode_operation_text(raw)
+    assert text != wire_json(op) and operation_text(op) == text
+    assert Operation.from_wire(json.loads(operation_text(op))) == op
+    assert operation_text(dataclasses.replace(op)) == wire_json(op)
+    extra, extra_text = P.decode_operation_text({**raw, "future": 1})  # a field this version does not know
+    assert "future" in extra_text and operation_text(extra) == wire_json(extra)
+    assert operation_text(make_op()) == wire_json(make_op())
