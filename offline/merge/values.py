@@ -10,6 +10,7 @@ from typing import Any
 from offline.core.fields import FieldDescriptor, value_problem
 from offline.core.frozen import FrozenDict, thaw
 from offline.core.hlc import serialize_timestamp
+from offline.core.json_text import c_compact_encoder
 from offline.core.operations import Operation, encode_value, received_text
 
 #: An operation's total-order key: HLC (wall, logical, node) then id. Lists, not strings, because
@@ -17,29 +18,6 @@ from offline.core.operations import Operation, encode_value, received_text
 OpKey = list[Any]
 
 _SAFE = 2**53
-
-
-def _c_compact_encoder(
-    default: Callable[[Any], Any], fallback: Callable[[Any], str], sample: Any
-) -> Callable[[Any], str]:
-    """A compact, non-ASCII-escaping encoder built once on json's C iterencoder (json.dumps builds one on
-    every call); ``fallback`` when the interpreter lacks it or it disagrees with ``fallback`` on ``sample``.
-    markers=None: no cycle check (the values encoded here are trees); the output is the same."""
-    make = getattr(json.encoder, "c_make_encoder", None)
-    basestring = getattr(json.encoder, "c_encode_basestring", None)
-    if make is None or basestring is None:  # pragma: no cover - interpreters without the _json module
-        return fallback
-    try:
-        iterencode = make(None, default, basestring, None, ":", ",", False, False, True)
-
-        def encode(value: Any) -> str:
-            return "".join(iterencode(value, 0))
-
-        if encode(sample) != fallback(sample) or encode("x") != fallback("x"):  # pragma: no cover
-            return fallback
-    except Exception:  # pragma: no cover - a changed private interface
-        return fallback
-    return encode
 
 
 def _make_compact_encoder() -> Callable[[Any], str]:
@@ -50,7 +28,7 @@ def _make_compact_encoder() -> Callable[[Any], str]:
     """
     public = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
     sample = {"b": [1, 2.5, None, True, False, "\u00e9\n\x01\u2028", float("nan")], "a": {"z": -3}}
-    return _c_compact_encoder(json.JSONEncoder().default, public, sample)
+    return c_compact_encoder(json.JSONEncoder().default, public, sample)
 
 
 #: Compact JSON text, identical to ``json.dumps(value, separators=(",", ":"), ensure_ascii=False)``.
@@ -77,7 +55,7 @@ def _make_wire_encoder() -> Callable[[Any], str]:
     sample: FrozenDict[str, Any] = FrozenDict(
         {"b": (1, 2.5, None, True, b"\x00\xff", FrozenDict({"z": (-3,)})), "a": {"\u00e9": float("nan")}}
     )
-    return _c_compact_encoder(_encode_default, slow, sample)
+    return c_compact_encoder(_encode_default, slow, sample)
 
 
 _wire_encode: Callable[[Any], str] = _make_wire_encoder()

@@ -24,6 +24,7 @@ from itertools import accumulate
 from typing import Any, ClassVar, Final, TypeAlias
 
 from offline.core.errors import OfflineError
+from offline.core.json_text import c_compact_encoder
 from offline.core.operations import WIRE_KEYS, Operation, keep_received_text
 
 __all__ = [
@@ -927,26 +928,11 @@ _PARSERS: Final[Mapping[str, Callable[[_Fields], Message]]] = {
 def _make_operation_encoder() -> Callable[[Any], str]:
     """``json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)``, built once.
 
-    ``json.dumps`` with options builds an encoder per call, which cost as much as encoding an operation.
     The circular check is left out: ``_walk_operation`` has bounded the value first (a cycle exceeds it).
     """
     public = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
-    make = getattr(json.encoder, "c_make_encoder", None)
-    quote = getattr(json.encoder, "c_encode_basestring", None)
-    if make is None or quote is None:  # pragma: no cover - interpreters without the _json module
-        return public
-    try:
-        iterencode = make(None, json.JSONEncoder().default, quote, None, ":", ",", False, False, False)
-
-        def encode(value: Any) -> str:
-            return "".join(iterencode(value, 0))
-
-        sample = {"b": [1, 2.5, None, True, False, "\u00e9\n\x01\u2028"], "a": {"z": -3, 1: "k"}}
-        if encode(sample) != public(sample) or encode("x") != public("x"):  # pragma: no cover
-            return public
-    except Exception:  # pragma: no cover - a changed private interface
-        return public
-    return encode
+    sample = {"b": [1, 2.5, None, True, False, "\u00e9\n\x01\u2028"], "a": {"z": -3, 1: "k"}}
+    return c_compact_encoder(json.JSONEncoder().default, public, sample, allow_nan=False)
 
 
 _encode_operation: Final = _make_operation_encoder()

@@ -1,0 +1,46 @@
+"""Compact JSON encoders built once on the standard library's C iterencoder.
+
+``json.dumps`` with any non-default option constructs a ``JSONEncoder``, which builds its C iterencoder, on
+every call: for the small documents this project encodes by the hundred thousand (operations, merge states,
+hash payloads, frames) that costs as much as the encoding. `c_compact_encoder` builds the iterencoder once.
+Pure standard library (it also runs under Pyodide).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+
+def c_compact_encoder(
+    default: Callable[[Any], Any] | None,
+    fallback: Callable[[Any], str],
+    sample: Any,
+    *,
+    sort_keys: bool = False,
+    allow_nan: bool = True,
+) -> Callable[[Any], str]:
+    """A compact (``separators=(",", ":")``), non-ASCII-escaping encoder on json's C iterencoder, calling
+    ``default`` for values JSON has no form for; ``fallback`` when the interpreter lacks the C encoder, or
+    when the built one disagrees with ``fallback`` on ``sample`` (or on a plain string).
+
+    No cycle check (``markers=None``): callers encode trees, or values their own walk has bounded. Its output
+    is otherwise the same.
+    """
+    make = getattr(json.encoder, "c_make_encoder", None)
+    basestring = getattr(json.encoder, "c_encode_basestring", None)
+    if make is None or basestring is None:  # pragma: no cover - interpreters without the _json module
+        return fallback
+    try:
+        # (markers, default, encoder, indent, key_separator, item_separator, sort_keys, skipkeys, allow_nan)
+        iterencode = make(None, default, basestring, None, ":", ",", sort_keys, False, allow_nan)
+
+        def encode(value: Any) -> str:
+            return "".join(iterencode(value, 0))
+
+        if encode(sample) != fallback(sample) or encode("x") != fallback("x"):  # pragma: no cover
+            return fallback
+    except Exception:  # pragma: no cover - a changed private interface
+        return fallback
+    return encode

@@ -1,0 +1,62 @@
+"""The once-built C JSON encoders: the same text as ``json.dumps`` with the same options, or the fallback."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from offline.core.json_text import c_compact_encoder
+
+values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=5), inner, max_size=4),
+    max_leaves=12,
+)
+
+
+@pytest.mark.parametrize("sort_keys", [False, True])
+@pytest.mark.parametrize("allow_nan", [False, True])
+@given(value=values)
+def test_same_text_as_json_dumps(value: Any, sort_keys: bool, allow_nan: bool) -> None:
+    options: dict[str, Any] = {
+        "separators": (",", ":"),
+        "ensure_ascii": False,
+        "sort_keys": sort_keys,
+        "allow_nan": allow_nan,
+    }
+    public = json.JSONEncoder(**options).encode
+    encode = c_compact_encoder(None, public, {"a": [1, "\u00e9"]}, sort_keys=sort_keys, allow_nan=allow_nan)
+    assert encode is not public  # the C encoder was built
+    try:
+        expected = public(value)
+    except ValueError:  # NaN or an infinity with allow_nan=False: both refuse it
+        with pytest.raises(ValueError):
+            encode(value)
+        return
+    assert encode(value) == expected
+
+
+def test_default_is_called_for_other_values() -> None:
+    def default(value: Any) -> Any:
+        if isinstance(value, bytes):
+            return value.hex()
+        raise TypeError(f"not JSON: {type(value).__name__}")
+
+    def fallback(value: Any) -> str:
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=default)
+
+    encode = c_compact_encoder(default, fallback, {"b": b"\x01"})
+    assert encode({"b": b"\x00\xff", "t": (1, 2)}) == '{"b":"00ff","t":[1,2]}'
+    with pytest.raises(TypeError):
+        encode({1, 2})
+
+
+def test_a_disagreeing_encoder_gives_way_to_the_fallback() -> None:
+    def fallback(value: Any) -> str:  # not what the C encoder writes (spaces)
+        return json.dumps(value)
+
+    assert c_compact_encoder(None, fallback, {"a": [1, 2]}) is fallback
