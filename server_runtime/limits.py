@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from offline.core.errors import OfflineError
+from offline.sync.protocol import MAX_MESSAGE_BYTES
 
 from .sync import SyncLimits
 
@@ -136,6 +137,13 @@ def resolve_limits(
 
 
 def _check_consistent(sync: SyncLimits, conn: ConnectionLimits) -> None:
+    if sync.relay_frame_bytes > MAX_MESSAGE_BYTES:
+        raise OfflineError(
+            f"relay_frame_bytes={sync.relay_frame_bytes} exceeds the {MAX_MESSAGE_BYTES} bytes clients accept "
+            "in one frame: a client catching up on a larger batch would refuse it on every reconnect; lower it",
+            CONFIG_ERROR,
+            {"field": "relay_frame_bytes"},
+        )
     # While the server waits out a writer's rate, it reads nothing from that socket, pongs included.
     longest_wait = sync.max_batch_operations / conn.operations_per_second
     if conn.ping_timeout is not None and longest_wait >= conn.ping_timeout:

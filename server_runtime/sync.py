@@ -806,7 +806,8 @@ class SyncService:
             final = len(batch) < limit
             if batch:
                 top = batch[-1].delivery
-                chunks = _frames(visible, limit, self.limits.relay_frame_bytes)
+                # (No more than clients accept, whatever the limits given: they refuse larger frames.)
+                chunks = _frames(visible, limit, min(self.limits.relay_frame_bytes, p.MAX_MESSAGE_BYTES))
                 visible = chunks.pop() if chunks else []
                 for chunk in chunks:
                     # More than one frame's worth (by count or bytes; the earlier operations of records that

@@ -104,6 +104,7 @@ def test_limits_come_from_options_over_environment_and_are_checked() -> None:
         (None, {"OFFLINE_MAX_CONNECTIONS": "lots"}, "OFFLINE_MAX_CONNECTIONS"),
         ({"max_connections": 2.5}, {}, "max_connections"),
         ({"operations_per_second": 10}, {}, "ping_timeout"),  # a full batch would be held past the pings
+        (None, {"OFFLINE_RELAY_FRAME_BYTES": str(8 << 20)}, "relay_frame_bytes"),  # past what clients accept
     ]
     for given, environment, named in problems:
         with pytest.raises(OfflineError) as bad:
