@@ -21,8 +21,8 @@ What each limit does when it is hit (codes are the protocol's, see ``offline.syn
 - ``ping_interval`` / ``ping_timeout``: WebSocket pings; a peer that does not answer is disconnected and its
   session freed.
 - ``relay_frame_bytes``: the largest frame the relay sends a client (about; one larger operation goes alone).
-  A catch-up batch of ``batch_size`` operations larger than this goes in several frames; keep it at most
-  the clients' own frame limit (``protocol.MAX_MESSAGE_BYTES``, 4 MiB).
+  A catch-up batch of ``batch_size`` operations larger than this goes in several frames. At most the
+  clients' own frame limit (``protocol.MAX_MESSAGE_BYTES``, 4 MiB): a larger value is refused.
 - ``shutdown_grace``: on shutdown, how long sessions get to finish the batch in hand before being cut off.
 
 ``allowed_origins`` (option ``sync_options={"allowed_origins": [...]}`` or ``OFFLINE_ALLOWED_ORIGINS``, a

@@ -502,7 +502,7 @@ class Operation:
     @classmethod
     def from_wire(cls, d: Mapping[str, Any], *, verify: bool = True) -> Operation:
         """Read and validate the wire form; with ``verify`` the id must equal the content hash."""
-        if type(d) is dict and d.keys() == _WIRE_KEYS:
+        if type(d) is dict and d.keys() == WIRE_KEYS:
             op = _from_plain_wire(d, verify)
             if op is not None:
                 return op
@@ -525,9 +525,8 @@ class Operation:
         return op
 
 
-_WIRE_KEYS: Final = frozenset({"id", *_WIRE_NAMES.values()})
 #: The keys of an operation's wire form, all of them required (``previousData`` may be null).
-WIRE_KEYS: Final = _WIRE_KEYS
+WIRE_KEYS: Final = frozenset({"id", *_WIRE_NAMES.values()})
 
 # Key, in an operation's instance dict, of the compact wire text it was received as (not a dataclass field:
 # not compared, not hashed, not carried by copies made with dataclasses.replace).

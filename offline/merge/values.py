@@ -86,8 +86,9 @@ def operation_text(op: Operation) -> str:
     """The operation's compact wire text: the text it was received as when that was kept, else `wire_json`.
 
     Both read back (``Operation.from_wire(json.loads(text))``) as this operation; they can differ only in
-    the order of keys inside its data, as the writer's encoder chose it. A server stores and relays the text
-    it received instead of encoding every operation again.
+    the order of the operation's own keys, as the writer's encoder chose it (its data keeps the writer's
+    order either way). A server stores and relays the text it received instead of encoding every operation
+    again.
     """
     text = received_text(op)
     return wire_json(op) if text is None else text
