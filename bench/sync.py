@@ -9,7 +9,10 @@
    visible); the figure is the operations each applied per second during the writer's window, and until it
    had them all. Two writers in turn: ``app_writer`` (a real client inserting in ``app.batch()`` chunks as
    fast as it can) and ``raw_writer`` (pre-built operations pushed over the protocol, at most a few batches
-   unacknowledged, so the client's own write cost is out of the picture).
+   unacknowledged, so the client's own write cost is out of the picture). Then ``raw_writer_counting_sessions``:
+   the raw writer again, with 10 sessions (in one process) that only count what they receive: the server's
+   own fan-out capacity, not bounded by 10 subscriber processes sharing the machine's cores to store
+   everything. Its writer stock lasts longer than the window at the rates reached here.
 3. ``latency``: client A (a process) inserts one record every 2 ms (500 operations/s), stamping
    ``time.time()`` into it; client B (another process) computes ``time.time() - stamp`` when it has applied
    the record.
@@ -63,6 +66,8 @@ SUBSCRIBERS = 10
 WRITE_BATCH = 500
 FANOUT_WINDOW_S = 4.0
 FANOUT_DRAIN_S = 8.0
+# Operations the raw writer has ready for each round: more than a 4 s window takes at 15,000/s.
+RAW_STOCK = 60_000
 LATENCY_RATE = 500
 LATENCY_WINDOW_S = 4.0
 
@@ -720,7 +725,7 @@ async def _fanout(folder: Path) -> dict[str, Any]:
         writer = Worker(
             "app-writer", {"url": server.sync_url, "db": str(folder / "writer.db")}, folder / "writer.log"
         )
-        raw = Worker("raw-writer", {"url": server.sync_url, "count": 30_000}, folder / "raw.log")
+        raw = Worker("raw-writer", {"url": server.sync_url, "count": RAW_STOCK}, folder / "raw.log")
         workers = [*subs, writer, raw]
         _log(f"fan-out: starting {SUBSCRIBERS} subscriber processes and 2 writer processes")
         await asyncio.gather(*(w.start() for w in workers))

@@ -19,22 +19,31 @@ Key = tuple[str, str]
 
 
 class RecordCache:
+    """Every record's merge state, as JSON text, and its materialised value.
+
+    States are kept as text, not `RecordState` objects: a state is a dozen or more containers, and a cache of
+    live ones grows by the thousands every second under write load, each of them walked again by every full
+    garbage collection (a quarter of a busy server's time). A batch needs its own copy of a state anyway
+    (`StagedView.state`), which parsing the text gives.
+    """
+
     def __init__(self, schema: SchemaDefinition) -> None:
         self.schema = schema
-        self.rows: dict[Key, RecordRow] = {}
+        self.rows: dict[Key, str] = {}
         self.alive: dict[str, dict[str, dict[str, Any]]] = {name: {} for name in schema.collections}
 
     def put(self, row: RecordRow) -> None:
-        key = (row.collection, row.record_id)
-        self.rows[key] = row
+        self.rows[(row.collection, row.record_id)] = row.state_json()
         bucket = self.alive.setdefault(row.collection, {})
         if row.record is None:
             bucket.pop(row.record_id, None)
         else:
             bucket[row.record_id] = row.record
 
-    def get(self, collection: str, record_id: str) -> RecordRow | None:
-        return self.rows.get((collection, record_id))
+    def state(self, collection: str, record_id: str) -> RecordState | None:
+        """A new copy of the record's committed state (None: the server holds none)."""
+        text = self.rows.get((collection, record_id))
+        return None if text is None else RecordState.from_json(text)
 
     def record(self, collection: str, record_id: str) -> dict[str, Any] | None:
         return self.alive.get(collection, {}).get(record_id)
@@ -58,9 +67,8 @@ class StagedView:
         key = (collection, record_id)
         if key in self.rows:
             return self.rows[key].state
-        row = self.cache.rows.get(key)
-        # Copy: a refused or failed batch must leave the committed state untouched.
-        return RecordState.from_json(row.state.to_json()) if row is not None else RecordState()
+        # A copy (parsed from the text): a refused or failed batch must leave the committed state untouched.
+        return self.cache.state(collection, record_id) or RecordState()
 
     def record(self, collection: str, record_id: str) -> dict[str, Any] | None:
         key = (collection, record_id)

@@ -269,8 +269,8 @@ class SyncService:
         async for row in self.store.load_all_rows():
             self.cache.put(row)
         if len(self.cache.rows) >= _FREEZE_AT:
-            # The cache is millions of long-lived objects that every full garbage collection would walk
-            # again (a quarter of the write pipeline's time with 100,000 records): exempt what exists now.
+            # What startup loaded (the cache's records, the schema, modules) lives as long as the process:
+            # exempt it from the full garbage collections a write load triggers.
             gc.collect()
             gc.freeze()
         self.watermark = await self.store.max_delivery()
@@ -460,16 +460,21 @@ class SyncService:
                 taken: set[str] = set()  # accepted earlier in this group
                 for index, request in enumerate(group):
                     self._judge_batch(request, outcomes[index], index, view, known, taken, accepted)
+                # Each state is encoded once, for the store and the cache alike.
+                rows = [
+                    RecordRow(row.collection, row.record_id, row.state, row.record, row.state.to_json())
+                    for row in view.rows.values()
+                ]
                 if accepted:
                     sequences = await writer.append([(op, snapshot) for _, op, snapshot in accepted])
-                    await writer.save_rows(list(view.rows.values()))
+                    await writer.save_rows(rows)
                 else:
                     sequences = []
         except BaseException:
             self._seq = seq_before  # the server operations written for this group were not stored
             raise
         # Committed: publish to the cache, the relay and the callers.
-        for row in view.rows.values():
+        for row in rows:
             self.cache.put(row)
         stored: list[StoredOperation] = []
         for (index, op, snapshot), delivery in zip(accepted, sequences, strict=True):

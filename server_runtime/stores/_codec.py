@@ -65,6 +65,7 @@ def record_row(collection: str, record_id: str, state: str, record: str | None) 
         record_id=record_id,
         state=RecordState.from_json(state),
         record=decode_optional(record),
+        state_text=state,
     )
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import abc
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from offline.core.errors import STORAGE_ERROR, OfflineError
@@ -71,10 +71,18 @@ class RecordRow:
     record_id: str
     state: RecordState
     record: dict[str, Any] | None
+    # ``state``'s JSON text when it is already known (as stored, or encoded once for both the store and the
+    # server's cache); None: encode ``state``. Whoever sets it must not change ``state`` afterwards.
+    state_text: str | None = field(default=None, compare=False, repr=False)
 
     @property
     def key(self) -> RecordKey:
         return (self.collection, self.record_id)
+
+    def state_json(self) -> str:
+        """``state`` as JSON text (`RecordState.to_json`), encoded only when not already known."""
+        text = self.state_text
+        return self.state.to_json() if text is None else text
 
 
 class StoreWriter(abc.ABC):

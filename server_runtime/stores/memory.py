@@ -198,7 +198,7 @@ class _MemoryWriter(StoreWriter):
     async def save_rows(self, rows: Iterable[RecordRow]) -> None:
         self._check()
         for row in _codec.check_rows(rows):
-            self.rows[row.key] = (row.state.to_json(), _codec.encode_optional(row.record))
+            self.rows[row.key] = (row.state_json(), _codec.encode_optional(row.record))
 
     async def set_meta(self, key: str, value: str) -> None:
         self._check()

@@ -540,7 +540,7 @@ class _PostgresWriter(StoreWriter):
         if not latest:
             return
         values = [
-            (row.collection, row.record_id, row.state.to_json(), _codec.encode_optional(row.record))
+            (row.collection, row.record_id, row.state_json(), _codec.encode_optional(row.record))
             for row in latest.values()
         ]
         with self.store._errors("saving records"):

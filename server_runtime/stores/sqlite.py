@@ -547,7 +547,7 @@ class _SQLiteWriter(StoreWriter):
     async def save_rows(self, rows: Iterable[RecordRow]) -> None:
         self._check()
         values = [
-            (row.collection, row.record_id, row.state.to_json(), _codec.encode_optional(row.record))
+            (row.collection, row.record_id, row.state_json(), _codec.encode_optional(row.record))
             for row in _codec.check_rows(rows)
         ]
         if values:
