@@ -22,7 +22,7 @@ from typing import Any, Final, Literal
 from .canonical import canonical_operation_payload
 from .errors import INVALID_OPERATION, OfflineError
 from .frozen import FrozenDict, freeze
-from .hlc import HLCTimestamp, serialize_timestamp
+from .hlc import MAX_LOGICAL, MAX_WALL_TIME, HLCTimestamp, serialize_timestamp
 
 __all__ = [
     "BYTES_MARKER",
@@ -396,10 +396,15 @@ def _content_id(
     type_: str, collection: str, record_id: str, data: Any, timestamp: HLCTimestamp, node_id: str
 ) -> str:
     """Id of the given fields; ``data`` is already in hash form (``encode_value``'d)."""
+    return _text_content_id(type_, collection, record_id, data, serialize_timestamp(timestamp), node_id)
+
+
+def _text_content_id(
+    type_: str, collection: str, record_id: str, data: Any, timestamp: str, node_id: str
+) -> str:
+    """`_content_id` of a timestamp already serialized."""
     try:
-        canonical = canonical_operation_payload(
-            type_, collection, record_id, data, serialize_timestamp(timestamp), node_id
-        )
+        canonical = canonical_operation_payload(type_, collection, record_id, data, timestamp, node_id)
     except ValueError as exc:
         # Only reachable for an Operation built directly, bypassing validation (e.g. holding NaN).
         raise _error("data", f"cannot be canonicalized: {exc}", reason="NOT_CANONICALIZABLE") from None
@@ -546,7 +551,42 @@ def received_text(op: Operation) -> str | None:
     return text
 
 
+# Key, in an operation's instance dict, of its timestamp's serialized form when decoding computed it.
+_TIMESTAMP_TEXT: Final = "_serialized_timestamp"
+
+
+def timestamp_text(op: Operation) -> str:
+    """``serialize_timestamp(op.timestamp)``, computed once for an operation decoded from the wire (its
+    hash needed it already)."""
+    text: str | None = op.__dict__.get(_TIMESTAMP_TEXT)
+    return serialize_timestamp(op.timestamp) if text is None else text
+
+
 _new_operation: Final = object.__new__
+_new_timestamp: Final = object.__new__
+_set_slot: Final = object.__setattr__
+
+
+def _plain_timestamp(stamp: dict[str, Any]) -> HLCTimestamp | None:
+    """The wire timestamp when its fields are exactly what ``HLCTimestamp`` accepts (else None): built
+    without the dataclass ``__init__``, whose checks these are."""
+    wall = stamp.get("wallTime")
+    logical = stamp.get("logical")
+    node = stamp.get("nodeId")
+    if not (
+        type(wall) is int
+        and 0 <= wall <= MAX_WALL_TIME
+        and type(logical) is int
+        and 0 <= logical <= MAX_LOGICAL
+        and type(node) is str
+        and node
+    ):
+        return None
+    timestamp: HLCTimestamp = _new_timestamp(HLCTimestamp)
+    _set_slot(timestamp, "wall_time", wall)
+    _set_slot(timestamp, "logical", logical)
+    _set_slot(timestamp, "node_id", node)
+    return timestamp
 
 
 def _plain_str(value: object) -> bool:
@@ -610,11 +650,14 @@ def _from_plain_wire(d: dict[str, Any], verify: bool) -> Operation | None:
             previous = _fast_mapping(raw_previous, 1)[0]
         else:
             return None
-        timestamp = HLCTimestamp(stamp["wallTime"], stamp["logical"], stamp["nodeId"])
     except (_Unusual, KeyError, OfflineError):
         return None
+    timestamp = _plain_timestamp(stamp)
+    if timestamp is None:
+        return None
+    stamp_text = serialize_timestamp(timestamp)
     if verify:
-        op_id = _content_id(type_, collection, record_id, hashed, timestamp, node_id)
+        op_id = _text_content_id(type_, collection, record_id, hashed, stamp_text, node_id)
         if op_id != given_id:
             return None  # the complete path raises the mismatch
     else:
@@ -633,6 +676,7 @@ def _from_plain_wire(d: dict[str, Any], verify: bool) -> Operation | None:
         sequence_number=sequence_number,
         causal_deps=tuple(deps),
         schema_version=schema_version,
+        **{_TIMESTAMP_TEXT: stamp_text},
     )
     return op
 

@@ -29,6 +29,7 @@ from offline.core.operations import (
     _content_id,
     _new_operation,
     create_operation,
+    timestamp_text,
     verify_operation,
 )
 from offline.core.schema import SchemaDefinition
@@ -790,7 +791,7 @@ class App:
                         op.sequence_number,
                         op.collection,
                         op.record_id,
-                        serialize_timestamp(op.timestamp),
+                        timestamp_text(op),
                         wire_of[op.id],
                         1 if op.node_id == node_id else 0,
                         ACKED,

@@ -13,8 +13,7 @@ from types import TracebackType
 from typing import Any
 
 from offline.core.errors import STORAGE_ERROR, OfflineError
-from offline.core.hlc import serialize_timestamp
-from offline.core.operations import Operation
+from offline.core.operations import Operation, timestamp_text
 from offline.core.schema import SchemaDefinition
 from offline.merge.engine import RecordState
 from offline.merge.values import wire_json
@@ -251,7 +250,7 @@ class LocalDatabase:
             op.sequence_number,
             op.collection,
             op.record_id,
-            serialize_timestamp(op.timestamp),
+            timestamp_text(op),
             wire_json(op),
             1 if local else 0,
             status,

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from offline.core.errors import INVALID_OPERATION, OfflineError
 from offline.core.frozen import FrozenDict, thaw
-from offline.core.hlc import HLCTimestamp
+from offline.core.hlc import HLCTimestamp, serialize_timestamp
 from offline.core.operations import (
     BYTES_MARKER,
     MAX_SAFE_INTEGER,
@@ -21,6 +21,7 @@ from offline.core.operations import (
     create_operation,
     decode_value,
     encode_value,
+    timestamp_text,
     verify_operation,
 )
 
@@ -500,6 +501,14 @@ def test_non_hashed_wire_fields_may_change() -> None:
         ({"id": 5}, "id"),
         ({"sequenceNumber": -1}, "sequenceNumber"),
         ({"timestamp": {"wallTime": 1}}, "timestamp"),
+        ({"timestamp": {"wallTime": True, "logical": 0, "nodeId": "node-1"}}, "timestamp"),
+        ({"timestamp": {"wallTime": -1, "logical": 0, "nodeId": "node-1"}}, "timestamp"),
+        ({"timestamp": {"wallTime": 10**15, "logical": 0, "nodeId": "node-1"}}, "timestamp"),
+        ({"timestamp": {"wallTime": 1, "logical": 100_000, "nodeId": "node-1"}}, "timestamp"),
+        ({"timestamp": {"wallTime": 1, "logical": 0.0, "nodeId": "node-1"}}, "timestamp"),
+        ({"timestamp": {"wallTime": 1, "logical": 0, "nodeId": ""}}, "timestamp"),
+        ({"timestamp": {"wallTime": 1, "logical": 0, "nodeId": 7}}, "timestamp"),
+        ({"timestamp": {"wallTime": 1, "logical": 0, "node": "node-1"}}, "timestamp"),
         ({"data": {"b": {BYTES_MARKER: "AB=="}}}, "data"),  # non-canonical base64
         ({"data": {"b": {BYTES_MARKER: "not base64!"}}}, "data"),
         ({"data": {"b": {BYTES_MARKER: 12}}}, "data"),
@@ -514,6 +523,18 @@ def test_from_wire_validates(patch: dict[str, Any], field: str) -> None:
     assert info.value.code == INVALID_OPERATION
     assert info.value.context is not None
     assert info.value.context["field"] == field
+
+
+def test_a_decoded_timestamp_is_the_one_its_fields_make() -> None:
+    """Decoding builds the timestamp without the dataclass constructor and keeps its serialized form:
+    both must be exactly what the constructor and serialize_timestamp give."""
+    for stamp in (TS, HLCTimestamp(0, 0, "n"), HLCTimestamp(10**15 - 1, 99_999, "node-\u00e9")):
+        op = create_operation(base_input(timestamp=stamp, node_id=stamp.node_id))
+        decoded = Operation.from_wire(json.loads(json.dumps(op.to_wire())))
+        assert decoded == op and hash(decoded) == hash(op)
+        assert decoded.timestamp == stamp and hash(decoded.timestamp) == hash(stamp)
+        assert type(decoded.timestamp) is HLCTimestamp
+        assert timestamp_text(decoded) == serialize_timestamp(stamp) == timestamp_text(op)
 
 
 def test_encode_decode_helpers() -> None:
