@@ -4,8 +4,8 @@ delivery watermark. Kept apart from app.py so the write path stays small."""
 from __future__ import annotations
 
 import json
-from collections.abc import Container, Iterable
-from typing import TYPE_CHECKING
+from collections.abc import Container, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from offline.core.operations import Operation
 
@@ -37,6 +37,35 @@ def adopt_delivery_server(app: App, server_node_id: str) -> bool:
             return False  # the first session (or a replica written before the server was recorded)
         app.db.set_meta("delivery_watermark", "0")
         return True
+
+
+def adopt_sync_scope(app: App, filters: Mapping[str, Mapping[str, Any]]) -> bool:
+    """Record the scope the server accepted for this replica (per collection, the record filter); returns
+    True when it differs from the scope of its previous session.
+
+    Then the replica had been sent only what the old scope let it see: its records outside the new scope are
+    dropped (`forget_records`; its own unacknowledged writes stay, for the server to judge), and the caller
+    must resync from delivery 0, or the records the new scope adds, delivered before the change, never come.
+    """
+    text = json.dumps(filters, sort_keys=True, separators=(",", ":"), default=str)
+    with app.db.lock, app.db.transaction():
+        known = app.db.get_meta("sync_scope")
+        if known == text:
+            return False
+        app.db.set_meta("sync_scope", text)
+        if known is None:
+            return False  # the first session (or a replica written before the scope was recorded)
+        app.db.set_meta("delivery_watermark", "0")
+    for collection, record_filter in filters.items():
+        if collection not in app.codecs or not record_filter:
+            continue
+        outside = [
+            str(record["id"])
+            for record in app.collection(collection).all().fetch()
+            if any(record.get(name) != value for name, value in record_filter.items())
+        ]
+        forget_records(app, collection, outside)
+    return True
 
 
 def pending_operations(app: App, exclude: Container[str] = ()) -> list[Operation]:

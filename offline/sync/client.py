@@ -358,6 +358,10 @@ class SyncEngine:
             for name, filt in (reply.accepted_scope or {}).items()
             if isinstance(filt, Mapping) and filt
         }
+        if replication.adopt_sync_scope(app, self._scope_filters) and hello.last_delivery_sequence > 0:
+            # The replica synced under another scope until now (the user's claims changed, or the app asks
+            # for another scope): what the new one adds was delivered before the watermark. Start over.
+            raise ConnectionLost("the sync scope changed; resyncing from the start")
         self._handshake_reply = reply.message_id
         app.set_authoritative_nodes([reply.node_id])
         self.status = SYNCING

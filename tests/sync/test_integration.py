@@ -591,6 +591,53 @@ def test_scoped_clients_see_only_their_records(backend: Backend, tmp_path: Path)
     asyncio.run(scenario())
 
 
+def test_a_replica_whose_scope_changed_holds_exactly_its_new_scope(backend: Backend, tmp_path: Path) -> None:
+    """A device synced as user a comes back as user b (its claims changed, or the app asks for another
+    scope): it drops a's records, and gets b's, including those delivered long before its watermark."""
+    server = backend.server(SCOPED_SOURCE, "rescoped")
+
+    async def scenario() -> None:
+        admin = client(tmp_path, "admin", server.sync_url, schema=SCOPED)
+        async with clients(admin):
+            await admin.sync.connect()
+            for owner in ("a", "b"):
+                for i in range(3):
+                    admin.todos.insert({"ownerId": owner, "title": f"{owner}{i}"})
+            await admin.sync.wait_until_synced(TIMEOUT)
+            everything = {r["id"]: r for r in admin.todos.all().fetch()}
+
+            device = client(tmp_path, "device", server.sync_url, schema=SCOPED, scope={"userId": "a"})
+            async with clients(device):
+                await device.sync.connect()
+                await device.sync.wait_until_synced(TIMEOUT)
+                assert {r["ownerId"] for r in device.todos.all().fetch()} == {"a"}
+                assert device.todos.count() == 3
+
+            later = admin.todos.insert({"ownerId": "b", "title": "b after"})
+            await admin.sync.wait_until_synced(TIMEOUT)
+            everything[later["id"]] = later
+
+            again = client(tmp_path, "device", server.sync_url, schema=SCOPED, scope={"userId": "b"})
+            async with clients(again):
+                await again.sync.connect()
+                await again.sync.wait_until_synced(TIMEOUT)
+                await wait_for(lambda: again.todos.count() == 4, lambda: f"{again.todos.count()} records")
+                assert {r["id"] for r in again.todos.all().fetch()} == {
+                    i for i, r in everything.items() if r["ownerId"] == "b"
+                }
+                assert again.sync.connections >= 2  # it reconnected to resync from the start
+
+            # The same scope next time: nothing to drop, no resync.
+            same = client(tmp_path, "device", server.sync_url, schema=SCOPED, scope={"userId": "b"})
+            async with clients(same):
+                await same.sync.connect()
+                await same.sync.wait_until_synced(TIMEOUT)
+                assert same.todos.count() == 4
+                assert same.sync.connections == 1
+
+    asyncio.run(scenario())
+
+
 def test_a_record_moved_to_another_scope_reaches_its_new_owner_whole(
     backend: Backend, tmp_path: Path
 ) -> None:
