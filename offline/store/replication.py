@@ -28,13 +28,20 @@ def adopt_delivery_server(app: App, server_node_id: str) -> bool:
     in-memory server restarted, a server database replaced or reset), the watermark is reset to 0 so the
     replica is sent everything it may see again (duplicates are ignored by id). Returns True on a reset.
     """
+    return _adopt(app, "delivery_server", server_node_id)
+
+
+def _adopt(app: App, key: str, value: str) -> bool:
+    """Record what this session's deliveries depend on under ``key``; when it replaces another value, the
+    watermark is reset to 0 and True returned (nothing recorded yet: the first session, or a replica
+    written before the key existed, resets nothing)."""
     with app.db.lock, app.db.transaction():
-        known = app.db.get_meta("delivery_server")
-        if known == server_node_id:
+        known = app.db.get_meta(key)
+        if known == value:
             return False
-        app.db.set_meta("delivery_server", server_node_id)
+        app.db.set_meta(key, value)
         if known is None:
-            return False  # the first session (or a replica written before the server was recorded)
+            return False
         app.db.set_meta("delivery_watermark", "0")
         return True
 
@@ -47,15 +54,8 @@ def adopt_sync_scope(app: App, filters: Mapping[str, Mapping[str, Any]]) -> bool
     dropped (`forget_records`; its own unacknowledged writes stay, for the server to judge), and the caller
     must resync from delivery 0, or the records the new scope adds, delivered before the change, never come.
     """
-    text = json.dumps(filters, sort_keys=True, separators=(",", ":"), default=str)
-    with app.db.lock, app.db.transaction():
-        known = app.db.get_meta("sync_scope")
-        if known == text:
-            return False
-        app.db.set_meta("sync_scope", text)
-        if known is None:
-            return False  # the first session (or a replica written before the scope was recorded)
-        app.db.set_meta("delivery_watermark", "0")
+    if not _adopt(app, "sync_scope", json.dumps(filters, sort_keys=True, separators=(",", ":"), default=str)):
+        return False
     for collection, record_filter in filters.items():
         if collection not in app.codecs or not record_filter:
             continue
