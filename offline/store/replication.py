@@ -57,15 +57,22 @@ def adopt_sync_scope(app: App, filters: Mapping[str, Mapping[str, Any]]) -> bool
     if not _adopt(app, "sync_scope", json.dumps(filters, sort_keys=True, separators=(",", ":"), default=str)):
         return False
     for collection, record_filter in filters.items():
-        if collection not in app.codecs or not record_filter:
-            continue
-        outside = [
-            str(record["id"])
-            for record in app.collection(collection).all().fetch()
-            if any(record.get(name) != value for name, value in record_filter.items())
-        ]
-        forget_records(app, collection, outside)
+        if collection in app.codecs and record_filter:
+            forget_outside_scope(app, collection, record_filter, app.collection(collection).all().fetch())
     return True
+
+
+def forget_outside_scope(
+    app: App, collection: str, record_filter: Mapping[str, Any], records: Iterable[Mapping[str, Any]]
+) -> list[str]:
+    """`forget_records` of those ``records`` that a scope's record filter (field -> value) no longer
+    admits; returns their ids."""
+    outside = [
+        str(record["id"])
+        for record in records
+        if any(record.get(name) != value for name, value in record_filter.items())
+    ]
+    return forget_records(app, collection, outside)
 
 
 def pending_operations(app: App, exclude: Container[str] = ()) -> list[Operation]:

@@ -643,15 +643,12 @@ class SyncEngine:
             if op.collection in self._scope_filters and op.type != "delete":
                 touched.setdefault(op.collection, set()).add(op.record_id)
         for collection, record_ids in touched.items():
-            filt = self._scope_filters[collection]
             handle = self.app.collection(collection)
-            gone = []
-            for record_id in record_ids:
-                record = handle.find_by_id(record_id)
-                if record is not None and any(record.get(k) != v for k, v in filt.items()):
-                    gone.append(record_id)
+            records = [r for r in map(handle.find_by_id, record_ids) if r is not None]
+            gone = replication.forget_outside_scope(
+                self.app, collection, self._scope_filters[collection], records
+            )
             if gone:
-                replication.forget_records(self.app, collection, gone)
                 log.info(
                     "sync: %d %s record(s) left this device's scope and were removed", len(gone), collection
                 )
