@@ -887,7 +887,47 @@ class MergeEngine:
                 return None  # resolver writes: their value depends on the causal graph
         if referenced != keyed:
             return None
+        return self._fold_update(plan, op, record_id, raw, index, keyed)
 
+    def apply_to_insert(self, op: Operation, insert: Operation, record_id: str) -> TextFold | None:
+        """`apply_to_text` of ``op`` on the state text the insert of a new record (``insert``) makes, without
+        that text: for a store that keeps such a state as a reference to its operation. None outside the
+        common case (as `apply_to_text`)."""
+        if op.type != "update" or insert.causal_deps or op.id == insert.id:
+            # apply_to_text takes none of these either: a dependency its graph does not hold; a repeat is
+            # found by the general path.
+            return None
+        plan = self._plans.get(op.collection)
+        if plan is None or plan.state_machines:
+            return None
+        made = self.insert_fold(insert, record_id)
+        if made is None:
+            return None
+        ts = insert.timestamp
+        raw = {
+            "g": [[insert.id, [], ts.wall_time, ts.logical, ts.node_id]],
+            "e": [0, "insert"],
+            "i": True,
+            "f": made.fields,
+        }
+        return self._fold_update(plan, op, record_id, raw, {insert.id: 0}, {0})
+
+    def _fold_update(
+        self,
+        plan: _Plan,
+        op: Operation,
+        record_id: str,
+        raw: dict[str, Any],
+        index: dict[str, int],
+        keyed: set[int],
+    ) -> TextFold | None:
+        """The fold of `apply_to_text` on a compact state it checked (``raw``, parsed; ``index``: entry index
+        of each op id; ``keyed``: the entries carrying their key)."""
+        entries: list[list[Any]] = raw["g"]
+        exist: list[Any] = raw["e"]
+        fields: dict[str, dict[str, Any]] = raw["f"]
+        size = len(entries)
+        op_id = op.id
         ts = op.timestamp
         wall, logical, node = ts.wall_time, ts.logical, ts.node_id
         if type(wall) is not int or type(logical) is not int or type(node) is not str:
@@ -955,12 +995,18 @@ class MergeEngine:
     def _insert_text(self, op: Operation, record_id: str) -> TextFold | None:
         """`apply_to_text` of the insert of a record with no state: what ``apply`` makes of it in a new
         `RecordState`, as `to_json` (its one-operation form) and ``materialize`` write it."""
+        return self.insert_fold(op, record_id, encode=True)
+
+    def insert_fold(self, op: Operation, record_id: str, *, encode: bool = False) -> TextFold | None:
+        """`apply_to_text` of the insert of a record with no state; its text is "" unless ``encode`` (for a
+        store that keeps such a state as a reference to the operation). None outside the common case."""
         plan = self._plans.get(op.collection)
         deps = list(op.causal_deps)
         ts = op.timestamp
         wall, logical, node = ts.wall_time, ts.logical, ts.node_id
         if (
             plan is None
+            or op.type != "insert"
             or op.id in deps
             or type(wall) is not int
             or type(logical) is not int
@@ -980,8 +1026,12 @@ class MergeEngine:
             else:
                 return None
         record = self._record(plan, record_id, registers, None)
-        text = compact_json(
-            {"g": [[op.id, deps, wall, logical, node]], "e": [0, "insert"], "i": True, "f": registers}
+        text = (
+            compact_json(
+                {"g": [[op.id, deps, wall, logical, node]], "e": [0, "insert"], "i": True, "f": registers}
+            )
+            if encode
+            else ""
         )
         return TextFold(text, record, registers)
 

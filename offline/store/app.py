@@ -41,7 +41,7 @@ from offline.merge.trace import MergeTrace
 from offline.merge.values import compact_json
 
 from .collection import Collection
-from .database import ACKED, PENDING, REJECTED, LocalDatabase, storage_error
+from .database import ACKED, PENDING, REJECTED, STATE_REFERENCE, LocalDatabase, storage_error
 from .events import EventBus
 from .local_migrations import migrate_database
 from .rows import RowCodec
@@ -145,6 +145,7 @@ class App:
     ) -> None:
         self._authoritative: set[str] = set()
         self.engine = MergeEngine(schema, authoritative_nodes=lambda: self._authoritative)
+        self.db.refold = self._refold_one
         self.codecs = {name: RowCodec(coll) for name, coll in schema.collections.items()}
         self.subscriptions = SubscriptionRegistry(self)
         self._wall = now or (lambda: time.time_ns() // 1_000_000)
@@ -304,6 +305,12 @@ class App:
             return self._batch.staged[key]
         return self._dirty.get(key)
 
+    def _refold_one(self, collection: str, record_id: str, op: Operation) -> RecordState:
+        """The state one operation makes of a record (how a state stored as a reference is read)."""
+        state = RecordState()
+        self.engine.apply(state, op, want_conflicts=False)
+        return state
+
     def cached_state(self, collection: str, record_id: str) -> RecordState | None:
         state = self.unflushed_state(collection, record_id)
         return state if state is not None else self.db.load_state(collection, record_id)
@@ -348,7 +355,7 @@ class App:
     ) -> None:
         codec = self.codecs[collection]
         conn = self.db.conn
-        self.db.save_states([(collection, record_id, state.to_json())])
+        self.db.save_states([(collection, record_id, _stored_state(state))])
         if record is None:
             conn.execute(codec.delete_sql, (record_id,))
         else:
@@ -403,7 +410,7 @@ class App:
         table."""
         conn = self.db.conn
         self.db.save_states(
-            [(c, r, state if isinstance(state, str) else state.to_json()) for c, r, state, _ in items]
+            [(c, r, state if isinstance(state, str) else _stored_state(state)) for c, r, state, _ in items]
         )
         upserts: dict[str, list[list[Any]]] = {}
         deletes: dict[str, list[tuple[str]]] = {}
@@ -712,7 +719,14 @@ class App:
                 raise
             keys = list(dict.fromkeys((op.collection, op.record_id) for op in ordered))
             staged = self._batch.staged if self._batch is not None else {}
-            texts = self.db.load_state_texts(keys)
+            texts = self.db.load_state_texts(keys, refold=False)
+            # States stored as a reference to their insert: the update that usually follows folds on it.
+            references = {
+                key: text[1:]
+                for key, text in texts.items()
+                if type(text) is str and text[:1] == STATE_REFERENCE
+            }
+            inserts = self.db.referenced_operations(references) if references else {}
             # A record receiving a single operation (the usual case: a new record's insert, or an update) is
             # folded on its stored state text when the engine covers it (apply_to_text, the same result);
             # every other record decodes its state.
@@ -729,19 +743,35 @@ class App:
             # (only a misbehaving peer resends an operation so): keep one copy.
             repeated: set[str] = set()
             apply_to_text = self.engine.apply_to_text
+            insert_fold = self.engine.insert_fold
+            apply_to_insert = self.engine.apply_to_insert
             from_json = RecordState.from_json
             for key in keys:
                 text = texts.get(key)
                 single_op = single[key]
                 if single_op is not None and not want_traces and key not in staged:
-                    outcome = apply_to_text(single_op, text, key[1])
-                    if outcome is REPEATED:
-                        repeated.add(single_op.id)
-                        continue
-                    if outcome is not None:
-                        folded[key] = (outcome.text, self._text_row(key[0], outcome))
-                        continue
-                if text is not None:
+                    if text is None:
+                        # A new record's insert: its state is stored as a reference to the operation.
+                        outcome = insert_fold(single_op, key[1])
+                        if outcome is not None:
+                            folded[key] = (STATE_REFERENCE + single_op.id, self._text_row(key[0], outcome))
+                            continue
+                    else:
+                        insert = inserts.get(key)
+                        outcome = (
+                            apply_to_text(single_op, text, key[1])
+                            if insert is None
+                            else apply_to_insert(single_op, insert, key[1])
+                        )
+                        if outcome is REPEATED:
+                            repeated.add(single_op.id)
+                            continue
+                        if outcome is not None:
+                            folded[key] = (outcome.text, self._text_row(key[0], outcome))
+                            continue
+                if key in inserts:
+                    states[key] = self._refold_one(*key, inserts[key])
+                elif text is not None:
                     states[key] = from_json(text)
             repeated.update(
                 op.id
@@ -889,6 +919,15 @@ class App:
 def _timestamp_key(op: Operation) -> tuple[int, int, str]:
     ts = op.timestamp
     return (ts.wall_time, ts.logical, ts.node_id)
+
+
+def _stored_state(state: RecordState) -> str:
+    """What `_offline_state` holds for ``state``: a reference to its operation when it has only one (see
+    `STATE_REFERENCE`), else its text."""
+    graph = state.graph
+    if len(graph) == 1:
+        return STATE_REFERENCE + next(iter(graph))
+    return state.to_json()
 
 
 def _local_operation(

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from types import TracebackType
 from typing import Any
 
@@ -58,6 +58,14 @@ _INTERNAL = (
         PRIMARY KEY (collection, record_id)
     ) WITHOUT ROWID""",
 )
+
+
+# A record whose merge state is what its one operation makes of an empty state (a record just inserted, the
+# usual case) stores a reference to that operation, "@" + its id, instead of the state's text: the log holds
+# the operation anyway, and the state is a function of the operations (DESIGN.md section 3), so writing the
+# text would only cost its encoding and its bytes. Readers refold the operation; a state text is JSON, so
+# never starts with "@".
+STATE_REFERENCE = "@"
 
 
 def _upgrade_operation_log(conn: sqlite3.Connection) -> None:
@@ -150,6 +158,9 @@ class LocalDatabase:
         self.path = path
         self.lock = threading.RLock()
         self._depth = 0
+        # Refolds a record's state from its one operation (the app's merge engine): how stored references
+        # (`STATE_REFERENCE`) are read.
+        self.refold: Callable[[str, str, Operation], RecordState] | None = None
         conn = self.conn
         if path != ":memory:":
             conn.execute("PRAGMA journal_mode=WAL")
@@ -329,18 +340,28 @@ class LocalDatabase:
         row = self.conn.execute(
             "SELECT state FROM _offline_state WHERE collection = ? AND record_id = ?", (collection, record_id)
         ).fetchone()
-        return None if row is None else RecordState.from_json(row[0])
+        if row is None:
+            return None
+        text = row[0]
+        if type(text) is str and text[:1] == STATE_REFERENCE:
+            key = (collection, record_id)
+            return self._refold_one(collection, record_id, self.referenced_operations({key: text[1:]})[key])
+        return RecordState.from_json(text)
 
     def load_states(self, keys: list[tuple[str, str]]) -> dict[tuple[str, str], RecordState]:
         from_json = RecordState.from_json
         return {key: from_json(text) for key, text in self.load_state_texts(keys).items()}
 
-    def load_state_texts(self, keys: list[tuple[str, str]]) -> dict[tuple[str, str], str | bytes]:
-        """The stored merge state text of each of these records that has one."""
+    def load_state_texts(
+        self, keys: list[tuple[str, str]], *, refold: bool = True
+    ) -> dict[tuple[str, str], str | bytes]:
+        """The merge state text of each of these records that has one. A state stored as a reference is
+        refolded, or with ``refold=False`` returned as it is stored (`STATE_REFERENCE` + operation id)."""
         out: dict[tuple[str, str], str | bytes] = {}
         by_collection: dict[str, list[str]] = {}
         for collection, record_id in keys:
             by_collection.setdefault(collection, []).append(record_id)
+        references: dict[tuple[str, str], str] = {}
         for collection, ids in by_collection.items():
             for start in range(0, len(ids), 500):
                 chunk = ids[start : start + 500]
@@ -350,7 +371,52 @@ class LocalDatabase:
                     [collection, *chunk],
                 ):
                     out[(collection, record_id)] = state
+                    if refold and type(state) is str and state[:1] == STATE_REFERENCE:
+                        references[(collection, record_id)] = state[1:]
+        if references:
+            refold_one = self._refold_one
+            for key, op in self.referenced_operations(references).items():
+                out[key] = refold_one(*key, op).to_json()
         return out
+
+    def referenced_operations(
+        self, references: dict[tuple[str, str], str]
+    ) -> dict[tuple[str, str], Operation]:
+        """The operation each (collection, record id) -> operation id names (a state stored as a reference)."""
+        wires: dict[tuple[str, str], str] = {}
+        by_collection: dict[str, list[str]] = {}
+        for collection, record_id in references:
+            by_collection.setdefault(collection, []).append(record_id)
+        for collection, ids in by_collection.items():
+            for start in range(0, len(ids), 500):
+                chunk = ids[start : start + 500]
+                marks = ",".join("?" * len(chunk))
+                for record_id, op_id, wire in self.conn.execute(
+                    f"SELECT record_id, id, wire FROM _offline_ops WHERE collection = ? AND record_id IN ({marks})",
+                    [collection, *chunk],
+                ):
+                    if references[(collection, record_id)] == op_id:
+                        wires[(collection, record_id)] = wire
+        out: dict[tuple[str, str], Operation] = {}
+        for key, op_id in references.items():
+            wire = wires.get(key)
+            if wire is None:
+                raise storage_error(
+                    "the operation a record's merge state refers to is missing from the operation log (the "
+                    "local database is damaged: restore it, or start a fresh one and sync it from the server)",
+                    collection=key[0],
+                    recordId=key[1],
+                    operationId=op_id,
+                )
+            out[key] = Operation.from_wire(json.loads(wire), verify=False)
+        return out
+
+    def _refold_one(self, collection: str, record_id: str, op: Operation) -> RecordState:
+        if self.refold is None:
+            raise storage_error(
+                "a merge state stored as a reference cannot be read here", collection=collection
+            )
+        return self.refold(collection, record_id, op)
 
     def save_states(self, rows: list[tuple[str, str, str]]) -> None:
         self.conn.executemany(

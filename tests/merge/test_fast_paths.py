@@ -254,6 +254,26 @@ def check_text_fold(engine: MergeEngine, text: str | None, op: Operation) -> boo
     return True
 
 
+def check_insert_fold(engine: MergeEngine, insert: Operation, op: Operation) -> bool:
+    """apply_to_insert (a state stored as a reference to its insert) against refolding the insert, then
+    apply + materialize + to_json; True when it folded."""
+    made = engine.insert_fold(insert, "r1")
+    state = RecordState()
+    engine.apply(state, insert, want_conflicts=False)
+    if made is not None:
+        assert made.text == ""
+        assert compact_json(made.record) == compact_json(engine.materialize("items", "r1", state))
+    outcome = engine.apply_to_insert(op, insert, "r1")
+    if outcome is None:
+        return False
+    assert outcome is not REPEATED
+    assert op.id not in state.graph
+    engine.apply(state, op, want_conflicts=False)
+    assert outcome.text == state.to_json()
+    assert compact_json(outcome.record) == compact_json(engine.materialize("items", "r1", state))
+    return True
+
+
 SIMPLE_VALUES: dict[str, list[Any]] = {
     "title": ["apple", "pear", "", None, 5],
     "status": ["todo", "doing", "done", "nope"],
@@ -313,6 +333,10 @@ def test_apply_to_text_equals_the_general_fold(data: st.DataObject) -> None:
         ops = simple_history(data)
     for op in ops:  # onto a record with no state yet (inserts are covered)
         check_text_fold(engine, None, op)
+    for insert in ops:  # onto a record stored as a reference to its insert
+        if insert.type == "insert":
+            for op in ops:
+                check_insert_fold(engine, insert, op)
     for ordered in (topological_sort(ops), data.draw(st.permutations(ops))):
         state = RecordState()
         for op in ordered:
@@ -343,6 +367,7 @@ def test_apply_to_text_takes_the_common_updates() -> None:
     )
     assert check_text_fold(engine, None, insert)
     engine.apply(state, insert)
+    assert engine.apply_to_insert(insert, insert, "r1") is None  # a repeat: the general path finds it
     for seq in range(2, 9):
         changes = {"title": f"t{seq}", "count": seq} if seq % 3 else {"count": seq, "status": "doing"}
         ops.append(
@@ -362,6 +387,7 @@ def test_apply_to_text_takes_the_common_updates() -> None:
             )
         )
         assert check_text_fold(engine, state.to_json(), ops[-1])
+        assert check_insert_fold(engine, insert, ops[-1])  # each as the first update after the insert
         engine.apply(state, ops[-1])
     # Delivered out of order: older writes lose to the newer ones already folded (on the text while the
     # state holds no dependency it lacks the operation of; the general path after that, the same result).

@@ -161,3 +161,84 @@ def test_unflushed_reads_use_the_rows_of_the_last_write(app: App) -> None:
     assert app.todos.find_by_id(record["id"]) == updated
     app.flush()
     assert app.todos.find_by_id(record["id"]) == updated
+
+
+def _stored_state(app: App, record_id: str) -> str:
+    app.flush()
+    (text,) = app.db.conn.execute(
+        "SELECT state FROM _offline_state WHERE collection = 'todos' AND record_id = ?", (record_id,)
+    ).fetchone()
+    return str(text)
+
+
+def _fold(app: App, record_id: str) -> RecordState:
+    state = RecordState()
+    for stored in app.db.record_operations("todos", record_id):
+        app.engine.apply(state, stored, want_conflicts=False)
+    return state
+
+
+def test_a_record_made_by_one_insert_stores_a_reference_to_it(tmp_path: Path) -> None:
+    path = str(tmp_path / "app.db")
+    with create_app(SCHEMA, path=path) as app:
+        record = app.todos.insert({"title": "a", "tags": ["x"]})
+        (insert,) = app.operations()
+        assert _stored_state(app, record["id"]) == "@" + insert.id
+        assert app.db.load_state("todos", record["id"]) == _fold(app, record["id"])
+        assert app.db.load_state_texts([("todos", record["id"])]) == {
+            ("todos", record["id"]): _fold(app, record["id"]).to_json()
+        }
+    with create_app(SCHEMA, path=path) as app:  # read back after a restart, then written as a text
+        app.todos.update(record["id"], {"votes": op.increment(2)})
+        assert app.todos.find_by_id(record["id"])["votes"] == 2
+        text = _stored_state(app, record["id"])
+        assert not text.startswith("@")
+        assert RecordState.from_json(text) == _fold(app, record["id"])
+
+
+def test_remote_inserts_and_their_updates_fold_on_the_reference_as_the_general_path(tmp_path: Path) -> None:
+    with create_app(SCHEMA, path=str(tmp_path / "writer.db")) as writer:
+        ids = [writer.todos.insert({"title": f"t{i}", "tags": []})["id"] for i in range(4)]
+        inserts = writer.operations()
+        writer.todos.update(ids[0], {"title": "renamed", "votes": op.increment(3)})
+        writer.todos.update(ids[1], {"done": True})
+        writer.todos.update(ids[2], {"tags": ["set"]})  # an add-wins set write: the general path
+        writer.todos.delete(ids[3])
+        later = writer.operations()[len(inserts) :]
+    # The fast path, and the general one (a merge:conflict listener makes every record decode its state).
+    fast = create_app(SCHEMA, path=str(tmp_path / "fast.db"))
+    general = create_app(SCHEMA, path=str(tmp_path / "general.db"))
+    general.events.on("merge:conflict", lambda event: None)
+    folded: list[object] = []
+    on_reference = fast.engine.apply_to_insert
+
+    def counted(*args: object) -> object:
+        outcome = on_reference(*args)  # type: ignore[arg-type]
+        folded.append(outcome)
+        return outcome
+
+    fast.engine.apply_to_insert = counted  # type: ignore[method-assign]
+    with fast, general:
+        for replica in (fast, general):
+            replica.apply(inserts)
+            replica.apply(later)
+        # The two updates of lww fields and a counter folded on the reference; the set write and the delete
+        # took the general path.
+        assert [outcome is not None for outcome in folded] == [True, True, False, False]
+        assert [_stored_state(fast, i)[:1] for i in ids] == ["{", "{", "{", "{"]
+        for record_id in ids:
+            assert _stored_state(fast, record_id) == _stored_state(general, record_id)
+            assert fast.db.load_state("todos", record_id) == _fold(fast, record_id)
+        assert fast.todos.all().fetch() == general.todos.all().fetch()
+        assert fast.todos.find_by_id(ids[0])["title"] == "renamed"
+
+
+def test_a_reference_to_a_missing_operation_is_a_storage_error(app: App) -> None:
+    record = app.todos.insert({"title": "a"})
+    app.flush()
+    app.db.conn.execute("DELETE FROM _offline_ops")  # a damaged log
+    with pytest.raises(OfflineError) as failed:
+        app.db.load_state("todos", record["id"])
+    assert failed.value.code == "STORAGE_ERROR"
+    assert failed.value.context["recordId"] == record["id"]
+    assert app.todos.find_by_id(record["id"])["title"] == "a"  # the row is still read
