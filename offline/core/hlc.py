@@ -100,7 +100,8 @@ class HLCTimestamp:
 
 def serialize_timestamp(ts: HLCTimestamp) -> str:
     """Fixed-width text form whose string order equals ``HybridLogicalClock.compare``."""
-    return f"{ts.wall_time:015d}:{ts.logical:05d}:{ts.node_id}"
+    # printf-style: measurably cheaper than an f-string's format specs, and this runs for every operation.
+    return "%015d:%05d:%s" % (ts.wall_time, ts.logical, ts.node_id)
 
 
 def parse_timestamp(s: str) -> HLCTimestamp:

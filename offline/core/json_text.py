@@ -3,12 +3,14 @@
 ``json.dumps`` with any non-default option constructs a ``JSONEncoder``, which builds its C iterencoder, on
 every call: for the small documents this project encodes by the hundred thousand (operations, merge states,
 hash payloads, frames) that costs as much as the encoding. `c_compact_encoder` builds the iterencoder once.
-Pure standard library (it also runs under Pyodide).
+Pure standard library (it also runs under Pyodide); `ORJSON` is the optional faster library, for the few
+places that can check its output.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -44,3 +46,25 @@ def c_compact_encoder(
     except Exception:  # pragma: no cover - a changed private interface
         return fallback
     return encode
+
+
+def _load_orjson() -> Any:
+    """The ``orjson`` module when it is installed and not turned off, else None.
+
+    orjson (C and Rust) parses and encodes JSON several times faster than the standard library, but it is not
+    an exact substitute: it writes some floats differently ("1e-7" where json writes "1e-07"), reads integers
+    past 64 bits as floats and refuses what json accepts beyond RFC 8259 (NaN, lone surrogates, "1e400"). So
+    it is used only where its result is checked against the text itself (a frame that re-encodes to exactly
+    what was received), and everything else takes the standard library's path. It is optional: Pyodide has
+    no build of it, and ``OFFLINE_NO_ORJSON=1`` runs the pure path (tests compare the two).
+    """
+    if os.environ.get("OFFLINE_NO_ORJSON"):
+        return None
+    try:
+        import orjson
+    except ImportError:  # pragma: no cover - Pyodide, or not installed
+        return None
+    return orjson
+
+
+ORJSON: Any = _load_orjson()

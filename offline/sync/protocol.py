@@ -21,10 +21,10 @@ from array import array
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import accumulate
-from typing import Any, ClassVar, Final, TypeAlias
+from typing import Any, AnyStr, ClassVar, Final, TypeAlias
 
 from offline.core.errors import OfflineError
-from offline.core.json_text import c_compact_encoder
+from offline.core.json_text import ORJSON, c_compact_encoder
 from offline.core.operations import WIRE_KEYS, Operation, keep_received_text
 
 __all__ = [
@@ -643,6 +643,8 @@ def decode(
 _DIGITS_ONLY: Final = bytes(48 if 48 <= b <= 57 else 32 for b in range(256))
 _LONG_DIGIT_RUN: Final = b"0" * (_MAX_INT_DIGITS + 1)
 _OPERATIONS_TAIL: Final = ',"operations":['
+# orjson, or None (the standard library alone); tests turn it off to compare the two paths.
+_orjson: Any = ORJSON
 
 
 def _compact_batch(text: str, data: bytes, max_batch: int) -> tuple[dict[str, Any], tuple[str, ...]] | None:
@@ -652,15 +654,46 @@ def _compact_batch(text: str, data: bytes, max_batch: int) -> tuple[dict[str, An
 
     Equality with the re-encoding proves what the strict parser's hooks check one value at a time: no key
     is repeated (the parsed object would encode shorter), no number is non-finite; long digit runs are left
-    to the strict parser. So the plain C parser can be used, and the operations' texts come for free: the
-    receiver stores them instead of encoding each operation again.
+    to the strict parser. So a plain parser can be used, and the operations' texts come for free: the
+    receiver stores them instead of encoding each operation again. orjson (when installed) parses and
+    re-encodes first; a frame it does not give back exactly (a float it writes another way, an integer past
+    64 bits it reads as a float) is tried again with the standard library, so the outcome is the same.
     """
     if _OPERATIONS_TAIL not in text or _LONG_DIGIT_RUN in data.translate(_DIGITS_ONLY):
         return None
+    fast = _orjson
+    if fast is not None:
+        try:
+            parsed = fast.loads(data)
+        except ValueError:  # orjson.JSONDecodeError: the standard library may still read it
+            parsed = None
+        if parsed is not None:
+            texts = _split_batch(parsed, max_batch, fast.dumps, data, _BYTES_PARTS)
+            if texts is not None:
+                return parsed, tuple([item.decode() for item in texts])
     try:
         obj = json.loads(text, parse_constant=_refuse_constant)
     except (ProtocolError, ValueError, RecursionError):
         return None
+    found = _split_batch(obj, max_batch, _encode_operation, text, _TEXT_PARTS)
+    return None if found is None else (obj, tuple(found))
+
+
+# How a batch frame ends with its operations: ',"operations":[', the separator between two operations, and
+# the closing ']}'; as text and as UTF-8.
+_TEXT_PARTS: Final = (_OPERATIONS_TAIL, ",", "]}")
+_BYTES_PARTS: Final = (_OPERATIONS_TAIL.encode(), b",", b"]}")
+
+
+def _split_batch(
+    obj: Any,
+    max_batch: int,
+    encode: Callable[[Any], AnyStr],
+    frame: AnyStr,
+    parts: tuple[AnyStr, AnyStr, AnyStr],
+) -> list[AnyStr] | None:
+    """The encoded operations of parsed frame ``obj`` when ``frame`` is exactly its compact encoding with the
+    operations last, else None."""
     if type(obj) is not dict or next(reversed(obj), None) != "operations":
         return None
     operations = obj["operations"]
@@ -670,17 +703,17 @@ def _compact_batch(text: str, data: bytes, max_batch: int) -> tuple[dict[str, An
     del head["operations"]
     if not head:
         return None
-    encode_operation = _encode_operation
     try:
-        texts = tuple([encode_operation(item) for item in operations if type(item) is dict])
+        texts = [encode(item) for item in operations if type(item) is dict]
         if len(texts) != len(operations):
             return None
-        expected = encode_operation(head)
-    except (TypeError, ValueError, RecursionError):
+        expected = encode(head)
+    except (TypeError, ValueError, RecursionError):  # orjson.JSONEncodeError is a TypeError
         return None
-    if f"{expected[:-1]}{_OPERATIONS_TAIL}{','.join(texts)}]}}" != text:
+    tail, comma, close = parts
+    if expected[:-1] + tail + comma.join(texts) + close != frame:
         return None
-    return obj, texts
+    return texts
 
 
 def from_dict(obj: object, *, max_batch: int = MAX_BATCH_OPERATIONS) -> Message:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import pickle
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -997,6 +999,24 @@ def decode_strictly(frame: str | bytes, **kw: Any) -> Message:
         P._compact_batch = fast  # type: ignore[assignment]
 
 
+@contextlib.contextmanager
+def json_library(name: str) -> Iterator[None]:
+    """Run ``decode``'s fast path on orjson (as installed) or on the standard library alone."""
+    saved = P._orjson
+    if name == "orjson":
+        if saved is None:
+            pytest.skip("orjson is not installed here (it is a dependency everywhere but Pyodide)")
+    else:
+        P._orjson = None
+    try:
+        yield
+    finally:
+        P._orjson = saved
+
+
+JSON_LIBRARIES = ["orjson", "json"]
+
+
 def outcome(decoder: Any, frame: str | bytes, **kw: Any) -> tuple[str, Any]:
     try:
         return "message", decoder(frame, **kw)
@@ -1016,7 +1036,13 @@ def batch_frame(ops: list[Any], **head: Any) -> str:
     )
 
 
-def test_compact_batches_carry_their_operation_texts() -> None:
+@pytest.mark.parametrize("library", JSON_LIBRARIES)
+def test_compact_batches_carry_their_operation_texts(library: str) -> None:
+    with json_library(library):
+        check_compact_batch_texts()
+
+
+def check_compact_batch_texts() -> None:
     ops = [wire_op(), wire_op(record_id="rec-2", data={"title": 'é ☃ \u2028 "q" \\ \n'}), {"id": "x"}]
     frame = batch_frame(ops, base=3, top=9)
     message = decode(frame)
@@ -1048,11 +1074,15 @@ def test_compact_batches_carry_their_operation_texts() -> None:
         ('"title":"Buy milk"', '"title":"' + "7" * 150 + '"'),  # a long run of digits inside a string
     ],
 )
-def test_frames_that_are_not_plain_compact_batches_decode_as_before(edit: tuple[str, str]) -> None:
+@pytest.mark.parametrize("library", JSON_LIBRARIES)
+def test_frames_that_are_not_plain_compact_batches_decode_as_before(
+    library: str, edit: tuple[str, str]
+) -> None:
     frame = batch_frame([wire_op(), wire_op(record_id="rec-2")], top=2)
     assert edit[0] in frame
     edited = frame.replace(edit[0], edit[1], 1)
-    result = outcome(decode, edited)
+    with json_library(library):
+        result = outcome(decode, edited)
     assert result == outcome(decode_strictly, edited)
     if result[0] == "message":
         assert result[1].operation_texts is None or result[1].operation_texts == tuple(
@@ -1082,13 +1112,68 @@ def test_fuzz_compact_batches_decode_as_the_strict_parser_does(
         at = position % (len(data) + 1)
         data[at : at + len(replacement) % 2] = replacement
     for frame in (bytes(data), bytes(data).decode("utf-8", "replace")):
-        result = outcome(decode, frame)
-        assert result == outcome(decode_strictly, frame)
-        if result[0] == "message" and isinstance(result[1], OperationBatch) and result[1].operation_texts:
-            assert result[1].operation_texts == tuple(
-                json.dumps(op, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-                for op in result[1].operations
-            )
+        strict = outcome(decode_strictly, frame)
+        for library in JSON_LIBRARIES if P._orjson is not None else ["json"]:
+            with json_library(library):
+                result = outcome(decode, frame)
+            assert result == strict, library
+            if result[0] == "message" and isinstance(result[1], OperationBatch) and result[1].operation_texts:
+                assert result[1].operation_texts == tuple(
+                    json.dumps(op, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+                    for op in result[1].operations
+                )
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        1e-07,
+        1e16,
+        2.5e-300,
+        -0.0,
+        0.1 + 0.2,
+        2**63,
+        2**64 + 1,
+        -(2**70),
+        "\x1f\x7f\u2028 é ☃ 😀",
+        [1e22, {"k": 5e-324}],
+    ],
+)
+def test_batches_orjson_writes_another_way_take_the_standard_library(value: Any) -> None:
+    """Values orjson reads or writes differently from the standard library (exponents, integers past 64
+    bits) still decode on the fast path, to the same message and texts as without orjson."""
+    first = wire_op()
+    first["data"] = {"title": "t", "v": value}  # frames carry operations raw: their checks come later
+    frame = batch_frame([first, wire_op(record_id="rec-2")], top=2)
+    results = []
+    for library in JSON_LIBRARIES:
+        with json_library(library):
+            message = decode(frame)
+        assert isinstance(message, OperationBatch) and message.operation_texts is not None
+        results.append(message)
+    assert results[0] == results[1] == decode_strictly(frame)
+    assert results[0].operation_texts == results[1].operation_texts
+    assert results[0].operations[0]["data"]["v"] == value and type(
+        results[0].operations[0]["data"]["v"]
+    ) is type(value)
+
+
+@fuzz(200)
+@given(st.lists(json_objects, min_size=1, max_size=4), optional(counters))
+def test_fuzz_batches_decode_alike_with_and_without_orjson(
+    ops: list[dict[str, Any]], top: int | None
+) -> None:
+    try:
+        frame = batch_frame([{**wire_op(), "data": data} for data in ops], top=top).encode("utf-8")
+    except UnicodeEncodeError:
+        return  # a lone surrogate: not a frame a sender can write
+    found = []
+    for library in JSON_LIBRARIES if P._orjson is not None else ["json"]:
+        with json_library(library):
+            message = decode(frame)
+        assert isinstance(message, OperationBatch) and message.operation_texts is not None
+        found.append((message, message.operation_texts))
+    assert all(item == found[0] for item in found)
 
 
 def test_decoded_operations_keep_the_text_they_came_as() -> None:
