@@ -3,8 +3,8 @@
 Admission and limits (see ``server_runtime.limits``): the ``Origin`` allow-list is checked before the upgrade
 (HTTP 403); a process at ``max_connections`` answers ``error OVERLOADED`` and closes with 1013; a server
 shutting down answers ``error SERVER_SHUTDOWN``. Once a session runs, its writes pass a per-session rate
-(waited out, never refused), and the `ConnectionGuard` may ask it to leave: on shutdown after the batch in
-hand is stored and acknowledged (``SERVER_SHUTDOWN``, close 1012), or when it falls too far behind
+(waited out, never refused), and the `ConnectionGuard` may ask it to leave: on shutdown after the batches in
+hand are stored and acknowledged (``SERVER_SHUTDOWN``, close 1012), or when it falls too far behind
 (``RESYNC_REQUIRED``, close 1013). Both codes are retriable: the client reconnects and resumes from its
 watermark, resending whatever was not acknowledged.
 """
@@ -12,6 +12,7 @@ watermark, resending whatever was not acknowledged.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import time
@@ -39,6 +40,8 @@ TRY_AGAIN = 1013
 ABORT_KEY = "offline.abort"
 # How long a session's last words (an error and the close frame) may take before the socket is cut instead.
 _FAREWELL_TIMEOUT = 5.0
+# Batches of one session stored at once (the client's window is 4 by default); past it the socket waits.
+_MAX_STORING = 8
 
 Send = Callable[[str], Awaitable[None]]
 # Ids and messages echoed from a peer's input: bounded, and valid UTF-8 (a lone surrogate from a JSON escape
@@ -232,18 +235,35 @@ async def _session(
     service.sessions.add(session)
     service.emit("connection", {"nodeId": session.node_id, "state": "connected"})
     relay = asyncio.create_task(service.relay(session), name=f"relay-{session.node_id}")
+    # Batches of this session being stored, oldest first. The next frame is read while they are: a batch
+    # that arrives meanwhile joins the next group commit instead of waiting for the one before it to be
+    # stored and acknowledged (at a few hundred small batches a second, that wait made the queue). Each
+    # acknowledgement still follows the one before it; past _MAX_STORING the socket is not read
+    # (backpressure, as before).
+    storing: collections.deque[asyncio.Task[None]] = collections.deque()
+    receive: asyncio.Future[Any] | None = None
     errors = 0
     reason = "closed"
     try:
         while True:
+            while storing and storing[0].done():
+                storing.popleft().result()  # a batch that could not be stored ends the session, as before
             if conn.stop.is_set():
+                if receive is not None:
+                    receive.cancel()  # the frame, if one arrives, stays queued; its sender resends it anyway
+                    receive = None
+                await _settle(storing)  # the batches in hand are stored and acknowledged first
                 reason = await _farewell(websocket, send, relay, conn)
                 break
-            receive: asyncio.Future[Any] = asyncio.ensure_future(_receive_text(websocket))
-            waiting: set[asyncio.Future[Any]] = {receive, relay, stop}
+            if receive is None and len(storing) < _MAX_STORING:
+                receive = asyncio.ensure_future(_receive_text(websocket))
+            waiting: set[asyncio.Future[Any]] = {relay, stop}
+            if receive is not None:
+                waiting.add(receive)
+            if storing:
+                waiting.add(storing[0])
             done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
-            if receive not in done:
-                receive.cancel()  # the frame, if one arrives, stays queued; its sender resends it anyway
+            if receive is None or receive not in done:
                 if relay in done:
                     relay.result()
                     if not service.started:  # the service stopped without a drain (embedded use)
@@ -251,8 +271,9 @@ async def _session(
                         continue
                     reason = "relay stopped"
                     break
-                continue  # asked to leave: the top of the loop says goodbye
+                continue  # a batch stored, or asked to leave: the top of the loop sees to it
             frame = receive.result()
+            receive = None
             try:
                 message = p.decode(
                     frame,
@@ -286,7 +307,21 @@ async def _session(
                     guard.counts["rate_limited_batches"] += 1
                     await asyncio.sleep(wait)
                 texts = message.operation_texts if isinstance(message, p.OperationBatch) else None
-                await _receive_operations(service, session, message.message_id, raw, texts)
+                # Created in arrival order, each task hands its batch to the write pipeline before any
+                # other runs: batches are judged and stored in the order they arrived.
+                storing.append(
+                    asyncio.create_task(
+                        _receive_operations(
+                            service,
+                            session,
+                            message.message_id,
+                            raw,
+                            texts,
+                            after=storing[-1] if storing else None,
+                        ),
+                        name=f"store-{session.node_id}",
+                    )
+                )
             elif isinstance(message, p.Acknowledgment):
                 # The client persists its own watermark; the relay only needs to know the batch arrived.
                 session.acknowledged(message.acknowledged_message_id)
@@ -303,10 +338,23 @@ async def _session(
         with contextlib.suppress(Exception):
             await websocket.close(1011, "server error")
     finally:
+        if receive is not None:
+            receive.cancel()
+        for task in storing:
+            # The commit itself goes on (it is shielded): only an acknowledgement nobody can receive is dropped.
+            task.cancel()
         conn.session = None
         service.sessions.discard(session)
         await _stop_task(relay)
         service.emit("connection", {"nodeId": session.node_id, "state": "disconnected", "reason": reason})
+
+
+async def _settle(storing: collections.deque[asyncio.Task[None]]) -> None:
+    """Wait for the batches being stored (and their acknowledgements), at most the farewell timeout."""
+    if storing:
+        await asyncio.wait(storing, timeout=_FAREWELL_TIMEOUT)
+    while storing and storing[0].done():
+        storing.popleft().result()
 
 
 async def _farewell(websocket: WebSocket, send: Send, relay: asyncio.Task[None], conn: Connection) -> str:
@@ -349,9 +397,12 @@ async def _receive_operations(
     message_id: str,
     raw: Sequence[object],
     texts: Sequence[str] | None = None,
+    *,
+    after: asyncio.Task[None] | None = None,
 ) -> None:
     """Decode, judge and store one batch's operations; ``texts`` are their compact texts when ``decode``
-    vouched for them (the operations keep them: the store and the relay use them as they are)."""
+    vouched for them (the operations keep them: the store and the relay use them as they are). ``after``: the
+    task storing the session's previous batch, whose answers must go out first."""
     refused: dict[str, Refusal] = {}
     ops = []
     limit = service.limits.max_operation_bytes
@@ -368,6 +419,8 @@ async def _receive_operations(
             service.rejections[exc.code] = service.rejections.get(exc.code, 0) + 1
             service.emit("rejected", {"operationId": key, "code": exc.code, "message": exc.message})
     results = await service.commit(session, ops)
+    if after is not None and not after.done():
+        await asyncio.wait({after})  # its failure, if any, is the session's to report
     session.received += len(raw)
     for op_id, value in [*refused.items(), *results.items()]:
         if isinstance(value, Refusal):
