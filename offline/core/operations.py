@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -549,6 +550,19 @@ def received_text(op: Operation) -> str | None:
     """The text `keep_received_text` kept for ``op``, if any."""
     text: str | None = op.__dict__.get(_RECEIVED_TEXT)
     return text
+
+
+def operation_from_text(text: str) -> Operation:
+    """The operation a store kept as its compact wire text (not verified again: it was when it was taken in).
+
+    The text is kept on the operation (`received_text`) when it holds exactly the wire fields, so storing the
+    operation elsewhere (``app.apply`` on another replica) or sending it uses it instead of encoding it again.
+    """
+    raw = json.loads(text)
+    op = Operation.from_wire(raw, verify=False)
+    if type(raw) is dict and raw.keys() == WIRE_KEYS:
+        op.__dict__[_RECEIVED_TEXT] = text
+    return op
 
 
 # Key, in an operation's instance dict, of its timestamp's serialized form when decoding computed it.

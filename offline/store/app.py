@@ -29,6 +29,7 @@ from offline.core.operations import (
     _content_id,
     _new_operation,
     create_operation,
+    operation_from_text,
     timestamp_text,
     verify_operation,
 )
@@ -248,7 +249,7 @@ class App:
                 conn.execute(f"DELETE FROM {codec.table}")
             grouped: dict[tuple[str, str], list[Operation]] = {}
             for (wire,) in conn.execute("SELECT wire FROM _offline_ops WHERE status != ?", (REJECTED,)):
-                op = Operation.from_wire(json.loads(wire), verify=False)
+                op = operation_from_text(wire)
                 if op.collection in self.codecs:
                     grouped.setdefault((op.collection, op.record_id), []).append(op)
             for (collection, record_id), ops in grouped.items():

@@ -13,10 +13,10 @@ from types import TracebackType
 from typing import Any
 
 from offline.core.errors import STORAGE_ERROR, OfflineError
-from offline.core.operations import Operation, timestamp_text
+from offline.core.operations import Operation, operation_from_text, timestamp_text
 from offline.core.schema import SchemaDefinition
 from offline.merge.engine import RecordState
-from offline.merge.values import wire_json
+from offline.merge.values import operation_text
 
 from .file_lock import FileLock
 from .rows import create_table_sql
@@ -262,7 +262,7 @@ class LocalDatabase:
             op.collection,
             op.record_id,
             timestamp_text(op),
-            wire_json(op),
+            operation_text(op),
             1 if local else 0,
             status,
             delivery,
@@ -278,7 +278,7 @@ class LocalDatabase:
             ).fetchone()
         else:
             row = self.conn.execute("SELECT wire FROM _offline_ops WHERE id = ?", (op_id,)).fetchone()
-        return None if row is None else Operation.from_wire(json.loads(row[0]), verify=False)
+        return None if row is None else operation_from_text(row[0])
 
     def find_operation(self, op_id: str, node_id: str, sequence_number: int) -> Operation | None:
         """The operation with ``op_id`` at (``node_id``, ``sequence_number``), if that is where it is held."""
@@ -286,7 +286,7 @@ class LocalDatabase:
             "SELECT wire FROM _offline_ops WHERE node_id = ? AND sequence_number = ? AND id = ?",
             (node_id, sequence_number, op_id),
         ).fetchone()
-        return None if row is None else Operation.from_wire(json.loads(row[0]), verify=False)
+        return None if row is None else operation_from_text(row[0])
 
     def record_operations(self, collection: str, record_id: str) -> list[Operation]:
         """The operations of one record that count (not rejected)."""
@@ -294,7 +294,7 @@ class LocalDatabase:
             "SELECT wire FROM _offline_ops WHERE collection = ? AND record_id = ? AND status != ?",
             (collection, record_id, REJECTED),
         )
-        return [Operation.from_wire(json.loads(r[0]), verify=False) for r in rows]
+        return [operation_from_text(r[0]) for r in rows]
 
     def operations_after(self, node_id: str, after: int | None) -> list[Operation]:
         rows = self.conn.execute(
@@ -302,7 +302,7 @@ class LocalDatabase:
             "ORDER BY sequence_number",
             (node_id, -1 if after is None else after, REJECTED),
         )
-        return [Operation.from_wire(json.loads(r[0]), verify=False) for r in rows]
+        return [operation_from_text(r[0]) for r in rows]
 
     def own_sequence(self, node_id: str) -> int:
         row = self.conn.execute(
@@ -408,7 +408,7 @@ class LocalDatabase:
                     recordId=key[1],
                     operationId=op_id,
                 )
-            out[key] = Operation.from_wire(json.loads(wire), verify=False)
+            out[key] = operation_from_text(wire)
         return out
 
     def _refold_one(self, collection: str, record_id: str, op: Operation) -> RecordState:

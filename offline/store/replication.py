@@ -7,7 +7,7 @@ import json
 from collections.abc import Container, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from offline.core.operations import Operation
+from offline.core.operations import Operation, operation_from_text
 
 from .database import ACKED, PENDING, REJECTED
 
@@ -86,7 +86,7 @@ def pending_operations(app: App, exclude: Container[str] = ()) -> list[Operation
             "SELECT id, wire FROM _offline_ops WHERE node_id = ? AND status = ? ORDER BY sequence_number",
             (app.node_id, PENDING),
         ).fetchall()
-    return [Operation.from_wire(json.loads(w), verify=False) for i, w in rows if i not in exclude]
+    return [operation_from_text(w) for i, w in rows if i not in exclude]
 
 
 def pending_wires(app: App, after: int = 0) -> list[tuple[int, str, str]]:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from offline.core.errors import SYNC_ERROR, OfflineError
 from offline.core.operations import Operation
 from offline.core.scopes import build_scope_map
-from offline.merge.values import compact_json
+from offline.merge.values import operation_text
 from offline.store import replication
 
 from . import protocol as p
@@ -437,7 +437,7 @@ class SyncEngine:
         await self._send_batches(conn, [(node_id, seq, op_id, wire) for seq, op_id, wire in rows])
 
     async def _send_operations(self, conn: Any, ops: list[Operation]) -> None:
-        items = [(op.node_id, op.sequence_number, op.id, compact_json(op.to_wire())) for op in ops]
+        items = [(op.node_id, op.sequence_number, op.id, operation_text(op)) for op in ops]
         await self._send_batches(conn, items, windowed=False)
 
     async def _send_batches(

@@ -242,3 +242,52 @@ def test_a_reference_to_a_missing_operation_is_a_storage_error(app: App) -> None
     assert failed.value.code == "STORAGE_ERROR"
     assert failed.value.context["recordId"] == record["id"]
     assert app.todos.find_by_id(record["id"])["title"] == "a"  # the row is still read
+
+
+def stored_wires(app: App) -> dict[str, str]:
+    return dict(app.db.conn.execute("SELECT id, wire FROM _offline_ops").fetchall())
+
+
+def test_operations_read_from_the_log_carry_their_stored_text_to_another_replica(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``app.operations()`` hands out operations with the text the log holds, and ``apply`` on another
+    replica stores that text as it is: nothing is encoded again, even a text in another key order."""
+    from offline.core.operations import received_text
+    from offline.merge import values
+
+    with create_app(SCHEMA, path=str(tmp_path / "a.db")) as a:
+        first = a.todos.insert({"title": "milk", "tags": ["x"]})
+        a.todos.update(first["id"], {"votes": op.increment(2), "title": "oat milk"})
+        # A text the way another writer's encoder may order the operation's own keys (its data keeps the
+        # writer's order): it reads back as the same operation.
+        other = create_operation(
+            {
+                "node_id": "peer",
+                "type": "insert",
+                "collection": "todos",
+                "record_id": "r2",
+                "data": {"title": "bread"},
+                "timestamp": a.clock.now(),
+                "sequence_number": 1,
+                "schema_version": 1,
+            }
+        )
+        shuffled = json.dumps(dict(reversed(list(other.to_wire().items()))), separators=(",", ":"))
+        a.apply([json.loads(shuffled)])
+        a.db.conn.execute("UPDATE _offline_ops SET wire = ? WHERE id = ?", (shuffled, other.id))
+        ops = a.operations()
+        held = stored_wires(a)
+    assert [received_text(o) for o in ops] == [held[o.id] for o in ops]
+
+    def no_encoding(op: Operation) -> str:
+        raise AssertionError(f"operation {op.id} was encoded again")
+
+    monkeypatch.setattr(values, "wire_json", no_encoding)
+    with create_app(SCHEMA, path=str(tmp_path / "b.db")) as b:
+        b.apply(ops)
+        assert stored_wires(b) == held
+        assert b.todos.find_by_id(first["id"])["title"] == "oat milk"
+        assert b.todos.find_by_id("r2")["title"] == "bread"
+        # A copy made with dataclasses.replace carries no text: it is encoded as usual.
+        assert received_text(dataclasses.replace(ops[0])) is None
