@@ -6,9 +6,10 @@ import argparse
 import json
 import sys
 
-from bench import browser, cli_startup, core, load, store, sync
+from bench import browser, cli_startup, core, load, machine, store, sync
 
 SUITES = {
+    "machine": machine.run,  # first: the others are read against it
     "core": core.run,
     "store": store.run,
     "cli": cli_startup.run,
