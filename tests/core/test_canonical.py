@@ -435,3 +435,29 @@ def test_hash_form_does_not_share_the_callers_containers() -> None:
     assert frozen == freeze(data)
     assert isinstance(frozen["a"], tuple)
     assert isinstance(frozen["a"][1], FrozenDict)
+
+
+# ------------------------------------------------------------------------ the two encoders behind the fast path
+
+_PLAIN_FLOATS = st.floats(min_value=1e-4, max_value=1e16, exclude_max=True) | st.floats(
+    min_value=-1e16, max_value=-1e-4, exclude_min=True
+)
+
+
+@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.recursive(
+        st.one_of(_SCALARS, _PLAIN_FLOATS),
+        lambda children: st.lists(children, max_size=4) | st.dictionaries(_KEYS, children, max_size=5),
+        max_leaves=15,
+    )
+)
+@example([0.0001, 0.1 + 0.2, 1e15 + 0.5, 9999999999999998.0, 123456.789e-3, -5e-4])
+def test_orjson_and_the_standard_library_write_prepared_values_alike(value: Any) -> None:
+    """The fast path encodes what ``_prepare`` returns with orjson when it is installed: the same text as the
+    standard library's encoder (and so as rfc8785), or the fallback."""
+    try:
+        prepared = canonical_module._prepare(value)
+    except canonical_module._NeedsFallback:
+        return
+    assert canonical_module._encode(prepared) == canonical_module._stdlib_encode(prepared)
