@@ -252,6 +252,8 @@ class Operational:
         secrets = [t for t in (self.auth.admin, self.auth.metrics, self.auth.backup) if t]
         self.log_handler = HubLogHandler(self.hub, secrets)
         server.sync.listeners.append(self._on_sync_event)
+        # "operation" events only reach live event streams (they are not kept in `recent`).
+        server.sync.wants_operation_events = lambda: bool(self.hub.subscribers)
 
     def install(self) -> None:
         logging.getLogger("offline").addHandler(self.log_handler)

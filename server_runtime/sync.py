@@ -241,6 +241,9 @@ class SyncService:
         self.rejections: dict[str, int] = {}
         self.conflicts: dict[str, int] = {}
         self.listeners: list[Callable[[str, dict[str, Any]], None]] = []
+        # Whether the listeners want an "operation" event (a wire dict) for every stored operation now; the
+        # operational surface, which only forwards them to live event streams, says no while none is open.
+        self.wants_operation_events: Callable[[], bool] = lambda: True
 
     # -- lifecycle ------------------------------------------------------------------------------------------
 
@@ -496,8 +499,9 @@ class SyncService:
                 if isinstance(value, Refusal):
                     self.rejections[value.code] = self.rejections.get(value.code, 0) + 1
         if self.listeners:
-            for item in stored:
-                self.emit("operation", {"operation": item.operation.to_wire(), "delivery": item.delivery})
+            if self.wants_operation_events():
+                for item in stored:
+                    self.emit("operation", {"operation": item.operation.to_wire(), "delivery": item.delivery})
             for results in outcomes:
                 for op_id, value in results.items():
                     if isinstance(value, Refusal):

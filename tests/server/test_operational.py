@@ -645,6 +645,40 @@ def test_event_stream_reports_status_then_live_events(
     asyncio.run(scenario())
 
 
+def test_operation_events_are_built_only_while_an_event_stream_is_open(tmp_path: Path) -> None:
+    """A wire dict per stored operation is only worth building for a live stream (the dashboard): without
+    one the server skips them; other events (connections, refusals) are published either way."""
+
+    async def scenario() -> None:
+        async with serve(tmp_path, auth=ALL_TOKENS) as server:
+            hub = server.operational.hub
+            published: list[str] = []
+            forward = hub.publish
+
+            def record(kind: str, data: dict[str, Any]) -> None:
+                published.append(kind)
+                forward(kind, data)
+
+            hub.publish = record  # type: ignore[method-assign]
+            for folder in ("unwatched", "watched"):
+                (tmp_path / folder).mkdir()
+            a, b, _ = await traffic(tmp_path / "unwatched", sync_url(server))
+            await shutdown(a, b)
+            assert "operation" not in published and {"connection", "rejected"} <= set(published)
+            stream = hub.subscribe()
+            try:
+                a, b, _ = await traffic(tmp_path / "watched", sync_url(server))
+                await shutdown(a, b)
+            finally:
+                hub.unsubscribe(stream)
+            assert published.count("operation") >= 2
+            assert any(
+                kind == "operation" for kind, _ in [stream.get_nowait() for _ in range(stream.qsize())]
+            )
+
+    asyncio.run(scenario())
+
+
 def test_status_interval_is_at_most_five_seconds() -> None:
     assert 0 < operational.STATUS_INTERVAL <= 5
 
