@@ -54,9 +54,11 @@ def _load_orjson() -> Any:
     orjson (C and Rust) parses and encodes JSON several times faster than the standard library, but it is not
     an exact substitute: it writes some floats differently ("1e-7" where json writes "1e-07"), reads integers
     past 64 bits as floats and refuses what json accepts beyond RFC 8259 (NaN, lone surrogates, "1e400"). So
-    it is used only where its result is checked against the text itself (a frame that re-encodes to exactly
-    what was received), and everything else takes the standard library's path. It is optional: Pyodide has
-    no build of it, and ``OFFLINE_NO_ORJSON=1`` runs the pure path (tests compare the two).
+    it is used only where its result is checked against the text itself (a sync frame that re-encodes to
+    exactly what was received) or cannot differ (the canonical payload, after ``canonical._prepare`` turned
+    away every value it would write differently); everything else takes the standard library's path. It is
+    optional: Pyodide has no build of it, and ``OFFLINE_NO_ORJSON=1`` runs the pure path (tests compare the
+    two).
     """
     if os.environ.get("OFFLINE_NO_ORJSON"):
         return None

@@ -561,7 +561,7 @@ def operation_from_text(text: str) -> Operation:
     raw = json.loads(text)
     op = Operation.from_wire(raw, verify=False)
     if type(raw) is dict and raw.keys() == WIRE_KEYS:
-        op.__dict__[_RECEIVED_TEXT] = text
+        keep_received_text(op, text)
     return op
 
 
