@@ -791,6 +791,9 @@ def test_postgres_listen_recovers_from_a_lost_connection(postgres_backend: Backe
             assert isinstance(a, PostgresServerStore)
             async with a._pool.acquire() as conn:
                 assert await conn.fetchval("SELECT pg_terminate_backend($1)", pid)
+            # The backend ends shortly after the call returns: until B notices, a NOTIFY may still reach it on
+            # the old connection, and the assertions below would race with its reconnect.
+            await wait_for(lambda: b._listen_conn is None or b._listen_conn.get_server_pid() != pid)
             await append(a, make_op(seq=2))
             # Re-established, then called back with the current max delivery (the NOTIFY may be lost).
             await wait_for(lambda: heard[-1:] == [2])
