@@ -1,7 +1,7 @@
 """How fast this machine is right now, so figures from different days can be compared.
 
-The same code on the same kind of machine has measured up to 1.5x apart from one day to the next (CPU) and
-more for wake-up latency (a process waiting on a socket or a thread). These figures depend on nothing in
+The same code on the same kind of machine has measured up to 1.8x apart within one session (CPU), and more
+for wake-up latency (a process waiting on a socket or a thread). These figures depend on nothing in
 this project: read the others against them.
 """
 

@@ -58,14 +58,15 @@ def _make_wire_encoder() -> Callable[[Any], str]:
     return c_compact_encoder(_encode_default, slow, sample)
 
 
-_wire_encode: Callable[[Any], str] = _make_wire_encoder()
+#: ``compact_json(encode_value(value))``, byte for byte, in one pass (FrozenDicts and bytes as the wire writes them).
+value_json: Callable[[Any], str] = _make_wire_encoder()
 
 
 def wire_json(op: Operation) -> str:
     """The operation's compact wire text: ``compact_json(op.to_wire())``, byte for byte, without building the
     plain copy of its data first."""
     ts = op.timestamp
-    return _wire_encode(
+    return value_json(
         {
             "id": op.id,
             "nodeId": op.node_id,

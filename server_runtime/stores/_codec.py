@@ -11,9 +11,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final, TypeVar
 
 from offline.core.errors import STORAGE_ERROR, OfflineError
-from offline.core.operations import Operation, decode_value, encode_value
+from offline.core.operations import Operation, decode_value
 from offline.merge.engine import RecordState
-from offline.merge.values import compact_json, operation_text
+from offline.merge.values import operation_text, value_json
 
 from .base import RecordRow, StoredOperation
 
@@ -26,7 +26,7 @@ PAGE_SIZE: Final = 1000
 def dumps(value: Any) -> str:
     # json.dumps(encode_value(value), separators=(",", ":"), ensure_ascii=False), byte for byte, on an
     # encoder built once (json.dumps with options builds one per call: half the time of a small record).
-    return compact_json(encode_value(value))
+    return value_json(value)
 
 
 def encode_operation(op: Operation) -> str:
