@@ -4,7 +4,16 @@
 create_relational_server_store``; every store implements ``ServerStore`` (see ``base``).
 """
 
-from .base import NotifyCallback, RecordKey, RecordRow, ServerStore, StoredOperation, StoreKind, StoreWriter
+from .base import (
+    NotifyCallback,
+    RecordKey,
+    RecordRow,
+    ServerStore,
+    StoredOperation,
+    StoreKind,
+    StoreWriter,
+    WriteConflict,
+)
 from .memory import MemoryServerStore
 from .postgres import PostgresServerStore, create_relational_server_store, normalize_postgres_url
 from .sqlite import DEFAULT_SQLITE_FILENAME, SQLiteServerStore, create_sqlite_server_store
@@ -21,6 +30,7 @@ __all__ = [
     "StoreKind",
     "StoreWriter",
     "StoredOperation",
+    "WriteConflict",
     "create_relational_server_store",
     "create_sqlite_server_store",
     "normalize_postgres_url",

@@ -7,6 +7,11 @@ Because writers are serialised, the delivery sequences stamped on operations inc
 reader that has seen delivery N never later finds a newly committed operation below N, so clients can resume
 from the highest delivery sequence they applied.
 
+A writer asked for with ``optimistic=True`` may take the lock only when it first reads or commits (the SQLite
+store, owned by one process, then stores a group of new operations in one trip to its database thread). Should
+another process have written meanwhile, nothing is written and ``WriteConflict`` is raised: the caller, which
+made its decisions on what it knew before, decides again with a new writer.
+
 Store-level reads (``operations_since``, ``load_rows``, ...) take no lock and see only committed data.
 Inside a writer, use the writer's own methods: they also see what the writer has done so far. Taking a
 second writer (or calling ``store.set_meta``) while holding one deadlocks; the write lock is not reentrant.
@@ -36,6 +41,7 @@ __all__ = [
     "StoreKind",
     "StoreWriter",
     "StoredOperation",
+    "WriteConflict",
 ]
 
 StoreKind = Literal["memory", "sqlite", "postgresql"]
@@ -85,6 +91,11 @@ class RecordRow:
         return self.state.to_json() if text is None else text
 
 
+class WriteConflict(Exception):
+    """An optimistic writer found that another process wrote to the store since what it knew: nothing of
+    it was written. Decide again with a new writer (which reads what the other process wrote)."""
+
+
 class StoreWriter(abc.ABC):
     """The handle ``ServerStore.writer()`` yields; valid only inside its ``async with`` block.
 
@@ -98,6 +109,12 @@ class StoreWriter(abc.ABC):
     @abc.abstractmethod
     async def known_ids(self, ids: Iterable[str]) -> set[str]:
         """The subset of ``ids`` that are stored operation ids."""
+
+    async def known_operations(self, ops: Iterable[Operation]) -> set[str]:
+        """``known_ids`` of these operations' ids; a store that knows the highest sequence number it holds of
+        each node need not look up an operation above it (its id, a hash of its node and sequence number among
+        the rest, cannot be stored)."""
+        return await self.known_ids(op.id for op in ops)
 
     @abc.abstractmethod
     async def load_rows(self, keys: Iterable[RecordKey]) -> dict[RecordKey, RecordRow]:
@@ -169,10 +186,11 @@ class ServerStore(abc.ABC):
     # -------------------------------------------------------------------------------------------- writing
 
     @abc.abstractmethod
-    def writer(self) -> AbstractAsyncContextManager[StoreWriter]:
+    def writer(self, *, optimistic: bool = False) -> AbstractAsyncContextManager[StoreWriter]:
         """``async with store.writer() as w:`` holds the exclusive write lock and commits atomically at exit.
 
-        An exception inside the block rolls everything back and propagates.
+        An exception inside the block rolls everything back and propagates. ``optimistic``: see the module
+        docstring (a store may ignore it; the writer may then raise `WriteConflict`).
         """
 
     async def set_meta(self, key: str, value: str) -> None:

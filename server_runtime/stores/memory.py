@@ -79,8 +79,8 @@ class MemoryServerStore(ServerStore):
             # Reached only when the block did not raise: apply everything at once (nothing can fail here).
             self._commit(writer)
 
-    def writer(self) -> AbstractAsyncContextManager[StoreWriter]:
-        return self._writer()
+    def writer(self, *, optimistic: bool = False) -> AbstractAsyncContextManager[StoreWriter]:
+        return self._writer()  # always holds the lock from the start (a WriteConflict cannot happen)
 
     def _commit(self, writer: _MemoryWriter) -> None:
         for op in writer.ops:

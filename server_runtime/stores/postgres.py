@@ -228,8 +228,8 @@ class PostgresServerStore(ServerStore):
 
     # -------------------------------------------------------------------------------------------- writing
 
-    def writer(self) -> AbstractAsyncContextManager[StoreWriter]:
-        return self._writer()
+    def writer(self, *, optimistic: bool = False) -> AbstractAsyncContextManager[StoreWriter]:
+        return self._writer()  # always holds the lock from the start (a WriteConflict cannot happen)
 
     @asynccontextmanager
     async def _writer(self) -> AsyncIterator[StoreWriter]:

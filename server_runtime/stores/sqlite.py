@@ -7,6 +7,11 @@
   store-level reads, which therefore see committed data only. ``":memory:"`` uses a single connection, and
   its store-level reads wait for the write lock instead.
 - Delivery sequences are ``MAX(delivery) + 1`` inside the writer's transaction: gapless and in commit order.
+- An optimistic writer (the sync core's) begins its transaction only with its first read or its commit:
+  the store remembers the highest delivery, and each node's highest sequence number, it committed last, and
+  a group of new operations (none of them can be stored already) goes in one trip to the connection's
+  thread, BEGIN to COMMIT, instead of three. That trip checks the highest delivery is still the one
+  remembered, or writes nothing and raises `WriteConflict` (another process wrote to the file).
 - The connections open lazily on first use, so ``create_sqlite_server_store`` needs no running event loop.
 - ``listen`` is a no-op: one server process owns a SQLite store.
 """
@@ -28,7 +33,16 @@ import aiosqlite
 from offline.core.operations import Operation
 
 from . import _codec
-from .base import NotifyCallback, RecordKey, RecordRow, ServerStore, StoredOperation, StoreKind, StoreWriter
+from .base import (
+    NotifyCallback,
+    RecordKey,
+    RecordRow,
+    ServerStore,
+    StoredOperation,
+    StoreKind,
+    StoreWriter,
+    WriteConflict,
+)
 
 __all__ = ["DEFAULT_SQLITE_FILENAME", "SQLiteServerStore", "create_sqlite_server_store"]
 
@@ -80,8 +94,14 @@ async def _exec(conn: aiosqlite.Connection, sql: str, params: Iterable[Any] = ()
     await cursor.close()
 
 
-# One statement of a batch run by `_run_steps`: ("execute" | "executemany" | "fetch", sql, parameters).
+# One statement of a batch run by `_run_steps`: ("execute" | "executemany" | "fetch", sql, parameters), or
+# ("expect", sql, value): the query's one value must be ``value``, else `_Moved` is raised (nothing after it
+# runs).
 _Step = tuple[str, str, Any]
+
+
+class _Moved(Exception):
+    """An "expect" step found another value: the database changed since what the writer knew."""
 
 
 def _thread_runner(
@@ -101,6 +121,12 @@ def _steps_on(raw: sqlite3.Connection, steps: Sequence[_Step]) -> list[list[Any]
     for kind, sql, params in steps:
         if kind == "fetch":
             out.append(raw.execute(sql, params).fetchall())
+            continue
+        if kind == "expect":
+            (value,) = raw.execute(sql).fetchone()
+            if value != params:
+                raise _Moved(f"expected {params!r}, found {value!r}")
+            out.append(None)
             continue
         if kind == "executemany":
             raw.executemany(sql, params)
@@ -144,6 +170,8 @@ _OPERATIONS_SINCE: Final = (
     "SELECT delivery, wire, scope FROM offline_operations WHERE delivery > ? ORDER BY delivery LIMIT ?"
 )
 _MAX_DELIVERY: Final = "SELECT COALESCE(MAX(delivery), 0) FROM offline_operations"
+_NODE_TAILS: Final = "SELECT node_id, MAX(sequence_number) FROM offline_operations GROUP BY node_id"
+_BEGIN: Final[_Step] = ("execute", "BEGIN IMMEDIATE", ())
 _INSERT_OPERATIONS: Final = (
     "INSERT INTO offline_operations (delivery, id, node_id, sequence_number, collection, record_id, wire, scope)"
     " VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
@@ -193,6 +221,10 @@ class SQLiteServerStore(ServerStore):
         self._reader_conn: aiosqlite.Connection | None = None
         self._open_lock = asyncio.Lock()
         self._write_lock = asyncio.Lock()
+        # As of this store's last commit: the highest delivery, and (once an optimistic writer asked) each
+        # node's highest sequence number. None when not known (before the first writer, after a failed one).
+        self._top: int | None = None
+        self._tails: dict[str, int] | None = None
 
     def __repr__(self) -> str:
         return f"SQLiteServerStore({self.filename!r})"
@@ -272,39 +304,62 @@ class SQLiteServerStore(ServerStore):
 
     # -------------------------------------------------------------------------------------------- writing
 
-    def writer(self) -> AbstractAsyncContextManager[StoreWriter]:
-        return self._writer()
+    def writer(self, *, optimistic: bool = False) -> AbstractAsyncContextManager[StoreWriter]:
+        return self._writer(optimistic)
 
     @asynccontextmanager
-    async def _writer(self) -> AsyncIterator[StoreWriter]:
+    async def _writer(self, optimistic: bool) -> AsyncIterator[StoreWriter]:
         await self._prepare()
         async with self._write_lock:
             self._check_open()
             conn = self._writer_conn
             assert conn is not None
+            top, tails = self._top, self._tails
+            # Known again only once this writer has committed.
+            self._top = self._tails = None
             with self._errors("beginning a write transaction"):
                 if conn.in_transaction:  # left open by a writer cancelled mid-rollback
                     await _exec(conn, "ROLLBACK")
-                # The highest delivery comes with BEGIN: nobody else can write until this writer ends.
-                _, top = await _run_steps(
-                    conn, [("execute", "BEGIN IMMEDIATE", ()), ("fetch", _MAX_DELIVERY, ())]
-                )
-            assert top is not None
-            writer = _SQLiteWriter(self, conn, int(top[0][0]))
+                if optimistic and top is not None and tails is not None:
+                    writer = _SQLiteWriter(self, conn, top, tails, begun=False)
+                else:
+                    # The highest delivery comes with BEGIN: nobody else can write until this writer ends.
+                    steps: list[_Step] = [_BEGIN, ("fetch", _MAX_DELIVERY, ())]
+                    if optimistic:
+                        steps.append(("fetch", _NODE_TAILS, ()))
+                    results = await _run_steps(conn, steps)
+                    assert results[1] is not None
+                    found = int(results[1][0][0])
+                    if optimistic:
+                        assert results[2] is not None
+                        tails = {str(node): int(seq) for node, seq in results[2]}
+                    elif found != top:
+                        tails = None  # another process wrote: what it stored is not counted in them
+                    writer = _SQLiteWriter(self, conn, found, tails, begun=True)
             try:
                 yield writer
                 writer.active = False
-                with self._errors("committing"):
-                    # The writes the writer queued and COMMIT: one trip to the connection's thread.
-                    await _run_steps(conn, [*writer.take_queued(), ("execute", "COMMIT", ())])
-            except BaseException:
+                steps = writer.take_queued()
+                if steps or writer.begun:
+                    with self._errors("committing"):
+                        # The writes the writer queued and COMMIT (BEGIN first, if nothing did it yet): one
+                        # trip to the connection's thread.
+                        await _run_steps(conn, [*writer.opening(), *steps, ("execute", "COMMIT", ())])
+            except BaseException as exc:
                 writer.active = False
                 if conn.in_transaction:
                     try:
                         await _exec(conn, "ROLLBACK")
                     except Exception:
                         log.exception("rolling back a write transaction of SQLite store %s", self.filename)
+                if isinstance(exc, _Moved):
+                    raise WriteConflict(
+                        f"another process wrote to the SQLite store {self.filename} meanwhile; nothing was written"
+                    ) from exc
                 raise
+            if not writer.raw_used:  # statements of the caller's own may have stored operations
+                self._top = writer.max_delivery
+                self._tails = writer.tails
 
     # -------------------------------------------------------------------------------------------- reading
 
@@ -422,16 +477,34 @@ class _SQLiteWriter(StoreWriter):
     """Writes are queued and run with COMMIT, in one trip to the connection's thread; a read first runs
     what is queued (in the same trip), so reads see this writer's own writes."""
 
-    def __init__(self, store: SQLiteServerStore, conn: aiosqlite.Connection, max_delivery: int) -> None:
+    def __init__(
+        self,
+        store: SQLiteServerStore,
+        conn: aiosqlite.Connection,
+        max_delivery: int,
+        tails: dict[str, int] | None,
+        *,
+        begun: bool,
+    ) -> None:
         self.store = store
         self._conn = conn
         self.active = True
         self._queued: list[_Step] = []
         self._max_delivery = max_delivery  # the highest delivery, this writer's appends included
-        # Ids this transaction found not stored (known_ids) or stored itself (append): append needs no
-        # query for them.
+        self._top = max_delivery  # as the writer began: what an optimistic BEGIN checks
+        # Each node's highest stored sequence number (None: not known), this writer's appends included.
+        self.tails = tails
+        self.begun = begun  # False: an optimistic writer whose BEGIN goes with its first trip
+        self.raw_used = False
+        # Ids this transaction found not stored (known_ids), found stored, or stored itself (append): append
+        # needs no query for them.
         self._absent: set[str] = set()
+        self._present: set[str] = set()
         self._appended: set[str] = set()
+
+    @property
+    def max_delivery(self) -> int:
+        return self._max_delivery
 
     @property
     def conn(self) -> aiosqlite.Connection:
@@ -439,7 +512,17 @@ class _SQLiteWriter(StoreWriter):
         if self._queued:
             # Its statements would run before the queued ones: out of order.
             raise RuntimeError("the writer has queued writes; use its methods, not its raw connection")
+        if not self.begun:
+            raise RuntimeError("an optimistic writer has no transaction yet; use its methods")
+        self.raw_used = True
         return self._conn
+
+    def opening(self) -> list[_Step]:
+        """BEGIN and its check, for the trip that opens an optimistic writer's transaction (else nothing)."""
+        if self.begun:
+            return []
+        self.begun = True
+        return [_BEGIN, ("expect", _MAX_DELIVERY, self._top)]
 
     def take_queued(self) -> list[_Step]:
         queued, self._queued = self._queued, []
@@ -452,9 +535,9 @@ class _SQLiteWriter(StoreWriter):
 
     async def _read(self, steps: list[_Step]) -> list[list[Any] | None]:
         """Run the queued writes, then ``steps``; the results of ``steps``."""
-        queued = self.take_queued()
-        results = await _run_steps(self._conn, [*queued, *steps])
-        return results[len(queued) :]
+        before = [*self.opening(), *self.take_queued()]
+        results = await _run_steps(self._conn, [*before, *steps])
+        return results[len(before) :]
 
     async def operations_since(self, after: int, limit: int | None = None) -> list[StoredOperation]:
         self._check()
@@ -473,12 +556,37 @@ class _SQLiteWriter(StoreWriter):
         results = await self._read(_known_ids_steps(wanted))
         found = {row[0] for rows in results if rows for row in rows}
         self._absent.update(i for i in wanted if i not in found and i not in self._appended)
+        self._present.update(found)
         return found
 
     async def known_ids(self, ids: Iterable[str]) -> set[str]:
         self._check()
         with self.store._errors("reading operation ids"):
             return await self._known(ids)
+
+    async def known_operations(self, ops: Iterable[Operation]) -> set[str]:
+        self._check()
+        ops = list(ops)
+        unsure = self._unsure(ops)
+        found = {op.id for op in ops if op.id in self._present or op.id in self._appended}
+        if unsure:
+            with self.store._errors("reading operation ids"):
+                found |= await self._known(unsure)
+        return found
+
+    def _unsure(self, ops: Iterable[Operation]) -> list[str]:
+        """The ids of ``ops`` this writer cannot tell stored or not without a query."""
+        tails = self.tails
+        out: list[str] = []
+        for op in ops:
+            op_id = op.id
+            if op_id in self._absent or op_id in self._present or op_id in self._appended:
+                continue
+            if tails is not None and op.sequence_number > tails.get(op.node_id, 0):
+                self._absent.add(op_id)  # beyond what the store holds of its node: new
+                continue
+            out.append(op_id)
+        return out
 
     async def load_rows(self, keys: Iterable[RecordKey]) -> dict[RecordKey, RecordRow]:
         self._check()
@@ -512,9 +620,9 @@ class _SQLiteWriter(StoreWriter):
         if not ops:
             return []
         with self.store._errors("appending operations"):
-            unchecked = [op.id for op, _ in ops if op.id not in self._absent and op.id not in self._appended]
+            unchecked = self._unsure(op for op, _ in ops)
             seen = await self._known(unchecked) if unchecked else set()
-            seen |= self._appended
+            seen |= self._appended | self._present
             delivery = self._max_delivery
             result: list[int | None] = []
             values: list[tuple[Any, ...]] = []
@@ -540,6 +648,12 @@ class _SQLiteWriter(StoreWriter):
             if values:
                 self._queued.append(("executemany", _INSERT_OPERATIONS, values))
                 self._max_delivery = delivery
+                tails = self.tails
+                if tails is not None:
+                    for value in values:
+                        node, seq = value[2], value[3]
+                        if seq > tails.get(node, 0):
+                            tails[node] = seq
                 self._appended.update(v[1] for v in values)
                 self._absent.difference_update(self._appended)
         return result
