@@ -507,8 +507,8 @@ def _check_depth(data: bytes, limit: int) -> None:
     remaining brackets is measured. Unbalanced brackets are left for the JSON parser to report: it stops at
     the first one, and up to there its nesting is exactly the prefix depth measured here.
     """
-    if data.count(b"[") + data.count(b"{") <= limit:
-        return  # cannot nest deeper than the number of opening brackets
+    if len(data) <= 4096 and data.count(b"[") + data.count(b"{") <= limit:
+        return  # cannot nest deeper than the number of opening brackets (counting is a byte loop: small only)
     if b"\\" in data:
         # Backslashes pair up from the left exactly as the JSON lexer reads them; once escaped backslashes
         # are gone, a backslash before a quote escapes it. (Outside strings a backslash is a parse error,
@@ -521,6 +521,17 @@ def _check_depth(data: bytes, limit: int) -> None:
         skeleton = skeleton.replace(b'""', b"")
         if b'"' in skeleton:
             skeleton = b"".join(skeleton.split(b'"')[::2])
+    # Peel the innermost pairs off, a level a pass (one replace scans once, so a pair it uncovers waits for
+    # the next pass): balanced brackets are gone after exactly as many passes as they nest deep. A handful of
+    # passes for any message, where summing the steps below costs an object per bracket.
+    peeled = skeleton
+    for _ in range(limit):
+        shorter = peeled.replace(b"\x01\xff", b"")
+        if len(shorter) == len(peeled):
+            break  # unbalanced (or nothing left): measured below
+        peeled = shorter
+    if not peeled:
+        return
     steps = array("b")
     steps.frombytes(skeleton)
     if max(accumulate(steps), default=0) > limit:
@@ -659,10 +670,12 @@ def _compact_batch(text: str, data: bytes, max_batch: int) -> tuple[dict[str, An
     re-encodes first; a frame it does not give back exactly (a float it writes another way, an integer past
     64 bits it reads as a float) is tried again with the standard library, so the outcome is the same.
     """
-    if _OPERATIONS_TAIL not in text or _LONG_DIGIT_RUN in data.translate(_DIGITS_ONLY):
+    if _OPERATIONS_TAIL not in text:
         return None
     fast = _orjson
     if fast is not None:
+        # No digit-run check first: orjson reads an integer literal past 64 bits as a float, which encodes
+        # another way, so a frame it gives back exactly holds none longer than 20 digits.
         try:
             parsed = fast.loads(data)
         except ValueError:  # orjson.JSONDecodeError: the standard library may still read it
@@ -671,6 +684,8 @@ def _compact_batch(text: str, data: bytes, max_batch: int) -> tuple[dict[str, An
             texts = _split_batch(parsed, max_batch, fast.dumps, data, _BYTES_PARTS)
             if texts is not None:
                 return parsed, tuple([item.decode() for item in texts])
+    if _LONG_DIGIT_RUN in data.translate(_DIGITS_ONLY):
+        return None
     try:
         obj = json.loads(text, parse_constant=_refuse_constant)
     except (ProtocolError, ValueError, RecursionError):

@@ -709,6 +709,47 @@ def test_depth_scan_matches_the_parsed_depth(value: Any, limit: int, ensure_asci
         P._check_depth(data, limit)
 
 
+def prefix_depth(data: bytes) -> int:
+    """The depth ``_check_depth`` measures, one byte at a time: the deepest prefix of the brackets outside
+    strings, escaped backslashes and quotes paired up from the left first (the lexer's reading; a backslash
+    outside a string is a parse error anyway), unbalanced input measured as it stands."""
+    depth = deepest = 0
+    inside = False
+    for byte in data.replace(b"\\\\", b"").replace(b'\\"', b""):
+        char = chr(byte)
+        if char == '"':
+            inside = not inside
+        elif inside:
+            continue
+        elif char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]}":
+            depth -= 1
+    return deepest
+
+
+@settings(max_examples=600, deadline=None)
+@given(
+    st.lists(
+        st.sampled_from(["[", "]", "{", "}", '"', "\\", "a", ",", '""', "[]", "{}", "[[", "]]"]), max_size=80
+    ),
+    st.integers(0, 8),
+    st.integers(0, 5000),
+)
+def test_depth_scan_matches_a_byte_by_byte_scan_on_any_input(
+    pieces: list[str], limit: int, padding: int
+) -> None:
+    """Unbalanced and malformed input too (the parser reports it later; its nesting up to there counts), also
+    past the size where the scan stops counting brackets first."""
+    data = "".join(pieces).encode() + b" " * padding
+    if prefix_depth(data) > limit:
+        with pytest.raises(ProtocolError):
+            P._check_depth(data, limit)
+    else:
+        P._check_depth(data, limit)
+
+
 # -------------------------------------------------------------------------------------------- fuzzing
 
 KNOWN_KEYS = sorted(
@@ -1065,6 +1106,8 @@ def check_compact_batch_texts() -> None:
         ('"title":"Buy milk"', '"title":"Buy milk","title":"Sell milk"'),  # a key twice, inside an operation
         ('"isFinal":true', '"isFinal":true,"isFinal":false'),  # ... in the envelope
         ('"sequenceNumber":3', '"sequenceNumber":1' + "0" * 120),  # an integer literal too long to read
+        ('"title":"Buy milk"', '"title":-' + "9" * 101),  # ... where orjson would read a float
+        ('"title":"Buy milk"', '"title":1.' + "0" * 120 + "1"),  # a float literal as long
         ('"sequenceNumber":3', '"sequenceNumber":1e999'),  # not finite
         ('"sequenceNumber":3', '"sequenceNumber":NaN'),
         ('"sequenceNumber":3', '"sequenceNumber":3.0'),  # valid, but not how it is encoded
