@@ -11,11 +11,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final, TypeVar
 
 from offline.core.errors import STORAGE_ERROR, OfflineError
-from offline.core.operations import Operation, decode_value
-from offline.merge.engine import RecordState
+from offline.core.operations import BYTES_MARKER, Operation, decode_value
 from offline.merge.values import operation_text, value_json
 
-from .base import RecordRow, StoredOperation
+from .base import RecordRow, StoredOperation, StoredRecordRow
 
 T = TypeVar("T")
 
@@ -49,7 +48,9 @@ def encode_optional(value: Mapping[str, Any] | None) -> str | None:
 def decode_optional(text: str | None) -> dict[str, Any] | None:
     if text is None:
         return None
-    value = decode_value(json.loads(text))
+    value = json.loads(text)
+    if BYTES_MARKER in text:  # else decode_value would return an equal copy: no bytes value in there
+        value = decode_value(value)
     if not isinstance(value, dict):
         raise OfflineError("stored value is not a JSON object", STORAGE_ERROR, {"value": text[:200]})
     return value
@@ -62,13 +63,7 @@ def stored_operation(delivery: int, wire: str, scope: str | None) -> StoredOpera
 
 
 def record_row(collection: str, record_id: str, state: str, record: str | None) -> RecordRow:
-    return RecordRow(
-        collection=collection,
-        record_id=record_id,
-        state=RecordState.from_json(state),
-        record=decode_optional(record),
-        state_text=state,
-    )
+    return StoredRecordRow(collection, record_id, state, decode_optional(record))
 
 
 def check_appends(ops: Sequence[tuple[Operation, Mapping[str, Any] | None]]) -> None:

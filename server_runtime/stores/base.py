@@ -91,6 +91,46 @@ class RecordRow:
         return self.state.to_json() if text is None else text
 
 
+class StoredRecordRow(RecordRow):
+    """A `RecordRow` read back from a store: its state is parsed from the stored text only when first used.
+
+    The server's cache keeps states as text (`RecordCache`), so loading every record at startup, or the rows
+    of a catch-up, never needs the parsed state, which was most of the time a restart took.
+    """
+
+    def __init__(
+        self, collection: str, record_id: str, state_text: str, record: dict[str, Any] | None
+    ) -> None:
+        setattr_ = object.__setattr__  # frozen
+        setattr_(self, "collection", collection)
+        setattr_(self, "record_id", record_id)
+        setattr_(self, "record", record)
+        setattr_(self, "state_text", state_text)
+
+    def __eq__(self, other: object) -> bool:
+        # As a RecordRow compares (the same fields), with either class on either side.
+        if not isinstance(other, RecordRow):
+            return NotImplemented
+        return (self.collection, self.record_id, self.state, self.record) == (
+            other.collection,
+            other.record_id,
+            other.state,
+            other.record,
+        )
+
+    __hash__ = None  # type: ignore[assignment]  # as RecordRow's: a state is not hashable
+
+    def __getattr__(self, name: str) -> Any:
+        # Reached only while the instance has no such attribute: "state" before its first use.
+        if name != "state":
+            raise AttributeError(name)
+        text = self.state_text
+        assert text is not None  # set by __init__
+        state = RecordState.from_json(text)
+        object.__setattr__(self, "state", state)
+        return state
+
+
 class WriteConflict(Exception):
     """An optimistic writer found that another process wrote to the store since what it knew: nothing of
     it was written. Decide again with a new writer (which reads what the other process wrote)."""

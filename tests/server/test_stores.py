@@ -373,6 +373,40 @@ def test_rows_saved_loaded_updated_and_deleted(backend: Backend) -> None:
     backend.run(test)
 
 
+def test_loaded_rows_parse_their_state_only_when_used(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server's cache keeps states as text: loading rows (all of them at startup) parses none; a row's
+    state is parsed on first use, once. Records holding bytes still read back as bytes."""
+    parsed: list[str | bytes] = []
+    real = RecordState.from_json.__func__  # type: ignore[attr-defined]
+
+    def counting(cls: type[RecordState], text: str | bytes) -> RecordState:
+        parsed.append(text)
+        return real(cls, text)  # type: ignore[no-any-return]
+
+    async def test(store: ServerStore) -> None:
+        saved = row_for([make_op(seq=1, data={"title": "one", "done": False})])
+        blob = RecordRow(
+            "notes", "n1", RecordState(), {"id": "n1", "body": {"raw": b"\x00\xff"}, "n": [1.5, None]}
+        )
+        async with store.writer() as writer:
+            await writer.save_rows([saved, blob])
+        monkeypatch.setattr(RecordState, "from_json", classmethod(counting))
+        rows = {row.key: row async for row in store.load_all_rows()}
+        loaded = await store.load_rows([("todos", "r1"), ("notes", "n1")])
+        assert parsed == []
+        assert loaded[("notes", "n1")].record == blob.record
+        assert rows[("notes", "n1")].record == blob.record
+        got = loaded[("todos", "r1")]
+        assert got.state_json() == saved.state.to_json() and parsed == []
+        assert got.state.to_json() == saved.state.to_json() and got.state is got.state
+        assert len(parsed) == 1
+        assert got == saved  # compares the parsed state
+
+    backend.run(test)
+
+
 def test_load_all_rows_pages_through_everything(backend: Backend, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_codec, "PAGE_SIZE", 3)
 
