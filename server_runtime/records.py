@@ -7,15 +7,22 @@ processes committed. Constraint and relation checks read it synchronously throug
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
+from offline.core.operations import Operation, operation_from_text
 from offline.core.schema import SchemaDefinition
 from offline.merge.engine import RecordState
+from offline.merge.values import operation_text
 
-from .stores.base import RecordRow
+from .stores.base import ONE_OPERATION, RecordRow
 
 Key = tuple[str, str]
+
+
+def one_operation_state(op: Operation) -> str:
+    """The state text standing for what ``op`` makes of a record with no state (``base.ONE_OPERATION``)."""
+    return ONE_OPERATION + operation_text(op)
 
 
 class RecordCache:
@@ -27,8 +34,12 @@ class RecordCache:
     (`StagedView.state`), which parsing the text gives.
     """
 
-    def __init__(self, schema: SchemaDefinition) -> None:
+    def __init__(
+        self, schema: SchemaDefinition, refold: Callable[[Operation], RecordState] | None = None
+    ) -> None:
         self.schema = schema
+        # What one operation makes of an empty state (the merge engine's apply): reads `ONE_OPERATION` texts.
+        self.refold = refold
         self.rows: dict[Key, str] = {}
         self.alive: dict[str, dict[str, dict[str, Any]]] = {name: {} for name in schema.collections}
 
@@ -43,7 +54,11 @@ class RecordCache:
     def state(self, collection: str, record_id: str) -> RecordState | None:
         """A new copy of the record's committed state (None: the server holds none)."""
         text = self.rows.get((collection, record_id))
-        return None if text is None else RecordState.from_json(text)
+        if text is None:
+            return None
+        if text[:1] == ONE_OPERATION and self.refold is not None:
+            return self.refold(operation_from_text(text[1:]))
+        return RecordState.from_json(text)
 
     def record(self, collection: str, record_id: str) -> dict[str, Any] | None:
         return self.alive.get(collection, {}).get(record_id)

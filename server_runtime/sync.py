@@ -34,12 +34,12 @@ from offline.core.scopes import (
 from offline.core.uuid7 import generate_uuid_v7
 from offline.core.version_vector import topological_sort
 from offline.merge.constraints import Action, check_write
-from offline.merge.engine import Conflict, MergeEngine
+from offline.merge.engine import Conflict, MergeEngine, RecordState
 from offline.merge.relations import complete_actions, plan_record_delete
 from offline.merge.values import operation_text
 from offline.sync import protocol as p
 
-from .records import RecordCache, StagedView
+from .records import RecordCache, StagedView, one_operation_state
 from .stores._codec import decode_optional
 from .stores.base import RecordRow, ServerStore, StoredOperation, WriteConflict
 
@@ -268,7 +268,7 @@ class SyncService:
         self.node_id: str = node_id
         self.clock = HybridLogicalClock(node_id, now=self._now)
         self.engine = MergeEngine(schema, authoritative_nodes=(node_id,))
-        self.cache = RecordCache(schema)
+        self.cache = RecordCache(schema, self._refold)
         async for row in self.store.load_all_rows():
             self.cache.put(row)
         if len(self.cache.rows) >= _FREEZE_AT:
@@ -477,7 +477,9 @@ class SyncService:
                     self._judge_batch(request, outcomes[index], index, view, known, taken, accepted)
                 # Each state is encoded once, for the store and the cache alike.
                 rows = [
-                    RecordRow(row.collection, row.record_id, row.state, row.record, row.state.to_json())
+                    row
+                    if row.state_text is not None
+                    else RecordRow(row.collection, row.record_id, row.state, row.record, row.state.to_json())
                     for row in view.rows.values()
                 ]
                 if accepted:
@@ -585,6 +587,12 @@ class SyncService:
             self.clock = HybridLogicalClock(node_id, now=self._now)
             self.engine = MergeEngine(self.schema, authoritative_nodes=(node_id,))
             self._seq = (await self.store.version_vector()).get(node_id, 0)
+
+    def _refold(self, op: Operation) -> RecordState:
+        """What ``op`` makes of an empty state (how the cache reads a `stores.base.ONE_OPERATION` text)."""
+        state = RecordState()
+        self.engine.apply(state, op, want_conflicts=False)
+        return state
 
     def _apply(self, view: StagedView, op: Operation) -> None:
         state = view.state(op.collection, op.record_id)
@@ -715,12 +723,18 @@ class SyncService:
                 None,
             )
         # Apply the write to a copy to see the record it would make; accepted, the copy becomes the state.
+        key = (op.collection, op.record_id)
+        # (Not for this server's own operations: its engine, whose node is authoritative, may fold those
+        # otherwise than the stores' engine reading the text back.)
+        fresh = key not in view.rows and key not in view.cache.rows and op.node_id != self.node_id
         state = view.state(op.collection, op.record_id)
-        if (op.collection, op.record_id) in view.rows:  # staged states are the batch's own objects
+        if key in view.rows:  # staged states are the batch's own objects
             state = type(state).from_json(state.to_json())
         conflicts = self.engine.apply(state, op)
         after = self.engine.materialize(op.collection, op.record_id, state)
-        trial = _Trial(RecordRow(op.collection, op.record_id, state, after), conflicts)
+        # A record's first operation: its state is stored as its text (stores.base.ONE_OPERATION).
+        text = one_operation_state(op) if fresh else None
+        trial = _Trial(RecordRow(op.collection, op.record_id, state, after, text), conflicts)
         if session is not None:
             if after is not None and not session.matches(op.collection, after):
                 return (

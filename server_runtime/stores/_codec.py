@@ -7,11 +7,12 @@ the value written, whatever the backend. Bytes values travel as the wire's bytes
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Final, TypeVar
 
 from offline.core.errors import STORAGE_ERROR, OfflineError
 from offline.core.operations import BYTES_MARKER, Operation, decode_value
+from offline.merge.engine import RecordState
 from offline.merge.values import operation_text, value_json
 
 from .base import RecordRow, StoredOperation, StoredRecordRow
@@ -62,8 +63,15 @@ def stored_operation(delivery: int, wire: str, scope: str | None) -> StoredOpera
     )
 
 
-def record_row(collection: str, record_id: str, state: str, record: str | None) -> RecordRow:
-    return StoredRecordRow(collection, record_id, state, decode_optional(record))
+def record_row(
+    collection: str,
+    record_id: str,
+    state: str,
+    record: str | None,
+    refold: Callable[[Operation], RecordState] | None = None,
+) -> RecordRow:
+    """A stored row; ``refold`` (the store's ``_refold_state``) reads a ``ONE_OPERATION`` state text."""
+    return StoredRecordRow(collection, record_id, state, decode_optional(record), refold)
 
 
 def check_appends(ops: Sequence[tuple[Operation, Mapping[str, Any] | None]]) -> None:

@@ -23,12 +23,12 @@ import abc
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Final, Literal
 
 from offline.core.errors import STORAGE_ERROR, OfflineError
-from offline.core.operations import Operation
+from offline.core.operations import Operation, operation_from_text
 from offline.core.schema import SchemaDefinition
-from offline.merge.engine import RecordState
+from offline.merge.engine import MergeEngine, RecordState
 
 if TYPE_CHECKING:
     from ..auth.storage import AuthStore
@@ -69,6 +69,13 @@ class StoredOperation:
     scope: dict[str, Any] | None
 
 
+# A state text that is this prefix and an operation's wire JSON: the state that operation makes of a record
+# with none (a record just inserted, the usual case), a function of the operation alone (DESIGN.md section
+# 3). The sync core writes it for a record's first operation: the operation's text is at hand, where
+# encoding the state was a sizeable part of storing an insert. A state's JSON text never starts with it.
+ONE_OPERATION: Final = "@"
+
+
 @dataclass(frozen=True)
 class RecordRow:
     """One record's merge state and materialised value (``record`` None: deleted / not alive)."""
@@ -99,13 +106,19 @@ class StoredRecordRow(RecordRow):
     """
 
     def __init__(
-        self, collection: str, record_id: str, state_text: str, record: dict[str, Any] | None
+        self,
+        collection: str,
+        record_id: str,
+        state_text: str,
+        record: dict[str, Any] | None,
+        refold: Callable[[Operation], RecordState] | None = None,
     ) -> None:
         setattr_ = object.__setattr__  # frozen
         setattr_(self, "collection", collection)
         setattr_(self, "record_id", record_id)
         setattr_(self, "record", record)
         setattr_(self, "state_text", state_text)
+        setattr_(self, "_refold", refold)  # reads a `ONE_OPERATION` text
 
     def __eq__(self, other: object) -> bool:
         # As a RecordRow compares (the same fields), with either class on either side.
@@ -126,7 +139,17 @@ class StoredRecordRow(RecordRow):
             raise AttributeError(name)
         text = self.state_text
         assert text is not None  # set by __init__
-        state = RecordState.from_json(text)
+        if text[:1] == ONE_OPERATION:
+            refold = self.__dict__["_refold"]
+            if refold is None:
+                raise OfflineError(
+                    "a record state stored as its one operation needs the schema to be read (set_schema)",
+                    STORAGE_ERROR,
+                    {"collection": self.collection, "recordId": self.record_id},
+                )
+            state = refold(operation_from_text(text[1:]))
+        else:
+            state = RecordState.from_json(text)
         object.__setattr__(self, "state", state)
         return state
 
@@ -212,8 +235,24 @@ class ServerStore(abc.ABC):
         self._check_open()
         await self._prepare()
         self._schema = schema
+        self._engine: MergeEngine | None = None
         async with self.writer() as writer:
             await writer.set_meta(SCHEMA_VERSION_KEY, str(schema.version))
+
+    def _refold_state(self, op: Operation) -> RecordState:
+        """What ``op`` makes of a record with no state: how rows read back a `ONE_OPERATION` state text."""
+        engine: MergeEngine | None = getattr(self, "_engine", None)
+        if engine is None:
+            if self._schema is None:
+                raise OfflineError(
+                    f"the {self.kind} server store has no schema yet (set_schema)", STORAGE_ERROR, {}
+                )
+            # No authoritative nodes: the sync core stores this form only for clients' operations, on
+            # which its engine (whose own node is authoritative) folds the same.
+            engine = self._engine = MergeEngine(self._schema)
+        state = RecordState()
+        engine.apply(state, op, want_conflicts=False)
+        return state
 
     @abc.abstractmethod
     async def _prepare(self) -> None:

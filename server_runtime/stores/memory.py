@@ -8,7 +8,7 @@ fails here too.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -35,8 +35,8 @@ class _Op:
 _Row = tuple[str, str | None]
 
 
-def _row(key: RecordKey, value: _Row) -> RecordRow:
-    return _codec.record_row(key[0], key[1], value[0], value[1])
+def _row(key: RecordKey, value: _Row, refold: Callable[[Operation], Any]) -> RecordRow:
+    return _codec.record_row(key[0], key[1], value[0], value[1], refold)
 
 
 def _since(ops: list[_Op], after: int, limit: int | None) -> list[_Op]:
@@ -116,11 +116,11 @@ class MemoryServerStore(ServerStore):
     async def load_all_rows(self) -> AsyncIterator[RecordRow]:
         self._check_open()
         for key, value in list(self._rows.items()):
-            yield _row(key, value)
+            yield _row(key, value, self._refold_state)
 
     async def load_rows(self, keys: Iterable[RecordKey]) -> dict[RecordKey, RecordRow]:
         self._check_open()
-        return {key: _row(key, self._rows[key]) for key in keys if key in self._rows}
+        return {key: _row(key, self._rows[key], self._refold_state) for key in keys if key in self._rows}
 
     async def version_vector(self) -> dict[str, int]:
         self._check_open()
@@ -178,7 +178,7 @@ class _MemoryWriter(StoreWriter):
         for key in keys:
             value = self.rows.get(key) or self.store._rows.get(key)
             if value is not None:
-                out[key] = _row(key, value)
+                out[key] = _row(key, value, self.store._refold_state)
         return out
 
     async def append(self, ops: Sequence[tuple[Operation, Mapping[str, Any] | None]]) -> list[int | None]:

@@ -27,7 +27,7 @@ import inspect
 import logging
 import re
 import urllib.parse
-from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, ClassVar, Final
 
@@ -140,12 +140,14 @@ async def _operations_since(conn: Any, after: int, limit: int | None) -> list[St
     return [_codec.stored_operation(r[0], r[1], r[2]) for r in rows]
 
 
-async def _load_rows(conn: Any, keys: Iterable[RecordKey]) -> dict[RecordKey, RecordRow]:
+async def _load_rows(
+    conn: Any, keys: Iterable[RecordKey], refold: Callable[[Operation], Any]
+) -> dict[RecordKey, RecordRow]:
     unique = list(dict.fromkeys(keys))
     if not unique:
         return {}
     rows = await conn.fetch(_LOAD_ROWS_SQL, [k[0] for k in unique], [k[1] for k in unique])
-    return {(r[0], r[1]): _codec.record_row(r[0], r[1], r[2], r[3]) for r in rows}
+    return {(r[0], r[1]): _codec.record_row(r[0], r[1], r[2], r[3], refold) for r in rows}
 
 
 class PostgresServerStore(ServerStore):
@@ -324,14 +326,14 @@ class PostgresServerStore(ServerStore):
                         _codec.PAGE_SIZE,
                     )
             for r in rows:
-                yield _codec.record_row(r[0], r[1], r[2], r[3])
+                yield _codec.record_row(r[0], r[1], r[2], r[3], self._refold_state)
             if len(rows) < _codec.PAGE_SIZE:
                 return
             last = (rows[-1][0], rows[-1][1])
 
     async def load_rows(self, keys: Iterable[RecordKey]) -> dict[RecordKey, RecordRow]:
         async with self._reading("reading records") as conn:
-            return await _load_rows(conn, keys)
+            return await _load_rows(conn, keys, self._refold_state)
 
     async def version_vector(self) -> dict[str, int]:
         async with self._reading("reading the version vector") as conn:
@@ -480,7 +482,7 @@ class _PostgresWriter(StoreWriter):
     async def load_rows(self, keys: Iterable[RecordKey]) -> dict[RecordKey, RecordRow]:
         self._check()
         with self.store._errors("reading records"):
-            return await _load_rows(self.conn, keys)
+            return await _load_rows(self.conn, keys, self.store._refold_state)
 
     async def append(self, ops: Sequence[tuple[Operation, Mapping[str, Any] | None]]) -> list[int | None]:
         self._check()

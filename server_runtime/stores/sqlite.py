@@ -191,7 +191,9 @@ async def _operations_since(
     return [_codec.stored_operation(d, w, s) for d, w, s in rows]
 
 
-async def _load_rows(conn: aiosqlite.Connection, keys: Iterable[RecordKey]) -> dict[RecordKey, RecordRow]:
+async def _load_rows(
+    conn: aiosqlite.Connection, keys: Iterable[RecordKey], refold: Callable[[Operation], Any]
+) -> dict[RecordKey, RecordRow]:
     by_collection: dict[str, list[str]] = {}
     for collection, record_id in dict.fromkeys(keys):
         by_collection.setdefault(collection, []).append(record_id)
@@ -204,7 +206,7 @@ async def _load_rows(conn: aiosqlite.Connection, keys: Iterable[RecordKey]) -> d
                 (collection, *part),
             )
             for record_id, state, record in rows:
-                out[(collection, record_id)] = _codec.record_row(collection, record_id, state, record)
+                out[(collection, record_id)] = _codec.record_row(collection, record_id, state, record, refold)
     return out
 
 
@@ -437,14 +439,14 @@ class SQLiteServerStore(ServerStore):
                         )
                     )
             for collection, record_id, state, record in rows:
-                yield _codec.record_row(collection, record_id, state, record)
+                yield _codec.record_row(collection, record_id, state, record, self._refold_state)
             if len(rows) < _codec.PAGE_SIZE:
                 return
             last = (rows[-1][0], rows[-1][1])
 
     async def load_rows(self, keys: Iterable[RecordKey]) -> dict[RecordKey, RecordRow]:
         async with self._reading("reading records") as conn:
-            return await _load_rows(conn, keys)
+            return await _load_rows(conn, keys, self._refold_state)
 
     async def version_vector(self) -> dict[str, int]:
         async with self._reading("reading the version vector") as conn:
@@ -611,7 +613,9 @@ class _SQLiteWriter(StoreWriter):
             results = await self._read(steps)
         for rows in results:
             for collection, record_id, state, record in rows or ():
-                out[(collection, record_id)] = _codec.record_row(collection, record_id, state, record)
+                out[(collection, record_id)] = _codec.record_row(
+                    collection, record_id, state, record, self.store._refold_state
+                )
         return out
 
     async def append(self, ops: Sequence[tuple[Operation, Mapping[str, Any] | None]]) -> list[int | None]:
