@@ -8,6 +8,8 @@ gets exactly the state the merge engine makes of that operation; everything else
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -68,6 +70,18 @@ def folded(*ops: Operation) -> str:
     return state.to_json()
 
 
+@contextlib.asynccontextmanager
+async def sync_core(store: ServerStore) -> AsyncIterator[SyncService]:
+    """A started sync core on ``store`` (with this module's schema), stopped at the end."""
+    await store.set_schema(SCHEMA)
+    service = SyncService(store)
+    await service.start()
+    try:
+        yield service
+    finally:
+        await service.stop()
+
+
 async def raw_state(store: ServerStore, record: str) -> str:
     row = (await store.load_rows([("items", record)]))[("items", record)]
     assert row.state_text is not None
@@ -76,13 +90,10 @@ async def raw_state(store: ServerStore, record: str) -> str:
 
 def test_first_operations_are_stored_as_their_text_and_read_back_as_their_state(backend: Backend) -> None:
     async def test(store: ServerStore) -> None:
-        await store.set_schema(SCHEMA)
-        service = SyncService(store)
-        await service.start()
         a, b = Writer("node-a"), Writer("node-b")
         insert = a.op("insert", "r1", {"title": "one", "votes": 2, "tags": [], "owner": "ann"})
         other = b.op("insert", "r2", {"title": "two", "votes": 0, "tags": ["x"]})
-        try:
+        async with sync_core(store) as service:
             await service.commit(None, [insert, other])
             for op in (insert, other):
                 text = await raw_state(store, op.record_id)
@@ -103,12 +114,8 @@ def test_first_operations_are_stored_as_their_text_and_read_back_as_their_state(
                 "tags": [],
                 "owner": "ann",
             }
-        finally:
-            await service.stop()
         # A restarted sync core reads the stored forms into its cache and goes on from them.
-        again = SyncService(store)
-        await again.start()
-        try:
+        async with sync_core(store) as again:
             assert again.cache.record("items", "r2") == {
                 "id": "r2",
                 "title": "two",
@@ -119,41 +126,29 @@ def test_first_operations_are_stored_as_their_text_and_read_back_as_their_state(
             late = a.op("update", "r2", {"owner": "bob"}, previous_data={"owner": None})
             await again.commit(None, [late])
             assert await raw_state(store, "r2") == folded(other, late)
-        finally:
-            await again.stop()
 
     backend.run(test)
 
 
 def test_only_a_first_operation_from_a_client_is_stored_so(backend: Backend) -> None:
     async def test(store: ServerStore) -> None:
-        await store.set_schema(SCHEMA)
-        service = SyncService(store)
-        await service.start()
-        a = Writer("node-a")
-        mine = Writer(service.node_id)  # the server's own node: its engine holds it authoritative
-        try:
+        async with sync_core(store) as service:
+            a = Writer("node-a")
+            mine = Writer(service.node_id)  # the server's own node: its engine holds it authoritative
             first, second = a.op("insert", "r1", {"title": "one"}), a.op("insert", "r1", {"title": "uno"})
             await service.commit(None, [first, second])  # two operations on a new record in one batch
             assert await raw_state(store, "r1") == folded(first, second)
             own = mine.op("insert", "r3", {"title": "server"})
             await service.commit(None, [own])
             assert not (await raw_state(store, "r3")).startswith(ONE_OPERATION)
-        finally:
-            await service.stop()
 
     backend.run(test)
 
 
 def test_a_row_read_without_a_schema_says_what_is_missing(backend: Backend) -> None:
     async def test(store: ServerStore) -> None:
-        await store.set_schema(SCHEMA)
-        service = SyncService(store)
-        await service.start()
-        try:
+        async with sync_core(store) as service:
             await service.commit(None, [Writer("node-a").op("insert", "r1", {"title": "one"})])
-        finally:
-            await service.stop()
         store._schema = None  # as a store opened on the database without set_schema
         store._engine = None  # type: ignore[attr-defined]
         row = (await store.load_rows([("items", "r1")]))[("items", "r1")]
