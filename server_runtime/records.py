@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from offline.core.errors import STORAGE_ERROR, OfflineError
 from offline.core.operations import Operation, operation_from_text
 from offline.core.schema import SchemaDefinition
 from offline.merge.engine import RecordState
@@ -56,7 +57,13 @@ class RecordCache:
         text = self.rows.get((collection, record_id))
         if text is None:
             return None
-        if text[:1] == ONE_OPERATION and self.refold is not None:
+        if text[:1] == ONE_OPERATION:
+            if self.refold is None:
+                raise OfflineError(
+                    "a record state stored as its one operation needs the merge engine (RecordCache refold)",
+                    STORAGE_ERROR,
+                    {"collection": collection, "recordId": record_id},
+                )
             return self.refold(operation_from_text(text[1:]))
         return RecordState.from_json(text)
 
