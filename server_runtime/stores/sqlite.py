@@ -8,10 +8,13 @@
   its store-level reads wait for the write lock instead.
 - Delivery sequences are ``MAX(delivery) + 1`` inside the writer's transaction: gapless and in commit order.
 - An optimistic writer (the sync core's) begins its transaction only with its first read or its commit:
-  the store remembers the highest delivery, and each node's highest sequence number, it committed last, and
-  a group of new operations (none of them can be stored already) goes in one trip to the connection's
-  thread, BEGIN to COMMIT, instead of three. That trip checks the highest delivery is still the one
-  remembered, or writes nothing and raises `WriteConflict` (another process wrote to the file).
+  the store remembers the highest delivery, and each node's highest sequence number, it committed last; an
+  operation above its node's number is taken for new without a lookup (an honest node never reuses one), so
+  a group of new operations goes in one trip to the connection's thread, BEGIN to COMMIT, instead of three.
+  That trip checks the highest delivery is still the one remembered, or writes nothing and raises
+  `WriteConflict` (another process wrote to the file). An id is not made of the sequence number, though: a
+  peer resending a stored operation under a higher one makes the id's unique index refuse the trip, which
+  is a `WriteConflict` too, and the next writer looks every id up.
 - The connections open lazily on first use, so ``create_sqlite_server_store`` needs no running event loop.
 - ``listen`` is a no-op: one server process owns a SQLite store.
 """
@@ -227,6 +230,7 @@ class SQLiteServerStore(ServerStore):
         # node's highest sequence number. None when not known (before the first writer, after a failed one).
         self._top: int | None = None
         self._tails: dict[str, int] | None = None
+        self._look_up_next = False  # the next writer looks up every id (an id taken for new was stored)
 
     def __repr__(self) -> str:
         return f"SQLiteServerStore({self.filename!r})"
@@ -322,7 +326,8 @@ class SQLiteServerStore(ServerStore):
             with self._errors("beginning a write transaction"):
                 if conn.in_transaction:  # left open by a writer cancelled mid-rollback
                     await _exec(conn, "ROLLBACK")
-                if optimistic and top is not None and tails is not None:
+                exact, self._look_up_next = self._look_up_next, False
+                if optimistic and top is not None and tails is not None and not exact:
                     writer = _SQLiteWriter(self, conn, top, tails, begun=False)
                 else:
                     # The highest delivery comes with BEGIN: nobody else can write until this writer ends.
@@ -338,6 +343,7 @@ class SQLiteServerStore(ServerStore):
                     elif found != top:
                         tails = None  # another process wrote: what it stored is not counted in them
                     writer = _SQLiteWriter(self, conn, found, tails, begun=True)
+                writer.skip_lookups = optimistic and not exact
             try:
                 yield writer
                 writer.active = False
@@ -346,7 +352,13 @@ class SQLiteServerStore(ServerStore):
                     with self._errors("committing"):
                         # The writes the writer queued and COMMIT (BEGIN first, if nothing did it yet): one
                         # trip to the connection's thread.
-                        await _run_steps(conn, [*writer.opening(), *steps, ("execute", "COMMIT", ())])
+                        try:
+                            await _run_steps(conn, [*writer.opening(), *steps, ("execute", "COMMIT", ())])
+                        except sqlite3.IntegrityError as error:
+                            if writer.skipped and "offline_operations.id" in str(error):
+                                self._look_up_next = True
+                                raise _Moved("an operation taken for new is stored already") from error
+                            raise
             except BaseException as exc:
                 writer.active = False
                 if conn.in_transaction:
@@ -498,6 +510,10 @@ class _SQLiteWriter(StoreWriter):
         self.tails = tails
         self.begun = begun  # False: an optimistic writer whose BEGIN goes with its first trip
         self.raw_used = False
+        # Take operations above their node's highest stored sequence number for new (optimistic writers);
+        # ``skipped``: some were.
+        self.skip_lookups = False
+        self.skipped = False
         # Ids this transaction found not stored (known_ids), found stored, or stored itself (append): append
         # needs no query for them.
         self._absent: set[str] = set()
@@ -584,8 +600,9 @@ class _SQLiteWriter(StoreWriter):
             op_id = op.id
             if op_id in self._absent or op_id in self._present or op_id in self._appended:
                 continue
-            if tails is not None and op.sequence_number > tails.get(op.node_id, 0):
+            if self.skip_lookups and tails is not None and op.sequence_number > tails.get(op.node_id, 0):
                 self._absent.add(op_id)  # beyond what the store holds of its node: new
+                self.skipped = True
                 continue
             out.append(op_id)
         return out

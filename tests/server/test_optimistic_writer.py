@@ -8,6 +8,7 @@ raised and the sync core judges the group again. Every store answers `known_oper
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Sequence
 from pathlib import Path
@@ -203,5 +204,44 @@ def test_the_sync_core_judges_again_after_another_process_wrote(
             await elsewhere.stop()
             await mine.close()
             await other.close()
+
+    asyncio.run(main())
+
+
+def test_an_operation_resent_under_a_higher_sequence_number_is_still_a_duplicate(tmp_path: Path) -> None:
+    """An id hashes the operation's content, not its sequence number: a peer resending a stored operation
+    under a higher one is not new for all its number. The optimistic trip is refused by the id's unique index
+    (nothing written, WriteConflict) and the next writer looks the id up; the sync core answers "duplicate"."""
+
+    async def main() -> None:
+        store = await _sqlite(tmp_path / "server.db")
+        service = SyncService(store)
+        await service.start()
+        try:
+            first = make_op(seq=1)
+            again = dataclasses.replace(first, sequence_number=7)
+            assert again.id == first.id
+            assert await service.commit(None, [first]) == {first.id: 1}
+            assert await service.commit(None, [again]) == {first.id: None}
+            assert await service.commit(None, [make_op(seq=8, record="r2")]) != {}
+            stored = await store.operations_since(0)
+            assert [s.delivery for s in stored] == [1, 2]
+            assert [s.operation.sequence_number for s in stored] == [1, 8]
+            # The store alone: the optimistic writer's trip is refused, the next one finds the id.
+            with pytest.raises(WriteConflict):
+                async with store.writer(optimistic=True) as writer:
+                    assert (
+                        await writer.known_operations([dataclasses.replace(first, sequence_number=9)])
+                        == set()
+                    )
+                    await writer.append([(dataclasses.replace(first, sequence_number=9), None)])
+            async with store.writer(optimistic=True) as writer:
+                assert await writer.known_operations([dataclasses.replace(first, sequence_number=9)]) == {
+                    first.id
+                }
+            assert await store.max_delivery() == 2
+        finally:
+            await service.stop()
+            await store.close()
 
     asyncio.run(main())
