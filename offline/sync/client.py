@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import logging
 import random
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from offline.core.errors import SYNC_ERROR, OfflineError
@@ -579,6 +580,30 @@ class SyncEngine:
         texts: tuple[str, ...] | None = None,
     ) -> None:
         app = self.app
+        with _collector_held_off(len(raw_ops)):  # (not across an await: the acknowledgement comes after)
+            applied, ops, count = self._decode_and_apply(raw_ops, watermark, texts)
+        if applied is None:  # held, to be applied with a later frame
+            await self._acknowledge(conn, message_id, ops, watermark)
+            return
+        # Operations applied before the end of their batch (more than max_held_operations came without one):
+        # only the frame that ends the batch can tell which records left the scope.
+        if self._scope_filters:
+            if watermark is None:
+                self._unsettled.extend(applied)
+            elif applied or self._unsettled:
+                settled, self._unsettled = self._unsettled + applied, []
+                self._forget_moved_away(settled)
+        if ops and app.events.has_listeners("sync:received"):
+            app.events.emit("sync:received", operations=applied, batchSize=len(ops))
+        await self._acknowledge(conn, message_id, ops[len(ops) - count :], watermark)
+
+    def _decode_and_apply(
+        self, raw_ops: list[Any], watermark: int | None, texts: tuple[str, ...] | None
+    ) -> tuple[list[Operation] | None, list[Operation], int]:
+        """Decode a frame's operations and apply them with those held from earlier frames: (the operations
+        newly applied, every operation of this apply, how many came in this frame); (None, this frame's
+        operations, their number) when they are held for a later frame instead."""
+        app = self.app
         ops: list[Operation] = []
         wires: list[str] = []
         for index, raw in enumerate(raw_ops):
@@ -594,8 +619,7 @@ class SyncEngine:
         if watermark is None and len(held_ops) + count <= self.max_held_operations:
             held_ops += ops
             held_wires += wires
-            await self._acknowledge(conn, message_id, ops, watermark)
-            return
+            return None, ops, count
         if held_ops:
             ops, wires = held_ops + ops, held_wires + wires
             self._held = ([], [])
@@ -612,17 +636,7 @@ class SyncEngine:
                     log.warning("could not apply operation %s: %s", op.id, exc)
             if watermark is not None:
                 app.apply_verified([], None, watermark=watermark)
-        # Operations applied before the end of their batch (more than max_held_operations came without one):
-        # only the frame that ends the batch can tell which records left the scope.
-        if self._scope_filters:
-            if watermark is None:
-                self._unsettled.extend(applied)
-            elif applied or self._unsettled:
-                settled, self._unsettled = self._unsettled + applied, []
-                self._forget_moved_away(settled)
-        if ops and app.events.has_listeners("sync:received"):
-            app.events.emit("sync:received", operations=applied, batchSize=len(ops))
-        await self._acknowledge(conn, message_id, ops[len(ops) - count :], watermark)
+        return applied, ops, count
 
     async def _acknowledge(
         self, conn: Any, message_id: str, ops: list[Operation], watermark: int | None
@@ -652,6 +666,30 @@ class SyncEngine:
                 log.info(
                     "sync: %d %s record(s) left this device's scope and were removed", len(gone), collection
                 )
+
+
+# Batches at least this large are decoded and applied with the cyclic garbage collector held off.
+_HOLD_COLLECTOR_AT = 200
+
+
+@contextlib.contextmanager
+def _collector_held_off(size: int) -> Iterator[None]:
+    """Hold Python's cyclic garbage collector off while a large batch is decoded and applied.
+
+    A batch's operations (thousands of containers) live until it is stored, so the collections their
+    allocations trigger find them alive, promote them, and soon set off full collections that walk every
+    object of the process (~27 ms each with 100,000 objects: 9 % of an initial sync here). What a batch leaves
+    behind is freed by reference counting; the collector runs again as soon as the batch is applied. Left
+    alone when the application has turned the collector off itself.
+    """
+    if size < _HOLD_COLLECTOR_AT or not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 def create_sync_engine(app: App, config: Mapping[str, Any]) -> SyncEngine:

@@ -216,3 +216,65 @@ def test_relay_frames_are_bounded_by_count_and_utf8_bytes() -> None:
     for frame in frames:
         assert len(frame) <= 40
         assert len(frame) == 1 or sum(len(t.encode()) + 1 for t in frame) <= 700
+
+
+def test_large_batches_are_decoded_and_applied_with_the_collector_held_off(tmp_path: Path) -> None:
+    """A big batch's operations live until it is stored: the cyclic collector is held off while it is
+    decoded and applied (its full collections would walk the whole process again and again), and runs
+    again before the acknowledgement is sent; small batches, and an application that turned the collector
+    off itself, are left alone."""
+    import gc
+
+    app = create_app(
+        _schema(), path=str(tmp_path / "client.db"), sync={"url": "ws://127.0.0.1:9/offline-sync"}
+    )
+    engine: Any = app.sync
+    node = generate_uuid_v7()
+    clock = HybridLogicalClock(node)
+    wires = [
+        create_operation(
+            {
+                "node_id": node,
+                "type": "insert",
+                "collection": "items",
+                "record_id": generate_uuid_v7(),
+                "data": {"title": f"item {i}"},
+                "timestamp": clock.now(),
+                "sequence_number": i + 1,
+                "schema_version": 1,
+            }
+        ).to_wire()
+        for i in range(300)
+    ]
+    during: list[bool] = []
+    real_apply = app.apply_verified
+
+    def spying(*args: Any, **kwargs: Any) -> Any:
+        during.append(gc.isenabled())
+        return real_apply(*args, **kwargs)
+
+    app.apply_verified = spying  # type: ignore[method-assign]
+
+    class Connection:
+        def __init__(self) -> None:
+            self.sent: list[bool] = []  # the collector's state as each acknowledgement goes out
+
+        async def send(self, text: str) -> None:
+            assert isinstance(p.decode(text), p.Acknowledgment)
+            self.sent.append(gc.isenabled())
+
+    conn = Connection()
+    try:
+        asyncio.run(engine._receive(conn, "m1", wires[:250], 250))
+        asyncio.run(engine._receive(conn, "m2", wires[250:260], 260))  # small: left alone
+        gc.disable()
+        try:
+            asyncio.run(engine._receive(conn, "m3", wires[260:], 300))
+            assert not gc.isenabled()  # the application's choice stands
+        finally:
+            gc.enable()
+        assert during == [False, True, False]
+        assert conn.sent == [True, True, False]
+        assert app.collection("items").count() == 300
+    finally:
+        app.close()
