@@ -160,24 +160,29 @@ def test_a_batch_ends_at_its_byte_budget(tmp_path: Path, server: ServerProcess) 
     asyncio.run(scenario())
 
 
-def test_a_frame_around_encoded_operations_is_the_batch_message() -> None:
+def _inserts(count: int, data: Callable[[int], dict[str, Any]]) -> list[Any]:
+    """``count`` insert operations of one new node into "items", the i-th with ``data(i)``."""
     node = generate_uuid_v7()
     clock = HybridLogicalClock(node)
-    ops = [
+    return [
         create_operation(
             {
                 "node_id": node,
                 "type": "insert",
                 "collection": "items",
                 "record_id": generate_uuid_v7(),
-                "data": {"title": f"\u00e9 {i}", "blob": b"\x00\x01"},
+                "data": data(i),
                 "timestamp": clock.now(),
                 "sequence_number": i + 1,
                 "schema_version": 1,
             }
         )
-        for i in range(3)
+        for i in range(count)
     ]
+
+
+def test_a_frame_around_encoded_operations_is_the_batch_message() -> None:
+    ops = _inserts(3, lambda i: {"title": f"\u00e9 {i}", "blob": b"\x00\x01"})
     wires = [compact_json(op.to_wire()) for op in ops]
     for base, top in ((None, None), (7, 10)):
         framed = p.encode_batch_frame(
@@ -229,23 +234,7 @@ def test_large_batches_are_decoded_and_applied_with_the_collector_held_off(tmp_p
         _schema(), path=str(tmp_path / "client.db"), sync={"url": "ws://127.0.0.1:9/offline-sync"}
     )
     engine: Any = app.sync
-    node = generate_uuid_v7()
-    clock = HybridLogicalClock(node)
-    wires = [
-        create_operation(
-            {
-                "node_id": node,
-                "type": "insert",
-                "collection": "items",
-                "record_id": generate_uuid_v7(),
-                "data": {"title": f"item {i}"},
-                "timestamp": clock.now(),
-                "sequence_number": i + 1,
-                "schema_version": 1,
-            }
-        ).to_wire()
-        for i in range(300)
-    ]
+    wires = [op.to_wire() for op in _inserts(300, lambda i: {"title": f"item {i}"})]
     during: list[bool] = []
     real_apply = app.apply_verified
 
