@@ -590,9 +590,7 @@ class SyncService:
 
     def _refold(self, op: Operation) -> RecordState:
         """What ``op`` makes of an empty state (how the cache reads a `stores.base.ONE_OPERATION` text)."""
-        state = RecordState()
-        self.engine.apply(state, op, want_conflicts=False)
-        return state
+        return self.engine.state_of((op,))
 
     def _apply(self, view: StagedView, op: Operation) -> None:
         state = view.state(op.collection, op.record_id)

@@ -1035,11 +1035,17 @@ class MergeEngine:
         )
         return TextFold(text, record, registers)
 
-    def fold(self, collection: str, record_id: str, ops: Iterable[Operation]) -> tuple[RecordState, Any]:
-        """Build a record's state from scratch (any order of ``ops`` gives the same result)."""
+    def state_of(self, ops: Iterable[Operation]) -> RecordState:
+        """The state ``ops`` make of a record with none (any order gives the same result); how a state kept
+        as a reference to its one operation is read back."""
         state = RecordState()
         for op in ops:
             self.apply(state, op, want_conflicts=False)
+        return state
+
+    def fold(self, collection: str, record_id: str, ops: Iterable[Operation]) -> tuple[RecordState, Any]:
+        """Build a record's state from scratch (any order of ``ops`` gives the same result)."""
+        state = self.state_of(ops)
         return state, self.materialize(collection, record_id, state)
 
 

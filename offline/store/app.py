@@ -308,9 +308,7 @@ class App:
 
     def _refold_one(self, collection: str, record_id: str, op: Operation) -> RecordState:
         """The state one operation makes of a record (how a state stored as a reference is read)."""
-        state = RecordState()
-        self.engine.apply(state, op, want_conflicts=False)
-        return state
+        return self.engine.state_of((op,))
 
     def cached_state(self, collection: str, record_id: str) -> RecordState | None:
         state = self.unflushed_state(collection, record_id)

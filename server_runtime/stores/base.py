@@ -208,6 +208,7 @@ class ServerStore(abc.ABC):
     def __init__(self) -> None:
         self._closed = False
         self._schema: SchemaDefinition | None = None
+        self._engine: MergeEngine | None = None  # `_refold_state`'s, for ``_schema``
 
     # ------------------------------------------------------------------------------------------ lifecycle
 
@@ -235,13 +236,13 @@ class ServerStore(abc.ABC):
         self._check_open()
         await self._prepare()
         self._schema = schema
-        self._engine: MergeEngine | None = None
+        self._engine = None  # built again for this schema when first needed
         async with self.writer() as writer:
             await writer.set_meta(SCHEMA_VERSION_KEY, str(schema.version))
 
     def _refold_state(self, op: Operation) -> RecordState:
         """What ``op`` makes of a record with no state: how rows read back a `ONE_OPERATION` state text."""
-        engine: MergeEngine | None = getattr(self, "_engine", None)
+        engine = self._engine
         if engine is None:
             if self._schema is None:
                 raise OfflineError(
@@ -250,9 +251,7 @@ class ServerStore(abc.ABC):
             # No authoritative nodes: the sync core stores this form only for clients' operations, on
             # which its engine (whose own node is authoritative) folds the same.
             engine = self._engine = MergeEngine(self._schema)
-        state = RecordState()
-        engine.apply(state, op, want_conflicts=False)
-        return state
+        return engine.state_of((op,))
 
     @abc.abstractmethod
     async def _prepare(self) -> None:
