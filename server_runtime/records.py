@@ -10,13 +10,12 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from offline.core.errors import STORAGE_ERROR, OfflineError
-from offline.core.operations import Operation, operation_from_text
+from offline.core.operations import Operation
 from offline.core.schema import SchemaDefinition
 from offline.merge.engine import RecordState
 from offline.merge.values import operation_text
 
-from .stores.base import ONE_OPERATION, RecordRow
+from .stores.base import ONE_OPERATION, RecordRow, state_from_text
 
 Key = tuple[str, str]
 
@@ -57,15 +56,9 @@ class RecordCache:
         text = self.rows.get((collection, record_id))
         if text is None:
             return None
-        if text[:1] == ONE_OPERATION:
-            if self.refold is None:
-                raise OfflineError(
-                    "a record state stored as its one operation needs the merge engine (RecordCache refold)",
-                    STORAGE_ERROR,
-                    {"collection": collection, "recordId": record_id},
-                )
-            return self.refold(operation_from_text(text[1:]))
-        return RecordState.from_json(text)
+        return state_from_text(
+            text, self.refold, collection, record_id, "the merge engine (RecordCache refold)"
+        )
 
     def record(self, collection: str, record_id: str) -> dict[str, Any] | None:
         return self.alive.get(collection, {}).get(record_id)

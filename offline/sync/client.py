@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import json
 import logging
 import random
 import time
@@ -19,7 +18,7 @@ from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from offline.core.errors import SYNC_ERROR, OfflineError
-from offline.core.operations import Operation
+from offline.core.operations import Operation, operation_from_text
 from offline.core.scopes import build_scope_map
 from offline.merge.values import operation_text
 from offline.store import replication
@@ -477,7 +476,7 @@ class SyncEngine:
             await conn.send(frame)
             self.sent_operations += len(chunk)
             if self.app.events.has_listeners("sync:sent"):
-                operations = [Operation.from_wire(json.loads(item[3]), verify=False) for item in chunk]
+                operations = [operation_from_text(item[3]) for item in chunk]
                 self.app.events.emit("sync:sent", operations=operations, batchSize=len(chunk))
             start = end
             index += 1

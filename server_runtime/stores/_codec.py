@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Final, TypeVar
 
 from offline.core.errors import STORAGE_ERROR, OfflineError
-from offline.core.operations import BYTES_MARKER, Operation, decode_value
+from offline.core.operations import BYTES_MARKER, Operation, decode_value, operation_from_text
 from offline.merge.engine import RecordState
 from offline.merge.values import operation_text, value_json
 
@@ -39,7 +39,7 @@ def encode_operation(op: Operation) -> str:
 def decode_operation(text: str) -> Operation:
     # The store only ever holds operations that were validated (and their ids verified) on the way in, so
     # reading them back skips the hash check; backups are verified by whoever imports them.
-    return Operation.from_wire(json.loads(text), verify=False)
+    return operation_from_text(text)
 
 
 def encode_optional(value: Mapping[str, Any] | None) -> str | None:

@@ -76,6 +76,26 @@ class StoredOperation:
 ONE_OPERATION: Final = "@"
 
 
+def state_from_text(
+    text: str,
+    refold: Callable[[Operation], RecordState] | None,
+    collection: str,
+    record_id: str,
+    missing: str,
+) -> RecordState:
+    """The state a stored state text stands for: its JSON, or (`ONE_OPERATION`) what ``refold`` makes of its
+    operation; without ``refold``, such a text is a STORAGE_ERROR saying what is ``missing``."""
+    if text[:1] != ONE_OPERATION:
+        return RecordState.from_json(text)
+    if refold is None:
+        raise OfflineError(
+            f"a record state stored as its one operation needs {missing} to be read",
+            STORAGE_ERROR,
+            {"collection": collection, "recordId": record_id},
+        )
+    return refold(operation_from_text(text[1:]))
+
+
 @dataclass(frozen=True)
 class RecordRow:
     """One record's merge state and materialised value (``record`` None: deleted / not alive)."""
@@ -139,17 +159,9 @@ class StoredRecordRow(RecordRow):
             raise AttributeError(name)
         text = self.state_text
         assert text is not None  # set by __init__
-        if text[:1] == ONE_OPERATION:
-            refold = self.__dict__["_refold"]
-            if refold is None:
-                raise OfflineError(
-                    "a record state stored as its one operation needs the schema to be read (set_schema)",
-                    STORAGE_ERROR,
-                    {"collection": self.collection, "recordId": self.record_id},
-                )
-            state = refold(operation_from_text(text[1:]))
-        else:
-            state = RecordState.from_json(text)
+        state = state_from_text(
+            text, self.__dict__["_refold"], self.collection, self.record_id, "the schema (set_schema)"
+        )
         object.__setattr__(self, "state", state)
         return state
 
@@ -174,9 +186,9 @@ class StoreWriter(abc.ABC):
         """The subset of ``ids`` that are stored operation ids."""
 
     async def known_operations(self, ops: Iterable[Operation]) -> set[str]:
-        """``known_ids`` of these operations' ids; a store that knows the highest sequence number it holds of
-        each node need not look up an operation above it (its id, a hash of its node and sequence number among
-        the rest, cannot be stored)."""
+        """``known_ids`` of these operations' ids. A store may answer some without a lookup (the SQLite
+        store's optimistic writer takes an operation above its node's highest stored sequence number for new,
+        and has its commit refused by the id's unique index if a peer resent a stored one under it)."""
         return await self.known_ids(op.id for op in ops)
 
     @abc.abstractmethod
