@@ -18,6 +18,8 @@ from offline.core.schema import SchemaDefinition
 from offline.merge.engine import RecordState
 from offline.merge.values import operation_text
 
+from .checkpoint import Checkpointer
+from .checkpoint import supported as checkpoint_thread_supported
 from .file_lock import FileLock
 from .rows import create_table_sql
 
@@ -138,6 +140,8 @@ class _Transaction:
             except sqlite3.Error as error:
                 db.conn.execute("ROLLBACK")
                 raise storage_error("the local database could not commit a write", error) from error
+            if db._checkpointer is not None:
+                db._checkpointer.committed()
         finally:
             db.lock.release()
 
@@ -166,7 +170,8 @@ class LocalDatabase:
             conn.execute("PRAGMA journal_mode=WAL")
         # WAL + NORMAL: a committed write survives the process dying at any point; FULL also survives the
         # machine losing power, at the price of an fsync per write.
-        conn.execute(f"PRAGMA synchronous={'FULL' if durability == 'full' else 'NORMAL'}")
+        synchronous = "FULL" if durability == "full" else "NORMAL"
+        conn.execute(f"PRAGMA synchronous={synchronous}")
         conn.execute("PRAGMA foreign_keys=OFF")
         conn.execute("PRAGMA busy_timeout=5000")
         try:
@@ -175,6 +180,15 @@ class LocalDatabase:
             raise storage_error(f"cannot upgrade the operation log of {path!r}", exc, path=path) from exc
         for statement in _INTERNAL:
             conn.execute(statement)
+        # Checkpoints run on a thread of their own (see .checkpoint) where there are threads and a file.
+        self._checkpointer: Checkpointer | None = None
+        if checkpoint_thread_supported(path) and conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal":
+            try:
+                self._checkpointer = Checkpointer(path, synchronous=synchronous)
+            except sqlite3.Error:
+                pass  # the connection checkpoints its own commits, as SQLite does by default
+            else:
+                conn.execute("PRAGMA wal_autocheckpoint=0")
 
     # -- transactions -------------------------------------------------------------------------------------
 
@@ -252,6 +266,8 @@ class LocalDatabase:
             self.conn.execute(self._INSERT_OP, rows[0])
         else:
             self.conn.executemany(self._INSERT_OP, rows)
+        if self._depth == 0 and self._checkpointer is not None:  # committed on its own
+            self._checkpointer.committed()
 
     @staticmethod
     def op_row(op: Operation, *, local: bool, status: int, delivery: int | None = None) -> tuple[Any, ...]:
@@ -425,7 +441,10 @@ class LocalDatabase:
 
     def close(self) -> None:
         with self.lock:
-            self.conn.close()
+            if self._checkpointer is not None:
+                self._checkpointer.close()
+                self._checkpointer = None
+            self.conn.close()  # the last connection to close checkpoints what is left and removes the log
             self._release_file_lock()
 
     def _release_file_lock(self) -> None:

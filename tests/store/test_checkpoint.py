@@ -1,0 +1,94 @@
+"""The write-ahead log is checkpointed on a thread of its own (offline.store.checkpoint), not in commits."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+import time
+from pathlib import Path
+
+from offline import create_app, define_schema, t
+from offline.store import checkpoint
+from offline.store.database import LocalDatabase
+
+SCHEMA = define_schema({"version": 1, "collections": {"notes": {"fields": {"body": t.string()}}}})
+
+
+def _threads() -> list[threading.Thread]:
+    return [thread for thread in threading.enumerate() if thread.name == "offline-checkpoint"]
+
+
+def _write_megabytes(db: LocalDatabase, megabytes: int, *, pause: float) -> None:
+    blob = "x" * 250_000
+    for index in range(megabytes * 4):
+        with db.transaction():
+            db.set_meta(f"blob-{index % 50}", blob + str(index))
+        if index % 4 == 3:
+            time.sleep(pause)  # the thread looks at most every 20 ms
+
+
+def test_a_file_database_checkpoints_on_its_thread_not_in_commits(tmp_path: Path) -> None:
+    path = str(tmp_path / "local.db")
+    db = LocalDatabase(path)
+    try:
+        assert db.conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 0  # commits only append
+        assert len(_threads()) == 1
+        _write_megabytes(db, 20, pause=0.05)
+        assert db._checkpointer is not None and db._checkpointer.checkpoints >= 1
+        # Checkpointed as it went: the log is reused from its start, so it stays near the threshold
+        # instead of holding all 20 MB written.
+        assert os.path.getsize(path + "-wal") < 3 * checkpoint.CHECKPOINT_BYTES
+        # The database file itself holds the checkpointed pages (read by another connection).
+        other = sqlite3.connect(path)
+        try:
+            assert (
+                other.execute("SELECT count(*) FROM _offline_meta WHERE key LIKE 'blob-%'").fetchone()[0]
+                == 50
+            )
+        finally:
+            other.close()
+    finally:
+        db.close()
+    assert _threads() == []  # closing stops the thread
+    assert not os.path.exists(path + "-wal")  # the last connection checkpointed the rest and removed the log
+    reopened = LocalDatabase(path)
+    try:
+        assert reopened.get_meta("blob-29") == "x" * 250_000 + "79"  # index 79, the last write
+    finally:
+        reopened.close()
+
+
+def test_memory_databases_keep_sqlite_checkpointing() -> None:
+    db = LocalDatabase(":memory:")
+    try:
+        assert db._checkpointer is None
+        assert _threads() == []
+    finally:
+        db.close()
+
+
+def test_the_thread_needs_a_file() -> None:
+    assert checkpoint.supported("/tmp/x.db")
+    assert not checkpoint.supported(":memory:")
+    assert not checkpoint.supported("file:x.db?mode=memory")
+
+
+def test_an_app_keeps_every_write_across_reopen_with_the_thread(tmp_path: Path) -> None:
+    path = str(tmp_path / "app.db")
+    app = create_app(SCHEMA, path=path)
+    body = "b" * 2_000
+    ids = []
+    for start in range(0, 6_000, 500):
+        with app.batch():
+            ids += [app.notes.insert({"body": f"{body}{i}"})["id"] for i in range(start, start + 500)]
+    single = [app.notes.insert({"body": f"single {i}"})["id"] for i in range(200)]  # committed on their own
+    app.close()
+    assert _threads() == []
+    again = create_app(SCHEMA, path=path)
+    try:
+        assert again.notes.count() == 6_200
+        assert again.notes.find_by_id(ids[-1])["body"] == f"{body}5999"
+        assert again.notes.find_by_id(single[-1])["body"] == "single 199"
+    finally:
+        again.close()
