@@ -86,7 +86,7 @@ def test_new_operations_are_stored_in_one_trip(tmp_path: Path, monkeypatch: pyte
             async with store.writer(optimistic=True) as writer:
                 assert await writer.known_operations([again, make_op(seq=3)]) == {again.id}
                 assert await writer.append([(again, None)]) == [None]
-            assert trips.take() == [["execute BEGIN", "expect SELECT", "fetch SELECT"], ["execute COMMIT"]]
+            assert trips.take() == [["execute BEGIN", "expect SELECT", "fetch WITH"], ["execute COMMIT"]]
             # Nothing read or written: no transaction at all.
             async with store.writer(optimistic=True):
                 pass
