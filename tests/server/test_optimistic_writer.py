@@ -70,8 +70,8 @@ def test_new_operations_are_stored_in_one_trip(tmp_path: Path, monkeypatch: pyte
                 [
                     "execute BEGIN",
                     "expect SELECT",
-                    "executemany INSERT",
-                    "executemany INSERT",
+                    "rows INSERT",
+                    "rows INSERT",
                     "execute COMMIT",
                 ]
             ]
@@ -149,7 +149,7 @@ def test_a_failed_writer_leaves_the_next_one_holding_the_lock_from_the_start(
                 assert await writer.append([(make_op(seq=2), None)]) == [2]
             assert trips.take() == [
                 ["execute BEGIN", "fetch SELECT", "fetch SELECT"],  # the highest delivery, each node's tail
-                ["executemany INSERT", "execute COMMIT"],
+                ["rows INSERT", "execute COMMIT"],
             ]
         finally:
             await store.close()
