@@ -45,6 +45,7 @@ from .collection import Collection
 from .database import ACKED, PENDING, REJECTED, STATE_REFERENCE, LocalDatabase, storage_error
 from .events import EventBus
 from .local_migrations import migrate_database
+from .many_rows import write_rows
 from .rows import RowCodec
 from .subscriptions import SubscriptionRegistry
 
@@ -419,7 +420,7 @@ class App:
             else:
                 upserts.setdefault(collection, []).append(row)
         for collection, rows in upserts.items():
-            conn.executemany(self.codecs[collection].upsert_sql, rows)
+            write_rows(conn, self.codecs[collection].upsert_head, rows)
         for collection, ids in deletes.items():
             conn.executemany(self.codecs[collection].delete_sql, ids)
 

@@ -21,6 +21,7 @@ from offline.merge.values import operation_text
 from .checkpoint import Checkpointer
 from .checkpoint import supported as checkpoint_thread_supported
 from .file_lock import FileLock
+from .many_rows import write_rows
 from .rows import create_table_sql
 
 # Status of an operation in the log.
@@ -256,16 +257,17 @@ class LocalDatabase:
                     held[(node_id, seq)] = op_id
         return held
 
-    _INSERT_OP = (
+    _INSERT_OP_HEAD = (
         "INSERT INTO _offline_ops (id, node_id, sequence_number, collection, record_id, hlc, wire, local, "
-        "status, delivery) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+        "status, delivery)"
     )
+    _INSERT_OP = _INSERT_OP_HEAD + " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 
     def insert_operations(self, rows: list[tuple[Any, ...]]) -> None:
         if len(rows) == 1:
             self.conn.execute(self._INSERT_OP, rows[0])
         else:
-            self.conn.executemany(self._INSERT_OP, rows)
+            write_rows(self.conn, self._INSERT_OP_HEAD, rows)
         if self._depth == 0 and self._checkpointer is not None:  # committed on its own
             self._checkpointer.committed()
 
@@ -435,9 +437,7 @@ class LocalDatabase:
         return self.refold(collection, record_id, op)
 
     def save_states(self, rows: list[tuple[str, str, str]]) -> None:
-        self.conn.executemany(
-            "INSERT OR REPLACE INTO _offline_state (collection, record_id, state) VALUES (?, ?, ?)", rows
-        )
+        write_rows(self.conn, "INSERT OR REPLACE INTO _offline_state (collection, record_id, state)", rows)
 
     def close(self) -> None:
         with self.lock:

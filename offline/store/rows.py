@@ -84,7 +84,8 @@ class RowCodec:
         cols = ", ".join(quote(n) for n in ["id", *self.names])
         marks = ", ".join("?" for _ in range(len(self.names) + 1))
         self.select_columns = cols
-        self.upsert_sql = f"INSERT OR REPLACE INTO {self.table} ({cols}) VALUES ({marks})"
+        self.upsert_head = f"INSERT OR REPLACE INTO {self.table} ({cols})"
+        self.upsert_sql = f"{self.upsert_head} VALUES ({marks})"
         self.delete_sql = f"DELETE FROM {self.table} WHERE {quote('id')} = ?"
         self.has_richtext = any(d.type == "richtext" for d in self.descriptors)
         # Per column, how row() and record() convert (the same results as to_column / from_column):

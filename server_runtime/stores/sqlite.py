@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import os
 import sqlite3
@@ -39,6 +38,7 @@ from typing import Any, ClassVar, Final
 import aiosqlite
 
 from offline.core.operations import Operation
+from offline.store.many_rows import row_statements
 
 from . import _codec
 from .base import (
@@ -114,39 +114,12 @@ async def _exec(conn: aiosqlite.Connection, sql: str, params: Iterable[Any] = ()
 # runs), or ("rows", sql, [(sql, parameters), ...]): statements of several rows each (see `_rows_step`).
 _Step = tuple[str, str, Any]
 
-# Rows a statement, largest first: ``_rows_step`` writes any number of rows in a few statements of these
-# sizes, each prepared once per connection (the sqlite3 module caches them; preparing a statement of 256
-# rows costs about as much as running it). 256 rows of 8 columns stay within SQLite's host parameter limit
-# since 3.32 (32,766); older builds allow 999.
-_ROW_SIZES: Final = (256, 64, 16, 4, 1) if sqlite3.sqlite_version_info >= (3, 32, 0) else (64, 16, 4, 1)
-
-
-@functools.lru_cache(maxsize=64)
-def _rows_sql(head: str, width: int, size: int, tail: str) -> str:
-    row = "(" + ", ".join("?" * width) + ")"
-    return f"{head} VALUES {', '.join([row] * size)}{tail}"
-
 
 def _rows_step(head: str, rows: Sequence[tuple[Any, ...]], tail: str = "") -> _Step:
-    """``head`` (``INSERT INTO table (columns)``) ``VALUES`` each of ``rows``, then ``tail`` (an upsert clause).
-
-    Not ``executemany``: it runs a statement per row, and the sqlite3 module lets go of Python's global lock
-    for each and takes it back after. On the connection's thread, while the event loop holds the lock, each
-    take-back waits for it (up to the interpreter's switch interval, 5 ms): a group commit of 1,000
-    operations spent tens of milliseconds there, most of the pipeline's time. A statement of many rows lets
-    go once.
-    """
-    width = len(rows[0])
-    statements: list[tuple[str, tuple[Any, ...]]] = []
-    start = 0
-    for size in _ROW_SIZES:
-        count = (len(rows) - start) // size
-        if count:
-            sql = _rows_sql(head, width, size, tail)
-            for _ in range(count):
-                statements.append((sql, tuple(value for row in rows[start : start + size] for value in row)))
-                start += size
-    return ("rows", head, statements)
+    """``head`` (``INSERT INTO table (columns)``) ``VALUES`` each of ``rows``, then ``tail`` (an upsert clause),
+    in statements of several rows (`offline.store.many_rows`: ``executemany`` let go of the GIL and took it
+    back for every row, and each take-back waited for the busy event loop)."""
+    return ("rows", head, row_statements(head, rows, tail))
 
 
 class _Moved(Exception):

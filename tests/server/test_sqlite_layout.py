@@ -160,25 +160,3 @@ def test_a_file_with_the_older_layout_is_rebuilt_once_with_everything_in_it(tmp_
     finally:
         conn.close()
     assert "offline_operations_before_upgrade" not in tables
-
-
-@pytest.mark.parametrize("count", [1, 3, 17, 300, 1_000])
-def test_rows_are_written_in_few_statements_of_cached_sizes(count: int) -> None:
-    conn = sqlite3.connect(":memory:")
-    conn.execute("CREATE TABLE t (k TEXT PRIMARY KEY, v INTEGER)")
-    rows = [(f"k{i}", i) for i in range(count)]
-    kind, head, statements = sqlite_store._rows_step("INSERT INTO t (k, v)", rows)
-    assert (kind, head) == ("rows", "INSERT INTO t (k, v)")
-    sizes = [len(values) // 2 for _, values in statements]
-    assert sum(sizes) == count and all(size in sqlite_store._ROW_SIZES for size in sizes)
-    assert len(statements) <= (count // sqlite_store._ROW_SIZES[0]) + 3 * len(sqlite_store._ROW_SIZES)
-    assert len({sql for sql, _ in statements}) == len(set(sizes))  # one statement text a size: cached
-    sqlite_store._steps_on(conn, [(kind, head, statements)])
-    assert conn.execute("SELECT k, v FROM t ORDER BY v").fetchall() == rows
-    # With an upsert clause, rows already there are updated.
-    update = [(k, -v) for k, v in rows]
-    step = sqlite_store._rows_step(
-        "INSERT INTO t (k, v)", update, " ON CONFLICT (k) DO UPDATE SET v = excluded.v"
-    )
-    sqlite_store._steps_on(conn, [step])
-    assert conn.execute("SELECT k, v FROM t ORDER BY -v").fetchall() == update
