@@ -38,6 +38,8 @@ from typing import Any, ClassVar, Final
 import aiosqlite
 
 from offline.core.operations import Operation
+from offline.store.checkpoint import Checkpointer
+from offline.store.checkpoint import supported as checkpoint_thread_supported
 from offline.store.many_rows import row_statements
 
 from . import _codec
@@ -298,6 +300,8 @@ class SQLiteServerStore(ServerStore):
         self._top: int | None = None
         self._tails: dict[str, int] | None = None
         self._look_up_next = False  # the next writer looks up every id (an id taken for new was stored)
+        self._checkpointer: Checkpointer | None = None
+        self._wal = False  # the writer's connection is in WAL mode
 
     def __repr__(self) -> str:
         return f"SQLiteServerStore({self.filename!r})"
@@ -341,7 +345,21 @@ class SQLiteServerStore(ServerStore):
                         reader = await aiosqlite.connect(self.filename, isolation_level=None, uri=uri)
                         opened.append(reader)
                         await self._configure(reader, write=False)
+                    if self._wal and checkpoint_thread_supported(self.filename) and not self._shared:
+                        # Checkpoints on a thread of their own (offline.store.checkpoint): the commits of
+                        # the write pipeline only append to the log.
+                        try:
+                            self._checkpointer = Checkpointer(self.filename, synchronous="FULL")
+                        except sqlite3.Error:
+                            log.warning(
+                                "SQLite store %s: checkpointing in commits", self.filename, exc_info=True
+                            )
+                        else:
+                            await _exec(writer, "PRAGMA wal_autocheckpoint = 0")
             except BaseException:
+                if self._checkpointer is not None:
+                    self._checkpointer.close()
+                    self._checkpointer = None
                 for conn in opened:
                     with contextlib.suppress(Exception):
                         await conn.close()
@@ -354,6 +372,7 @@ class SQLiteServerStore(ServerStore):
         if write:
             rows = list(await conn.execute_fetchall("PRAGMA journal_mode = WAL"))
             mode = str(rows[0][0]).lower() if rows else "?"
+            self._wal = mode == "wal"
             if mode != "wal" and not self._shared:
                 log.warning("SQLite store %s: journal_mode is %s, not WAL", self.filename, mode)
             # FULL: in WAL mode every commit is fsynced, so an acknowledged operation survives power loss.
@@ -370,6 +389,9 @@ class SQLiteServerStore(ServerStore):
         async with self._write_lock, self._open_lock:
             connections = {id(c): c for c in (self._reader_conn, self._writer_conn) if c is not None}
             self._reader_conn = self._writer_conn = None
+            if self._checkpointer is not None:
+                checkpointer, self._checkpointer = self._checkpointer, None
+                await asyncio.to_thread(checkpointer.close)  # waits for a checkpoint in progress
             for conn in connections.values():
                 try:
                     await conn.close()
@@ -422,6 +444,8 @@ class SQLiteServerStore(ServerStore):
                         # trip to the connection's thread.
                         try:
                             await _run_steps(conn, [*writer.opening(), *steps, ("execute", "COMMIT", ())])
+                            if self._checkpointer is not None:
+                                self._checkpointer.committed()
                         except sqlite3.IntegrityError as error:
                             # The unique index of (collection, record_id, id), i.e. the id.
                             if writer.skipped and "offline_operations.id" in str(error):

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sqlite3
+import threading
 from pathlib import Path
 
 import pytest
 
+from offline.store import checkpoint
 from server_runtime.stores import WriteConflict, create_sqlite_server_store
 from server_runtime.stores import sqlite as sqlite_store
 
@@ -160,3 +163,57 @@ def test_a_file_with_the_older_layout_is_rebuilt_once_with_everything_in_it(tmp_
     finally:
         conn.close()
     assert "offline_operations_before_upgrade" not in tables
+
+
+def test_the_log_is_checkpointed_on_a_thread_not_in_commits(tmp_path: Path) -> None:
+    path = tmp_path / "server.db"
+
+    def threads() -> int:
+        return sum(1 for thread in threading.enumerate() if thread.name == "offline-checkpoint")
+
+    async def main() -> None:
+        store = create_sqlite_server_store(path)
+        await store.set_schema(schema())
+        try:
+            assert threads() == 1
+            body = "x" * 20_000
+            for start in range(1, 1_201, 100):  # ~24 MB of operations, in commits of 100
+                ops = [
+                    make_op(seq=seq, record=f"r{seq}", data={"title": body})
+                    for seq in range(start, start + 100)
+                ]
+                await append(store, *ops)
+                await asyncio.sleep(0.03)  # the thread looks at most every 20 ms
+            checkpointer = store._checkpointer
+            assert checkpointer is not None and checkpointer.checkpoints >= 1
+            # Checkpointed as it went: the log is reused from its start instead of holding all 24 MB.
+            assert os.path.getsize(f"{path}-wal") < 8 * checkpoint.CHECKPOINT_BYTES
+        finally:
+            await store.close()
+        assert threads() == 0
+
+    asyncio.run(main())
+    assert not os.path.exists(f"{path}-wal")  # the last connection checkpointed the rest and removed the log
+
+    async def reopened() -> None:
+        store = create_sqlite_server_store(path)
+        await store.set_schema(schema())
+        try:
+            assert await store.max_delivery() == 1_200
+        finally:
+            await store.close()
+
+    asyncio.run(reopened())
+
+
+def test_an_in_memory_store_has_no_checkpoint_thread() -> None:
+    async def main() -> None:
+        store = create_sqlite_server_store(":memory:")
+        await store.set_schema(schema())
+        try:
+            assert store._checkpointer is None
+            assert await append(store, make_op(seq=1)) == [1]
+        finally:
+            await store.close()
+
+    asyncio.run(main())
