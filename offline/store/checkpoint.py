@@ -17,6 +17,7 @@ import sqlite3
 import sys
 import threading
 import time
+import weakref
 
 # The log size that asks for a checkpoint: SQLite's own default (1,000 pages of 4 KiB).
 CHECKPOINT_BYTES = 1000 * 4096
@@ -68,8 +69,22 @@ class Checkpointer:
         finally:
             self._conn.close()
 
-    def close(self) -> None:
-        """Stop the thread (after a checkpoint in progress ends) and close its connection."""
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
+    def stop(self) -> None:
+        """Ask the thread to end (it closes its connection): for an owner collected without being closed."""
         self._closing = True
         self._wake.set()
+
+    def close(self) -> None:
+        """Stop the thread (after a checkpoint in progress ends) and close its connection."""
+        self.stop()
         self._thread.join()
+
+
+def stop_with(owner: object, checkpointer: Checkpointer) -> None:
+    """Stop ``checkpointer``'s thread when ``owner`` is garbage collected without having closed it (an
+    application that never closes its database must not leave a thread and a connection behind)."""
+    weakref.finalize(owner, checkpointer.stop)

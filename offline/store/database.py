@@ -18,7 +18,7 @@ from offline.core.schema import SchemaDefinition
 from offline.merge.engine import RecordState
 from offline.merge.values import operation_text
 
-from .checkpoint import Checkpointer
+from .checkpoint import Checkpointer, stop_with
 from .checkpoint import supported as checkpoint_thread_supported
 from .file_lock import FileLock
 from .many_rows import write_rows
@@ -189,6 +189,7 @@ class LocalDatabase:
             except sqlite3.Error:
                 pass  # the connection checkpoints its own commits, as SQLite does by default
             else:
+                stop_with(self, self._checkpointer)
                 conn.execute("PRAGMA wal_autocheckpoint=0")
 
     # -- transactions -------------------------------------------------------------------------------------

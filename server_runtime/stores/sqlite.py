@@ -38,7 +38,7 @@ from typing import Any, ClassVar, Final
 import aiosqlite
 
 from offline.core.operations import Operation
-from offline.store.checkpoint import Checkpointer
+from offline.store.checkpoint import Checkpointer, stop_with
 from offline.store.checkpoint import supported as checkpoint_thread_supported
 from offline.store.many_rows import row_statements
 
@@ -355,6 +355,7 @@ class SQLiteServerStore(ServerStore):
                                 "SQLite store %s: checkpointing in commits", self.filename, exc_info=True
                             )
                         else:
+                            stop_with(self, self._checkpointer)
                             await _exec(writer, "PRAGMA wal_autocheckpoint = 0")
             except BaseException:
                 if self._checkpointer is not None:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import sqlite3
-import threading
 import time
 from pathlib import Path
 
@@ -15,8 +15,9 @@ from offline.store.database import LocalDatabase
 SCHEMA = define_schema({"version": 1, "collections": {"notes": {"fields": {"body": t.string()}}}})
 
 
-def _threads() -> list[threading.Thread]:
-    return [thread for thread in threading.enumerate() if thread.name == "offline-checkpoint"]
+def _checkpointer(db: LocalDatabase) -> checkpoint.Checkpointer:
+    assert db._checkpointer is not None
+    return db._checkpointer
 
 
 def _write_megabytes(db: LocalDatabase, megabytes: int, *, pause: float) -> None:
@@ -33,9 +34,10 @@ def test_a_file_database_checkpoints_on_its_thread_not_in_commits(tmp_path: Path
     db = LocalDatabase(path)
     try:
         assert db.conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 0  # commits only append
-        assert len(_threads()) == 1
+        checkpointer = _checkpointer(db)
+        assert checkpointer.running
         _write_megabytes(db, 20, pause=0.05)
-        assert db._checkpointer is not None and db._checkpointer.checkpoints >= 1
+        assert checkpointer.checkpoints >= 1
         # Checkpointed as it went: the log is reused from its start, so it stays near the threshold
         # instead of holding all 20 MB written.
         assert os.path.getsize(path + "-wal") < 3 * checkpoint.CHECKPOINT_BYTES
@@ -50,7 +52,7 @@ def test_a_file_database_checkpoints_on_its_thread_not_in_commits(tmp_path: Path
             other.close()
     finally:
         db.close()
-    assert _threads() == []  # closing stops the thread
+    assert not checkpointer.running  # closing stops the thread
     assert not os.path.exists(path + "-wal")  # the last connection checkpointed the rest and removed the log
     reopened = LocalDatabase(path)
     try:
@@ -63,7 +65,6 @@ def test_memory_databases_keep_sqlite_checkpointing() -> None:
     db = LocalDatabase(":memory:")
     try:
         assert db._checkpointer is None
-        assert _threads() == []
     finally:
         db.close()
 
@@ -77,6 +78,7 @@ def test_the_thread_needs_a_file() -> None:
 def test_an_app_keeps_every_write_across_reopen_with_the_thread(tmp_path: Path) -> None:
     path = str(tmp_path / "app.db")
     app = create_app(SCHEMA, path=path)
+    checkpointer = _checkpointer(app.db)
     body = "b" * 2_000
     ids = []
     for start in range(0, 6_000, 500):
@@ -84,7 +86,7 @@ def test_an_app_keeps_every_write_across_reopen_with_the_thread(tmp_path: Path) 
             ids += [app.notes.insert({"body": f"{body}{i}"})["id"] for i in range(start, start + 500)]
     single = [app.notes.insert({"body": f"single {i}"})["id"] for i in range(200)]  # committed on their own
     app.close()
-    assert _threads() == []
+    assert not checkpointer.running
     again = create_app(SCHEMA, path=path)
     try:
         assert again.notes.count() == 6_200
@@ -92,3 +94,14 @@ def test_an_app_keeps_every_write_across_reopen_with_the_thread(tmp_path: Path) 
         assert again.notes.find_by_id(single[-1])["body"] == "single 199"
     finally:
         again.close()
+
+
+def test_a_database_collected_without_being_closed_stops_its_thread(tmp_path: Path) -> None:
+    db = LocalDatabase(str(tmp_path / "forgotten.db"))
+    checkpointer = _checkpointer(db)
+    del db
+    gc.collect()
+    deadline = time.monotonic() + 10
+    while checkpointer.running and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not checkpointer.running
