@@ -66,8 +66,9 @@ SUBSCRIBERS = 10
 WRITE_BATCH = 500
 FANOUT_WINDOW_S = 4.0
 FANOUT_DRAIN_S = 8.0
-# Operations the raw writer has ready for each round: more than a 4 s window takes at 15,000/s.
-RAW_STOCK = 60_000
+# Operations the raw writer has ready for each round: more than a 4 s window takes at 25,000/s (at 60,000 the
+# stock ran out before the window ended once the server passed 15,000/s).
+RAW_STOCK = 100_000
 LATENCY_RATE = 500
 LATENCY_WINDOW_S = 4.0
 
