@@ -41,7 +41,7 @@ from offline.sync import protocol as p
 
 from .records import RecordCache, StagedView, one_operation_state
 from .stores._codec import decode_optional
-from .stores.base import RecordRow, ServerStore, StoredOperation, WriteConflict
+from .stores.base import RecordRow, ServerStore, StoredOperation, StoredRecordRow, WriteConflict
 
 log = logging.getLogger("offline.server.sync")
 
@@ -725,14 +725,24 @@ class SyncService:
         # (Not for this server's own operations: its engine, whose node is authoritative, may fold those
         # otherwise than the stores' engine reading the text back.)
         fresh = key not in view.rows and key not in view.cache.rows and op.node_id != self.node_id
-        state = view.state(op.collection, op.record_id)
-        if key in view.rows:  # staged states are the batch's own objects
-            state = type(state).from_json(state.to_json())
-        conflicts = self.engine.apply(state, op)
-        after = self.engine.materialize(op.collection, op.record_id, state)
-        # A record's first operation: its state is stored as its text (stores.base.ONE_OPERATION).
-        text = one_operation_state(op) if fresh else None
-        trial = _Trial(RecordRow(op.collection, op.record_id, state, after, text), conflicts)
+        fold = self.engine.insert_fold(op, op.record_id) if fresh and op.type == "insert" else None
+        trial: _Trial
+        if fold is not None:
+            # A new record's insert (the usual write): the record as the engine folds it straight from the
+            # operation, the same as applying it to an empty state and materializing, without building that
+            # state; the row parses it from the operation only if another write of the group needs it.
+            after = fold.record
+            row = StoredRecordRow(op.collection, op.record_id, one_operation_state(op), after, self._refold)
+            trial = _Trial(row, [])
+        else:
+            state = view.state(op.collection, op.record_id)
+            if key in view.rows:  # staged states are the batch's own objects
+                state = type(state).from_json(state.to_json())
+            conflicts = self.engine.apply(state, op)
+            after = self.engine.materialize(op.collection, op.record_id, state)
+            # A record's first operation: its state is stored as its text (stores.base.ONE_OPERATION).
+            text = one_operation_state(op) if fresh else None
+            trial = _Trial(RecordRow(op.collection, op.record_id, state, after, text), conflicts)
         if session is not None:
             if after is not None and not session.matches(op.collection, after):
                 return (

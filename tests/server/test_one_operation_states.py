@@ -185,3 +185,43 @@ def test_refolding_gives_the_state_of_any_first_operation() -> None:
         assert isinstance(store._refold_state(op), RecordState)
 
     check()
+
+
+def test_a_new_records_insert_is_judged_to_the_record_the_engine_folds() -> None:
+    """The sync core takes a new record's insert straight to its record (`MergeEngine.insert_fold`, no
+    merge state built): the same record as applying it to an empty state, whatever its fields."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from server_runtime.stores import MemoryServerStore
+
+    values = st.fixed_dictionaries(
+        {"title": st.text(max_size=8)},
+        optional={
+            "votes": st.integers(-(2**40), 2**40) | st.floats(allow_nan=False, allow_infinity=False),
+            "tags": st.lists(st.text(max_size=4), max_size=3),
+            "owner": st.none() | st.text(max_size=5),
+        },
+    )
+    engine = MergeEngine(SCHEMA)
+
+    @settings(max_examples=60, deadline=None)
+    @given(st.lists(values, min_size=1, max_size=4))
+    def check(records: list[dict[str, Any]]) -> None:
+        writer = Writer("node-a")
+        ops = [writer.op("insert", f"r{i}", data) for i, data in enumerate(records)]
+
+        async def main() -> None:
+            async with sync_core(MemoryServerStore()) as service:
+                results = await service.commit(None, ops)
+                assert all(isinstance(results[op.id], int) for op in ops)
+                for op in ops:
+                    state = RecordState()
+                    engine.apply(state, op)
+                    expected = engine.materialize("items", op.record_id, state)
+                    assert service.cache.record("items", op.record_id) == expected
+                    assert service.cache.state("items", op.record_id).to_json() == state.to_json()
+
+        asyncio.run(main())
+
+    check()
