@@ -98,6 +98,8 @@ class Session:
         filt = self.filters.get(collection)
         if filt is None:
             return False
+        if not filt:  # the whole collection (no generator to build: this runs for every write and relay)
+            return True
         values = values or {}
         return all(values.get(k) == v for k, v in filt.items())
 
