@@ -484,11 +484,19 @@ class SyncEngine:
     async def _reader(self, conn: Any) -> None:
         app = self.app
         while True:
-            message = p.decode(await conn.recv())
+            frame = await conn.recv()
+            received: _Received | None = None
+            # A large frame is a batch whose operations live until they are stored: the collector is held
+            # off from parsing it to the end of applying it (see _collector_held_off; no await in between).
+            with _collector_held_off(len(frame) // _FRAME_BYTES_PER_OPERATION):
+                message = p.decode(frame)
+                if isinstance(message, p.OperationBatch) and self._is_next_batch(message):
+                    received = self._decode_and_apply(
+                        list(message.operations), message.max_delivery_sequence, message.operation_texts
+                    )
             if isinstance(message, p.OperationBatch):
-                base = message.base_delivery_sequence
                 top = message.max_delivery_sequence
-                if top is not None and top <= self._cursor and message.operations:
+                if received is None:
                     # A batch already applied (a duplicate, or re-sent): acknowledge it again, as the server
                     # re-sends what it does not see acknowledged (the first acknowledgement may have been lost).
                     ack = p.Acknowledgment(
@@ -499,14 +507,7 @@ class SyncEngine:
                     )
                     await conn.send(p.encode(ack))
                     continue
-                if base is not None and base > self._cursor:
-                    # A batch before this one never arrived (lost or reordered): resume from what is applied.
-                    raise ConnectionLost(
-                        f"delivery gap: expected after {self._cursor}, got a batch after {base}"
-                    )
-                await self._receive(
-                    conn, message.message_id, list(message.operations), top, message.operation_texts
-                )
+                await self._after_applying(conn, message.message_id, received, top)
                 # Buffered frames are returned without suspending; let the app, pings and the sender run.
                 await asyncio.sleep(0)
                 if top is not None:
@@ -570,6 +571,18 @@ class SyncEngine:
         if self._progress is not None:
             self._progress.set()
 
+    def _is_next_batch(self, message: p.OperationBatch) -> bool:
+        """False for a batch already applied (to be acknowledged again); raises `ConnectionLost` when one
+        before it never arrived."""
+        base = message.base_delivery_sequence
+        top = message.max_delivery_sequence
+        if top is not None and top <= self._cursor and message.operations:
+            return False
+        if base is not None and base > self._cursor:
+            # A batch before this one never arrived (lost or reordered): resume from what is applied.
+            raise ConnectionLost(f"delivery gap: expected after {self._cursor}, got a batch after {base}")
+        return True
+
     async def _receive(
         self,
         conn: Any,
@@ -578,9 +591,16 @@ class SyncEngine:
         watermark: int | None,
         texts: tuple[str, ...] | None = None,
     ) -> None:
-        app = self.app
         with _collector_held_off(len(raw_ops)):  # (not across an await: the acknowledgement comes after)
-            applied, ops, count = self._decode_and_apply(raw_ops, watermark, texts)
+            received = self._decode_and_apply(raw_ops, watermark, texts)
+        await self._after_applying(conn, message_id, received, watermark)
+
+    async def _after_applying(
+        self, conn: Any, message_id: str, received: _Received, watermark: int | None
+    ) -> None:
+        """What follows applying a frame's operations: scope upkeep, ``sync:received``, the acknowledgement."""
+        app = self.app
+        applied, ops, count = received
         if applied is None:  # held, to be applied with a later frame
             await self._acknowledge(conn, message_id, ops, watermark)
             return
@@ -598,7 +618,7 @@ class SyncEngine:
 
     def _decode_and_apply(
         self, raw_ops: list[Any], watermark: int | None, texts: tuple[str, ...] | None
-    ) -> tuple[list[Operation] | None, list[Operation], int]:
+    ) -> _Received:
         """Decode a frame's operations and apply them with those held from earlier frames: (the operations
         newly applied, every operation of this apply, how many came in this frame); (None, this frame's
         operations, their number) when they are held for a later frame instead."""
@@ -669,6 +689,14 @@ class SyncEngine:
 
 # Batches at least this large are decoded and applied with the cyclic garbage collector held off.
 _HOLD_COLLECTOR_AT = 200
+# Frames are held off from their parse on by their size: an operation's wire JSON takes a few hundred bytes,
+# so a frame of this many bytes an operation counts as that many operations (a 200-operation batch of the
+# smallest operations still comes out above the line, a handshake or an acknowledgement far below).
+_FRAME_BYTES_PER_OPERATION = 200
+
+# (the operations newly applied, or None when held for a later frame; every operation of the apply; how
+# many came in this frame): what `SyncEngine._decode_and_apply` hands to `_after_applying`.
+_Received = tuple[list[Operation] | None, list[Operation], int]
 
 
 @contextlib.contextmanager

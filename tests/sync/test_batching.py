@@ -267,3 +267,72 @@ def test_large_batches_are_decoded_and_applied_with_the_collector_held_off(tmp_p
         assert app.collection("items").count() == 300
     finally:
         app.close()
+
+
+def test_a_large_batch_frame_is_parsed_and_applied_with_the_collector_held_off(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Held off from the frame's parse (its parsed operations are alive from there) to the end of the apply,
+    and on again before the acknowledgement; a small frame is parsed with the collector on."""
+    import gc
+
+    from offline.sync.client import ConnectionLost
+
+    app = create_app(
+        _schema(), path=str(tmp_path / "client.db"), sync={"url": "ws://127.0.0.1:9/offline-sync"}
+    )
+    engine: Any = app.sync
+    wires = [op.to_wire() for op in _inserts(310, lambda i: {"title": f"item {i}"})]
+
+    def batch(message_id: str, ops: list[Any], base: int, top: int) -> str:
+        return p.encode(
+            p.OperationBatch(
+                message_id=message_id,
+                operations=tuple(ops),
+                is_final=True,
+                batch_index=0,
+                base_delivery_sequence=base,
+                max_delivery_sequence=top,
+            )
+        )
+
+    frames = [batch("m1", wires[:300], 0, 300), batch("m2", wires[300:], 300, 310)]
+    parsed: list[bool] = []
+    applied: list[bool] = []
+    real_decode, real_apply = p.decode, app.apply_verified
+
+    def decode(text: Any, **kwargs: Any) -> Any:
+        parsed.append(gc.isenabled())
+        return real_decode(text, **kwargs)
+
+    def apply(*args: Any, **kwargs: Any) -> Any:
+        applied.append(gc.isenabled())
+        return real_apply(*args, **kwargs)
+
+    monkeypatch.setattr(p, "decode", decode)
+    app.apply_verified = apply  # type: ignore[method-assign]
+
+    class Connection:
+        def __init__(self) -> None:
+            self.sent: list[bool] = []
+
+        async def recv(self) -> str:
+            if not frames:
+                raise ConnectionLost("the test's frames are all read")
+            return frames.pop(0)
+
+        async def send(self, text: str) -> None:
+            assert isinstance(real_decode(text), p.Acknowledgment)
+            self.sent.append(gc.isenabled())
+
+    conn = Connection()
+    try:
+        with pytest.raises(ConnectionLost):
+            asyncio.run(engine._reader(conn))
+        assert parsed == [False, True]
+        assert applied == [False, True]
+        assert conn.sent == [True, True]
+        assert gc.isenabled()
+        assert app.collection("items").count() == 310
+    finally:
+        app.close()
