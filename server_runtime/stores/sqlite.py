@@ -228,6 +228,10 @@ async def _upgrade_operations(conn: aiosqlite.Connection) -> None:
     indexes = await conn.execute_fetchall("PRAGMA index_list('offline_operations')")
     if not any(row[3] == "u" for row in indexes):
         return
+    # Once per file, and as long as copying the log takes: say so, a large store's first start is slower.
+    log.warning(
+        "SQLite store: rebuilding the operation log's indexes (once; ids indexed under their records)"
+    )
     await _exec(conn, "ALTER TABLE offline_operations RENAME TO offline_operations_before_upgrade")
     # The renamed table keeps its indexes, under the names the new ones take.
     await _exec(conn, "DROP INDEX IF EXISTS offline_operations_node_sequence")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import sqlite3
 from pathlib import Path
@@ -111,7 +112,9 @@ def test_an_id_is_stored_once_whatever_its_sequence_number(tmp_path: Path) -> No
     asyncio.run(main())
 
 
-def test_a_file_with_the_older_layout_is_rebuilt_once_with_everything_in_it(tmp_path: Path) -> None:
+def test_a_file_with_the_older_layout_is_rebuilt_once_with_everything_in_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     path = tmp_path / "old.db"
     ops = [make_op(seq=i, record=f"r{i % 3}") for i in range(1, 8)]
     conn = sqlite3.connect(path)
@@ -153,7 +156,19 @@ def test_a_file_with_the_older_layout_is_rebuilt_once_with_everything_in_it(tmp_
         finally:
             await store.close()
 
-    asyncio.run(main())
+    with caplog.at_level(logging.WARNING, logger="offline.server.store"):
+        asyncio.run(main())
+    assert [r.message for r in caplog.records if "rebuilding" in r.message] != []
+    caplog.clear()
+
+    async def reopen() -> None:
+        store = create_sqlite_server_store(path)
+        await store.set_schema(schema())
+        await store.close()
+
+    with caplog.at_level(logging.WARNING, logger="offline.server.store"):
+        asyncio.run(reopen())  # nothing to rebuild the second time
+    assert [r.message for r in caplog.records if "rebuilding" in r.message] == []
     assert _indexes(path)["offline_operations_record"] == (True, ["collection", "record_id", "id"])
     assert not any(columns == ["id"] for _, columns in _indexes(path).values())
     conn = sqlite3.connect(path)
