@@ -12,7 +12,9 @@
    unacknowledged, so the client's own write cost is out of the picture). Then ``raw_writer_counting_sessions``:
    the raw writer again, with 10 sessions (in one process) that only count what they receive: the server's
    own fan-out capacity, not bounded by 10 subscriber processes sharing the machine's cores to store
-   everything. Its writer stock lasts longer than the window at the rates reached here.
+   everything. Its writer stock lasts longer than the window at the rates reached here. Beside it,
+   ``server_cpu_us_per_op``: the server process's CPU time (all its threads) per operation, which moves
+   less with the machine's speed swings than the rate does.
 3. ``latency``: client A (a process) inserts one record every 2 ms (500 operations/s), stamping
    ``time.time()`` into it; client B (another process) computes ``time.time() - stamp`` when it has applied
    the record.
@@ -704,6 +706,16 @@ def _fanout_figures(writer: dict[str, Any], reports: list[dict[str, Any]], expec
     }
 
 
+def _process_cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds of process ``pid`` so far (Linux /proc), None where that is not readable."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def _spread_f(values: list[float]) -> dict[str, float]:
     if not values:
         return {}
@@ -780,15 +792,23 @@ async def _fanout(folder: Path) -> dict[str, Any]:
         await counting.read(60)
         counting.send({"cmd": "connect", "after": total})
         await counting.read(60)
+        cpu_before = _process_cpu_s(server.proc.pid)
         raw.send(
             {"cmd": "go", "duration": FANOUT_WINDOW_S, "batch": WRITE_BATCH, "window": 4, "after": total}
         )
         result = await raw.read(2 * FANOUT_WINDOW_S + 60)
         counting.send({"cmd": "expect", "total": result["written"], "timeout": FANOUT_DRAIN_S})
         reports = (await counting.read(FANOUT_DRAIN_S + 30))["reports"]
-        figures["raw_writer_counting_sessions"] = _fanout_figures(result, reports, result["written"])
-        figures["raw_writer_counting_sessions"]["server_acked"] = result["acked"]
-        figures["raw_writer_counting_sessions"]["writer_stock_ran_out"] = result["stock_ran_out"]
+        cpu_after = _process_cpu_s(server.proc.pid)
+        counted = figures["raw_writer_counting_sessions"] = _fanout_figures(
+            result, reports, result["written"]
+        )
+        counted["server_acked"] = result["acked"]
+        counted["writer_stock_ran_out"] = result["stock_ran_out"]
+        if cpu_before is not None and cpu_after is not None and result["written"]:
+            # The server's CPU (every thread) per operation taken in and sent to the 10 sessions: read against
+            # the machine suite, less exposed to the machine's swings than the rate.
+            counted["server_cpu_us_per_op"] = round((cpu_after - cpu_before) / result["written"] * 1e6, 1)
         return figures
     finally:
         await _stop_all(workers)
