@@ -152,6 +152,7 @@ class LocalDatabase:
 
     def __init__(self, path: str, *, durability: str = "normal") -> None:
         self._file_lock: FileLock | None = None
+        self._checkpointer: Checkpointer | None = None  # see the end of __init__
         if path != ":memory:" and not path.startswith("file:"):
             self._file_lock = FileLock(path)
             self._file_lock.acquire()  # before anything is read: another app may be writing
@@ -182,7 +183,6 @@ class LocalDatabase:
         for statement in _INTERNAL:
             conn.execute(statement)
         # Checkpoints run on a thread of their own (see .checkpoint) where there are threads and a file.
-        self._checkpointer: Checkpointer | None = None
         if checkpoint_thread_supported(path) and conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal":
             try:
                 self._checkpointer = Checkpointer(path, synchronous=synchronous)

@@ -251,7 +251,7 @@ _OPERATIONS_SINCE: Final = (
 _MAX_DELIVERY: Final = "SELECT COALESCE(MAX(delivery), 0) FROM offline_operations"
 _NODE_TAILS: Final = "SELECT node_id, MAX(sequence_number) FROM offline_operations GROUP BY node_id"
 _BEGIN: Final[_Step] = ("execute", "BEGIN IMMEDIATE", ())
-_INSERT_OPERATIONS: Final = "INSERT INTO offline_operations (delivery, id, node_id, sequence_number, collection, record_id, wire, scope)"
+_INSERT_OPERATIONS: Final = f"INSERT INTO offline_operations ({_OPERATIONS_COLUMNS})"
 _INSERT_RECORDS: Final = "INSERT INTO offline_records (collection, record_id, state, record)"
 _ON_RECORD_CONFLICT: Final = (
     " ON CONFLICT (collection, record_id) DO UPDATE SET state = excluded.state, record = excluded.record"
