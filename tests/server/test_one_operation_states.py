@@ -159,14 +159,11 @@ def test_a_row_read_without_a_schema_says_what_is_missing(backend: Backend) -> N
     backend.run(test)
 
 
-def test_refolding_gives_the_state_of_any_first_operation() -> None:
-    """The text stands for exactly what the engine makes of the operation, whatever its fields."""
-    from hypothesis import given, settings
+def _insert_values() -> Any:
+    """A hypothesis strategy of the data of an insert into "items": every kind of field, some left out."""
     from hypothesis import strategies as st
 
-    from server_runtime.stores import MemoryServerStore
-
-    values = st.fixed_dictionaries(
+    return st.fixed_dictionaries(
         {"title": st.text(max_size=8)},
         optional={
             "votes": st.integers(-(2**40), 2**40) | st.floats(allow_nan=False, allow_infinity=False),
@@ -174,6 +171,16 @@ def test_refolding_gives_the_state_of_any_first_operation() -> None:
             "owner": st.none() | st.text(max_size=5),
         },
     )
+
+
+def test_refolding_gives_the_state_of_any_first_operation() -> None:
+    """The text stands for exactly what the engine makes of the operation, whatever its fields."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from server_runtime.stores import MemoryServerStore
+
+    values = _insert_values()
 
     @settings(max_examples=150, deadline=None)
     @given(values, st.sampled_from(["node-a", "node-b"]))
@@ -195,14 +202,7 @@ def test_a_new_records_insert_is_judged_to_the_record_the_engine_folds() -> None
 
     from server_runtime.stores import MemoryServerStore
 
-    values = st.fixed_dictionaries(
-        {"title": st.text(max_size=8)},
-        optional={
-            "votes": st.integers(-(2**40), 2**40) | st.floats(allow_nan=False, allow_infinity=False),
-            "tags": st.lists(st.text(max_size=4), max_size=3),
-            "owner": st.none() | st.text(max_size=5),
-        },
-    )
+    values = _insert_values()
     engine = MergeEngine(SCHEMA)
 
     @settings(max_examples=60, deadline=None)
