@@ -4,7 +4,9 @@ SQLite in WAL mode appends every commit to the ``-wal`` file; every ~4 MiB the c
 those pages into the database file and syncs it (a checkpoint). That copy ran inside whichever commit crossed
 the line: ~8 % of a 100,000-operation initial sync, on the thread that also decodes and applies. A checkpoint
 is one SQLite call, which runs without Python's global lock, so a second connection on a thread of its own
-does it in parallel: the writer's commits only append. A PASSIVE checkpoint never waits for or blocks the
+does it in parallel: the writer's commits only append, and tell the thread to look (at most every 20 ms)
+whether the log holds 4 MiB with some not yet copied back (read from the WAL index, see `_due`). A
+PASSIVE checkpoint never waits for or blocks the
 writer; the writer reuses the log from its start once a checkpoint has copied all of it, as it does after
 its own checkpoints. Nothing about durability changes: the checkpointing connection syncs as the writer's
 ``synchronous`` setting says, and a commit is durable once it is in the log either way.
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import struct
 import sys
 import threading
 import time
@@ -21,6 +24,8 @@ import weakref
 
 # The log size that asks for a checkpoint: SQLite's own default (1,000 pages of 4 KiB).
 CHECKPOINT_BYTES = 1000 * 4096
+# iVersion of the WAL-index header SQLite writes (every version since 3.7.0).
+_WAL_INDEX_VERSION = 3007000
 # A writer asks the thread to look at the log at most this often (a commit costs a clock read, not a wake).
 _LOOK_EVERY_S = 0.02
 
@@ -35,6 +40,8 @@ class Checkpointer:
 
     def __init__(self, path: str, *, synchronous: str) -> None:
         self._log = path + "-wal"
+        self._index = path + "-shm"
+        self._checkpointed_at = 0.0
         self._conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         self._conn.execute(f"PRAGMA synchronous={synchronous}")
         self._wake = threading.Event()
@@ -59,15 +66,41 @@ class Checkpointer:
                 if self._closing:
                     return
                 try:
-                    if os.path.getsize(self._log) >= CHECKPOINT_BYTES:
+                    if self._due():
                         self._conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
                         self.checkpoints += 1
+                        self._checkpointed_at = time.monotonic()
                 except (OSError, sqlite3.Error):
                     # The log is gone or busy: the next commit asks again, and closing the database
                     # checkpoints whatever is left.
                     continue
         finally:
             self._conn.close()
+
+    def _due(self) -> bool:
+        """Whether to checkpoint: the log's frames in use come to ``CHECKPOINT_BYTES`` and some are not yet
+        copied into the database file (SQLite's own rule for its automatic checkpoints).
+
+        Read from the header of the WAL index (the ``-shm`` file; its layout is documented, "WAL-index
+        format" at sqlite.org/walformat.html): the last valid frame (mxFrame, offset 16), the frames already
+        copied back (nBackfill, offset 96), the page size (offset 14). Once a checkpoint has copied every
+        frame, the writer starts the log over at its beginning, so mxFrame counts what was written since.
+        The log file's size would not do: it stays as large as the log ever was, and every look would
+        checkpoint (and sync) again. Without a readable index: the file's size, at most once a second.
+        """
+        try:
+            with open(self._index, "rb") as index:
+                header = index.read(100)
+            version, page, last = struct.unpack_from("=I10xHI", header)
+            (copied,) = struct.unpack_from("=I", header, 96)
+            if version == _WAL_INDEX_VERSION:
+                size = 65536 if page == 1 else int(page)
+                return int(last) * size >= CHECKPOINT_BYTES and int(last) > int(copied)
+        except (OSError, struct.error):
+            pass
+        if time.monotonic() - self._checkpointed_at < 1.0:
+            return False
+        return os.path.getsize(self._log) >= CHECKPOINT_BYTES
 
     @property
     def running(self) -> bool:

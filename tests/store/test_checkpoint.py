@@ -105,3 +105,21 @@ def test_a_database_collected_without_being_closed_stops_its_thread(tmp_path: Pa
     while checkpointer.running and time.monotonic() < deadline:
         time.sleep(0.01)
     assert not checkpointer.running
+
+
+def test_a_checkpoint_runs_per_4_mib_written_not_per_look(tmp_path: Path) -> None:
+    """Once a checkpoint has copied the log back, the writer reuses the log file from its start (its size
+    stays): small commits after that are not a reason to checkpoint (and sync) again at every look."""
+    db = LocalDatabase(str(tmp_path / "local.db"))
+    try:
+        checkpointer = _checkpointer(db)
+        _write_megabytes(db, 20, pause=0.05)
+        done = checkpointer.checkpoints
+        assert 1 <= done <= 8  # (a checkpoint that ran while the writer wrote copies only part)
+        for index in range(30):
+            with db.transaction():
+                db.set_meta("small", str(index))
+            time.sleep(0.025)  # each commit finds the thread ready to look
+        assert checkpointer.checkpoints == done
+    finally:
+        db.close()
