@@ -111,7 +111,7 @@ async def _exec(conn: aiosqlite.Connection, sql: str, params: Iterable[Any] = ()
     await cursor.close()
 
 
-# One statement of a batch run by `_run_steps`: ("execute" | "executemany" | "fetch", sql, parameters), or
+# One statement of a batch run by `_run_steps`: ("execute" | "fetch", sql, parameters), or
 # ("expect", sql, value): the query's one value must be ``value``, else `_Moved` is raised (nothing after it
 # runs), or ("rows", sql, [(sql, parameters), ...]): statements of several rows each (see `_rows_step`).
 _Step = tuple[str, str, Any]
@@ -152,9 +152,7 @@ def _steps_on(raw: sqlite3.Connection, steps: Sequence[_Step]) -> list[list[Any]
                 raise _Moved(f"expected {params!r}, found {value!r}")
             out.append(None)
             continue
-        if kind == "executemany":
-            raw.executemany(sql, params)
-        elif kind == "rows":
+        if kind == "rows":
             for statement, values in params:
                 raw.execute(statement, values)
         else:
@@ -184,10 +182,7 @@ async def _run_steps(conn: aiosqlite.Connection, steps: Sequence[_Step]) -> list
             for statement, values in params:
                 await _exec(conn, statement, values)
         else:
-            cursor = await (
-                conn.executemany(sql, params) if kind == "executemany" else conn.execute(sql, params)
-            )
-            await cursor.close()
+            await _exec(conn, sql, params)
         out.append(None)
     return out
 
