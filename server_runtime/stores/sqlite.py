@@ -128,6 +128,11 @@ class _Moved(Exception):
     """An "expect" step found another value: the database changed since what the writer knew."""
 
 
+def _expect(found: Any, expected: Any) -> None:
+    if found != expected:
+        raise _Moved(f"expected {expected!r}, found {found!r}")
+
+
 def _thread_runner(
     conn: aiosqlite.Connection,
 ) -> tuple[Callable[[Callable[[], Any]], Awaitable[Any]], sqlite3.Connection] | None:
@@ -147,9 +152,7 @@ def _steps_on(raw: sqlite3.Connection, steps: Sequence[_Step]) -> list[list[Any]
             out.append(raw.execute(sql, params).fetchall())
             continue
         if kind == "expect":
-            (value,) = raw.execute(sql).fetchone()
-            if value != params:
-                raise _Moved(f"expected {params!r}, found {value!r}")
+            _expect(raw.execute(sql).fetchone()[0], params)
             out.append(None)
             continue
         if kind == "rows":
@@ -178,7 +181,9 @@ async def _run_steps(conn: aiosqlite.Connection, steps: Sequence[_Step]) -> list
         if kind == "fetch":
             out.append(list(await conn.execute_fetchall(sql, params)))
             continue
-        if kind == "rows":
+        if kind == "expect":
+            _expect(next(iter(await conn.execute_fetchall(sql)))[0], params)
+        elif kind == "rows":
             for statement, values in params:
                 await _exec(conn, statement, values)
         else:

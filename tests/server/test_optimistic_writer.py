@@ -97,7 +97,13 @@ def test_new_operations_are_stored_in_one_trip(tmp_path: Path, monkeypatch: pyte
     asyncio.run(main())
 
 
-def test_a_write_by_another_process_is_noticed_and_nothing_is_written(tmp_path: Path) -> None:
+@pytest.mark.parametrize("trips", ["one trip", "a call a statement"])
+def test_a_write_by_another_process_is_noticed_and_nothing_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, trips: str
+) -> None:
+    if trips == "a call a statement":  # aiosqlite without the private runner: `_run_steps` falls back
+        monkeypatch.setattr(sqlite_store, "_thread_runner", lambda conn: None)
+
     async def main() -> None:
         path = tmp_path / "server.db"
         mine, other = await _sqlite(path), await _sqlite(path)
