@@ -201,24 +201,16 @@ def _known_ids_steps(ids: Sequence[str]) -> list[_Step]:
     ]
 
 
-# Operations looked up under their records: three parameters each, within SQLite's smallest limit of 999.
-_KEYS_CHUNK: Final = 333
-
-
 def _known_keys_steps(keys: Sequence[tuple[str, str, str]]) -> list[_Step]:
-    """Lookups of (collection, record id, id): one search of the ``offline_operations_record`` index each."""
-    steps: list[_Step] = []
-    for part in _codec.chunks(keys, _KEYS_CHUNK):
-        values = ", ".join(["(?, ?, ?)"] * len(part))
-        steps.append(
-            (
-                "fetch",
-                f"WITH wanted (c, r, i) AS (VALUES {values}) SELECT o.id FROM wanted JOIN offline_operations"
-                " AS o ON o.collection = wanted.c AND o.record_id = wanted.r AND o.id = wanted.i",
-                tuple(value for key in part for value in key),
-            )
-        )
-    return steps
+    """Lookups of (collection, record id, id): one search of the ``offline_operations_record`` index each, the
+    keys given as rows of a VALUES list in statements of the sizes `offline.store.many_rows` prepares once."""
+    statements = row_statements(
+        "WITH wanted (c, r, i) AS (",
+        keys,
+        ") SELECT o.id FROM wanted JOIN offline_operations AS o"
+        " ON o.collection = wanted.c AND o.record_id = wanted.r AND o.id = wanted.i",
+    )
+    return [("fetch", sql, values) for sql, values in statements]
 
 
 async def _upgrade_operations(conn: aiosqlite.Connection) -> None:

@@ -78,9 +78,18 @@ def test_operations_are_looked_up_through_the_record_index(tmp_path: Path) -> No
     history = "SELECT delivery, wire, scope FROM offline_operations WHERE collection = ? AND record_id = ? AND delivery < ?"
     plan = " ".join(row[3] for row in conn.execute("EXPLAIN QUERY PLAN " + history, ("todos", "r1", 9)))
     assert "SEARCH offline_operations USING INDEX offline_operations_record" in plan
-    # Chunks stay within SQLite's smallest parameter limit.
-    steps = sqlite_store._known_keys_steps([("todos", f"r{i}", f"id{i}") for i in range(1_000)])
-    assert [len(params) for _, _, params in steps] == [999, 999, 999, 3]
+    # Chunks stay within SQLite's smallest parameter limit, in the sizes prepared once (many_rows).
+    keys = [("todos", f"r{i}", f"id{i}") for i in range(1_000)]
+    steps = sqlite_store._known_keys_steps(keys)
+    assert [len(params) for _, _, params in steps] == [768] * 3 + [192] * 3 + [48] * 2 + [12] * 2
+    assert max(len(params) for _, _, params in steps) <= 999
+    conn.executemany(
+        "INSERT INTO offline_operations (delivery, id, node_id, sequence_number, collection, record_id, wire)"
+        " VALUES (?, ?, 'n', ?, ?, ?, '{}')",
+        [(d, key[2], d, key[0], key[1]) for d, key in enumerate(keys[::97], 1)],
+    )
+    found = {row[0] for _, sql, params in steps for row in conn.execute(sql, params)}
+    assert found == {key[2] for key in keys[::97]}
 
 
 def test_an_id_is_stored_once_whatever_its_sequence_number(tmp_path: Path) -> None:
