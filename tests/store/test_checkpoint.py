@@ -116,10 +116,19 @@ def test_a_checkpoint_runs_per_4_mib_written_not_per_look(tmp_path: Path) -> Non
         _write_megabytes(db, 20, pause=0.05)
         done = checkpointer.checkpoints
         assert 1 <= done <= 8  # (a checkpoint that ran while the writer wrote copies only part)
-        for index in range(30):
-            with db.transaction():
-                db.set_meta("small", str(index))
-            time.sleep(0.025)  # each commit finds the thread ready to look
+
+        def small_commits() -> None:
+            for index in range(30):
+                with db.transaction():
+                    db.set_meta("small", str(index))
+                time.sleep(0.025)  # each commit finds the thread ready to look
+
+        # The first look may copy back what the last large writes left (the log's frames in use are still
+        # past 4 MiB until the log starts over): one checkpoint at most, not one a look.
+        small_commits()
+        assert done <= checkpointer.checkpoints <= done + 1
+        done = checkpointer.checkpoints
+        small_commits()  # the log has started over: 30 small commits are nothing to copy back yet
         assert checkpointer.checkpoints == done
     finally:
         db.close()
