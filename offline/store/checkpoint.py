@@ -14,6 +14,7 @@ its own checkpoints. Nothing about durability changes: the checkpointing connect
 
 from __future__ import annotations
 
+import logging
 import os
 import sqlite3
 import struct
@@ -24,6 +25,8 @@ import weakref
 
 # The log size that asks for a checkpoint: SQLite's own default (1,000 pages of 4 KiB).
 CHECKPOINT_BYTES = 1000 * 4096
+log = logging.getLogger("offline.store")
+
 # iVersion of the WAL-index header SQLite writes (every version since 3.7.0).
 _WAL_INDEX_VERSION = 3007000
 # A writer asks the thread to look at the log at most this often (a commit costs a clock read, not a wake).
@@ -117,7 +120,21 @@ class Checkpointer:
         self._thread.join()
 
 
-def stop_with(owner: object, checkpointer: Checkpointer) -> None:
-    """Stop ``checkpointer``'s thread when ``owner`` is garbage collected without having closed it (an
-    application that never closes its database must not leave a thread and a connection behind)."""
+def start(owner: object, path: str, *, synchronous: str) -> Checkpointer | None:
+    """A `Checkpointer` for the WAL-mode database ``owner`` writes at ``path``, or None where there can be
+    none (see `supported`) or its connection does not open: the writer then keeps SQLite's own checkpoints.
+    With one, the caller turns the writer's own off (``PRAGMA wal_autocheckpoint = 0``) and closes it before
+    the writer's connection.
+
+    Its thread also stops when ``owner`` is garbage collected without having closed it (an application that
+    never closes its database must not leave a thread and a connection behind).
+    """
+    if not supported(path):
+        return None
+    try:
+        checkpointer = Checkpointer(path, synchronous=synchronous)
+    except sqlite3.Error:
+        log.warning("%s: checkpointing in commits (no second connection)", path, exc_info=True)
+        return None
     weakref.finalize(owner, checkpointer.stop)
+    return checkpointer

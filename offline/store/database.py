@@ -18,8 +18,8 @@ from offline.core.schema import SchemaDefinition
 from offline.merge.engine import RecordState
 from offline.merge.values import operation_text
 
-from .checkpoint import Checkpointer, stop_with
-from .checkpoint import supported as checkpoint_thread_supported
+from .checkpoint import Checkpointer
+from .checkpoint import start as start_checkpoints
 from .file_lock import FileLock
 from .many_rows import write_rows
 from .rows import create_table_sql
@@ -183,13 +183,9 @@ class LocalDatabase:
         for statement in _INTERNAL:
             conn.execute(statement)
         # Checkpoints run on a thread of their own (see .checkpoint) where there are threads and a file.
-        if checkpoint_thread_supported(path) and conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal":
-            try:
-                self._checkpointer = Checkpointer(path, synchronous=synchronous)
-            except sqlite3.Error:
-                pass  # the connection checkpoints its own commits, as SQLite does by default
-            else:
-                stop_with(self, self._checkpointer)
+        if conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal":
+            self._checkpointer = start_checkpoints(self, path, synchronous=synchronous)
+            if self._checkpointer is not None:
                 conn.execute("PRAGMA wal_autocheckpoint=0")
 
     # -- transactions -------------------------------------------------------------------------------------

@@ -38,8 +38,8 @@ from typing import Any, ClassVar, Final
 import aiosqlite
 
 from offline.core.operations import Operation
-from offline.store.checkpoint import Checkpointer, stop_with
-from offline.store.checkpoint import supported as checkpoint_thread_supported
+from offline.store.checkpoint import Checkpointer
+from offline.store.checkpoint import start as start_checkpoints
 from offline.store.many_rows import row_statements
 
 from . import _codec
@@ -341,17 +341,11 @@ class SQLiteServerStore(ServerStore):
                         reader = await aiosqlite.connect(self.filename, isolation_level=None, uri=uri)
                         opened.append(reader)
                         await self._configure(reader, write=False)
-                    if self._wal and checkpoint_thread_supported(self.filename) and not self._shared:
+                    if self._wal and not self._shared:
                         # Checkpoints on a thread of their own (offline.store.checkpoint): the commits of
                         # the write pipeline only append to the log.
-                        try:
-                            self._checkpointer = Checkpointer(self.filename, synchronous="FULL")
-                        except sqlite3.Error:
-                            log.warning(
-                                "SQLite store %s: checkpointing in commits", self.filename, exc_info=True
-                            )
-                        else:
-                            stop_with(self, self._checkpointer)
+                        self._checkpointer = start_checkpoints(self, self.filename, synchronous="FULL")
+                        if self._checkpointer is not None:
                             await _exec(writer, "PRAGMA wal_autocheckpoint = 0")
             except BaseException:
                 if self._checkpointer is not None:
