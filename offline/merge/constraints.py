@@ -54,6 +54,15 @@ class RecordLookup(Protocol):
     def find_records(self, collection: str, filters: Mapping[str, Any]) -> list[dict[str, Any]]: ...
 
 
+def records_containing(lookup: RecordLookup, collection: str, field: str, value: Any) -> list[dict[str, Any]]:
+    """Alive records of ``collection`` whose array ``field`` holds ``value``: through the lookup's own
+    ``find_containing`` (an index of the array's elements) when it has one, else by reading the collection."""
+    find = getattr(lookup, "find_containing", None)
+    if find is not None:
+        return list(find(collection, field, value))
+    return [r for r in lookup.find_records(collection, {}) if value in (r.get(field) or ())]
+
+
 @dataclass(frozen=True, slots=True)
 class Action:
     """An extra write the deciding replica makes: 'update' (changes, previous) or 'delete'."""
@@ -391,9 +400,7 @@ def check_delete(
             for name in constraint.fields:
                 is_array = source.fields[name].type == "array"
                 if is_array:
-                    referencing = [
-                        r for r in lookup.find_records(source.name, {}) if record["id"] in (r.get(name) or ())
-                    ]
+                    referencing = records_containing(lookup, source.name, name, record["id"])
                 else:
                     referencing = lookup.find_records(source.name, {name: record["id"]})
                 if not referencing:

@@ -23,7 +23,7 @@ from typing import Any
 from offline.core.errors import CONSTRAINT_VIOLATION, OfflineError
 from offline.core.schema import SchemaDefinition
 
-from .constraints import Action, Decision, RecordLookup, check_delete
+from .constraints import Action, Decision, RecordLookup, check_delete, records_containing
 
 _Key = tuple[str, str]
 
@@ -52,6 +52,20 @@ class _Pending:
             if changed:
                 record = {**record, **changed}
                 if any(record.get(k) != v for k, v in filters.items()):
+                    continue
+            out.append(record)
+        return out
+
+    def find_containing(self, collection: str, field: str, value: Any) -> list[dict[str, Any]]:
+        out = []
+        for record in records_containing(self.lookup, collection, field, value):
+            key = (collection, record["id"])
+            if key in self.deleted:
+                continue
+            changed = self.changes.get(key)
+            if changed:
+                record = {**record, **changed}
+                if value not in (record.get(field) or ()):
                     continue
             out.append(record)
         return out
@@ -89,7 +103,7 @@ class _Pending:
 def _children(lookup: RecordLookup, source: str, field: str, parent_id: str) -> list[dict[str, Any]]:
     descriptor = lookup.schema.collections[source].fields[field]
     if descriptor.type == "array":  # many-to-many: the field holds a list of ids
-        return [r for r in lookup.find_records(source, {}) if parent_id in (r.get(field) or ())]
+        return records_containing(lookup, source, field, parent_id)
     return lookup.find_records(source, {field: parent_id})
 
 

@@ -370,6 +370,11 @@ class App:
         """Alive records of ``collection`` equal to ``filters`` (the lookup constraints and relations use)."""
         return self.collection(collection).where(filters).fetch()
 
+    def find_containing(self, collection: str, field: str, value: Any) -> list[dict[str, Any]]:
+        """Alive records of ``collection`` whose array ``field`` holds ``value`` (through the element index
+        the store keeps for arrays of ids, see `rows.lookup_array_fields`)."""
+        return self.collection(collection).containing(field, value)
+
     @contextmanager
     def batch(self) -> Iterator[App]:
         """Group many writes into one transaction: all are committed (durably) together, or none.

@@ -23,7 +23,7 @@ from offline.merge.values import normalize
 
 from . import app as _app_module  # app imports this module: read its names at call time
 from .ops import AtomicOp
-from .rows import quote, to_column
+from .rows import element_table, lookup_array_fields, quote, to_column
 
 if TYPE_CHECKING:
     from .app import App, Write
@@ -103,6 +103,31 @@ class Collection:
 
     def count(self) -> int:
         return self.all().count()
+
+    def containing(self, field: str, value: Any) -> list[dict[str, Any]]:
+        """Records whose array ``field`` holds ``value``, in id order: through the field's element table
+        when the store keeps one (arrays of ids under a relation or referential constraint), else SQLite
+        reads the arrays itself (never a Python pass over every record)."""
+        descriptor = self.fields.get(field)
+        if descriptor is None or descriptor.type != "array":
+            raise _invalid(f"{self.name}.{field} is not an array field", collection=self.name, field=field)
+        codec = self.codec
+        column = quote(field)
+        if field in lookup_array_fields(self.app.schema, self.name) and isinstance(value, str):
+            where = f"{quote('id')} IN (SELECT record_id FROM {element_table(self.name, field)} WHERE element = ?)"
+        else:
+            where = f"EXISTS (SELECT 1 FROM json_each({column}) WHERE value = ?)"
+            if isinstance(value, bool):
+                value = 1 if value else 0
+        app = self.app
+        app.flush()
+        with app.db.lock:
+            rows = app.db.conn.execute(
+                f"SELECT {codec.select_columns} FROM {codec.table} WHERE {where} ORDER BY {quote('id')}",
+                (value,),
+            ).fetchall()
+        decode = codec.record
+        return [decode(row) for row in rows]
 
     def richtext(self, record_id: str, field: str) -> RichTextHandle:
         descriptor = self.fields.get(field)

@@ -22,7 +22,7 @@ from .checkpoint import Checkpointer
 from .checkpoint import start as start_checkpoints
 from .file_lock import FileLock
 from .many_rows import write_rows
-from .rows import create_table_sql
+from .rows import create_table_sql, sync_lookup_indexes
 
 # Status of an operation in the log.
 PENDING = 0  # written here, not yet acknowledged by a server
@@ -217,6 +217,7 @@ class LocalDatabase:
         for collection in schema.collections.values():
             for statement in create_table_sql(collection):
                 self.conn.execute(statement)
+        sync_lookup_indexes(self.conn, schema)
 
     def table_columns(self, table: str) -> list[str]:
         return [row[1] for row in self.conn.execute(f"PRAGMA table_info({json.dumps(table)})")]
@@ -326,7 +327,20 @@ class LocalDatabase:
         return 0 if row is None or row[0] is None else int(row[0])
 
     def max_hlc(self) -> str | None:
-        row = self.conn.execute("SELECT max(hlc) FROM _offline_ops").fetchone()
+        """The highest clock in the log, read at open without reading the log: a node's clocks grow with its
+        sequence numbers, so the highest is among each node's last operation, and the (node, sequence) key
+        reaches those directly (one seek per node, walking the distinct nodes through the key)."""
+        row = self.conn.execute(
+            """WITH RECURSIVE nodes(node_id) AS (
+                SELECT min(node_id) FROM _offline_ops
+                UNION ALL
+                SELECT (SELECT min(node_id) FROM _offline_ops WHERE node_id > nodes.node_id)
+                FROM nodes WHERE nodes.node_id IS NOT NULL
+            )
+            SELECT max((SELECT hlc FROM _offline_ops o WHERE o.node_id = nodes.node_id
+                        ORDER BY o.sequence_number DESC LIMIT 1))
+            FROM nodes WHERE node_id IS NOT NULL"""
+        ).fetchone()
         return None if row is None or row[0] is None else str(row[0])
 
     def pending_count(self, node_id: str) -> int:

@@ -22,6 +22,7 @@ from offline.core.migrations import MigrationStep, apply_migration_steps
 from offline.merge.values import normalize
 
 from .database import storage_error
+from .rows import drop_lookup_indexes
 
 if TYPE_CHECKING:
     from .app import App
@@ -62,6 +63,7 @@ def migrate_database(app: App) -> None:
         try:
             with db.transaction():
                 if structural:
+                    drop_lookup_indexes(db.conn)  # create_tables makes them again for the new schema
                     apply_migration_steps(db.conn, structural)
                 db.create_tables(schema)
                 db.set_meta("schema_version", str(schema.version))

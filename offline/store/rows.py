@@ -8,7 +8,7 @@ from functools import partial
 from typing import Any
 
 from offline.core.fields import STORAGE_TYPES, FieldDescriptor
-from offline.core.schema import CollectionDefinition
+from offline.core.schema import CollectionDefinition, SchemaDefinition
 from offline.merge import richtext
 from offline.merge.values import compact_json, norm_number
 
@@ -38,6 +38,141 @@ def create_table_sql(collection: CollectionDefinition) -> list[str]:
         index = quote(f"idx_{collection.name}_{field}")
         statements.append(f"CREATE INDEX IF NOT EXISTS {index} ON {quote(collection.name)} ({quote(field)})")
     return statements
+
+
+# -- what the engine looks records up by -----------------------------------------------------------------
+#
+# Constraint checks and relation planning look records up by field values on every write and delete (a
+# unique field's value, a capacity group, the records pointing at a deleted parent). Without an index each
+# such lookup reads the whole table, so a write's cost grew with the collection. The store keeps these
+# lookups indexed on its own, whatever the schema declares: an index per scalar field set, and for an array
+# of ids (a many-to-many relation, a referential constraint on an array field) a side table of
+# (element, record) pairs that triggers keep equal to the column. These objects are derived from the schema
+# alone: `sync_lookup_indexes` drops those the schema no longer asks for and creates the missing ones.
+
+LOOKUP_PREFIX = "_offline_lookup_"
+
+
+def lookup_field_sets(schema: SchemaDefinition, collection: str) -> list[tuple[str, ...]]:
+    """The field sets of ``collection`` the engine looks records up by (scalar fields), without repeats."""
+    definition = schema.collections[collection]
+    wanted: list[tuple[str, ...]] = []
+    for constraint in definition.constraints.values():
+        fields = tuple(f for f in constraint.fields if f in definition.fields)
+        if constraint.type == "referential":
+            wanted.extend((f,) for f in fields if definition.fields[f].type != "array")
+        elif fields and not any(definition.fields[f].type in ("array", "richtext") for f in fields):
+            wanted.append(fields)
+    for relation in schema.relations.values():
+        field = definition.fields.get(relation.field) if relation.from_ == collection else None
+        if field is not None and field.type not in ("array", "richtext"):
+            wanted.append((relation.field,))
+    declared = {(f,) for f in definition.indexes}
+    out: list[tuple[str, ...]] = []
+    for fields in wanted:
+        if fields not in out and fields not in declared:
+            out.append(fields)
+    return out
+
+
+def lookup_array_fields(schema: SchemaDefinition, collection: str) -> list[str]:
+    """Array fields of ``collection`` holding ids that deletes of other records look up (by element)."""
+    definition = schema.collections[collection]
+    out: list[str] = []
+    for constraint in definition.constraints.values():
+        if constraint.type == "referential":
+            out.extend(
+                f
+                for f in constraint.fields
+                if f in definition.fields and definition.fields[f].type == "array"
+            )
+    for relation in schema.relations.values():
+        field = definition.fields.get(relation.field) if relation.from_ == collection else None
+        if field is not None and field.type == "array":
+            out.append(relation.field)
+    return list(dict.fromkeys(out))
+
+
+def element_table(collection: str, field: str) -> str:
+    """The side table of (element, record id) pairs of one array field (see `lookup_array_fields`)."""
+    return quote(f"{LOOKUP_PREFIX}{collection}__{field}")
+
+
+def _lookup_objects(schema: SchemaDefinition) -> dict[tuple[str, str], list[str]]:
+    """(type, name) -> statements creating it, for every lookup object the schema asks for."""
+    objects: dict[tuple[str, str], list[str]] = {}
+    for name in schema.collections:
+        table = quote(name)
+        for fields in lookup_field_sets(schema, name):
+            index = f"{LOOKUP_PREFIX}{name}__{'__'.join(fields)}"
+            columns = ", ".join(quote(f) for f in fields)
+            objects[("index", index)] = [f"CREATE INDEX IF NOT EXISTS {quote(index)} ON {table} ({columns})"]
+        for field in lookup_array_fields(schema, name):
+            side_name = f"{LOOKUP_PREFIX}{name}__{field}"
+            side = quote(side_name)
+            column = quote(field)
+            fill = (
+                f"INSERT OR IGNORE INTO {side} (record_id, element) "
+                f"SELECT NEW.id, value FROM json_each(CASE WHEN json_valid(NEW.{column}) "
+                f"THEN NEW.{column} ELSE '[]' END) WHERE type = 'text'"
+            )
+            objects[("table", side_name)] = [
+                f"CREATE TABLE IF NOT EXISTS {side} (record_id TEXT NOT NULL, element TEXT NOT NULL, "
+                "PRIMARY KEY (record_id, element)) WITHOUT ROWID",
+                f"CREATE INDEX IF NOT EXISTS {quote(side_name + '__element')} ON {side} (element)",
+                f"DELETE FROM {side}",
+                f"INSERT OR IGNORE INTO {side} (record_id, element) SELECT t.id, j.value FROM {table} t, "
+                f"json_each(CASE WHEN json_valid(t.{column}) THEN t.{column} ELSE '[]' END) j "
+                "WHERE j.type = 'text'",
+                # INSERT OR REPLACE fires no delete trigger (recursive triggers are off): the insert
+                # trigger clears the record's old pairs itself.
+                f"CREATE TRIGGER IF NOT EXISTS {quote(side_name + '__insert')} AFTER INSERT ON {table} "
+                f"BEGIN DELETE FROM {side} WHERE record_id = NEW.id; {fill}; END",
+                f"CREATE TRIGGER IF NOT EXISTS {quote(side_name + '__update')} AFTER UPDATE OF id, {column} "
+                f"ON {table} "
+                f"BEGIN DELETE FROM {side} WHERE record_id = OLD.id; {fill}; END",
+                f"CREATE TRIGGER IF NOT EXISTS {quote(side_name + '__delete')} AFTER DELETE ON {table} "
+                f"BEGIN DELETE FROM {side} WHERE record_id = OLD.id; END",
+            ]
+    return objects
+
+
+def _present_lookup_objects(conn: Any) -> set[tuple[str, str]]:
+    """The lookup tables and indexes in the database (a side table's own index and triggers go with it)."""
+    return {
+        (kind, name)
+        for kind, name, table in conn.execute(
+            "SELECT type, name, tbl_name FROM sqlite_master WHERE type IN ('table', 'index') "
+            "AND substr(name, 1, ?) = ?",
+            (len(LOOKUP_PREFIX), LOOKUP_PREFIX),
+        )
+        if kind == "table" or not table.startswith(LOOKUP_PREFIX)
+    }
+
+
+def _drop(conn: Any, kind: str, name: str) -> None:
+    if kind == "table":
+        for suffix in ("__insert", "__update", "__delete"):
+            conn.execute(f"DROP TRIGGER IF EXISTS {quote(name + suffix)}")
+    conn.execute(f"DROP {kind.upper()} IF EXISTS {quote(name)}")
+
+
+def drop_lookup_indexes(conn: Any) -> None:
+    """Drop every lookup object (before migration steps: SQLite refuses to drop an indexed column)."""
+    for kind, name in _present_lookup_objects(conn):
+        _drop(conn, kind, name)
+
+
+def sync_lookup_indexes(conn: Any, schema: SchemaDefinition) -> None:
+    """Make the store's lookup objects those ``schema`` asks for: drop the others, create the missing ones."""
+    wanted = _lookup_objects(schema)
+    present = _present_lookup_objects(conn)
+    for kind, name in present - set(wanted):
+        _drop(conn, kind, name)
+    for key, statements in wanted.items():
+        if key not in present:
+            for statement in statements:
+                conn.execute(statement)
 
 
 def to_column(descriptor: FieldDescriptor, value: Any) -> Any:

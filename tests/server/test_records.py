@@ -82,3 +82,71 @@ def test_a_row_encodes_its_state_only_when_its_text_is_unknown() -> None:
     cache.put(_row(state, state.to_json()))
     cached = cache.state("todos", "r1")
     assert cached is not None and cached.to_json() == state.to_json()
+
+
+LOOKUPS = define_schema(
+    {
+        "version": 1,
+        "collections": {
+            "tags": {"fields": {"label": t.string()}},
+            "users": {
+                "fields": {
+                    "email": t.string().optional(),
+                    "team": t.string().optional(),
+                    "tagIds": t.array(t.string()).optional(),
+                },
+                "constraints": {
+                    "uniqueEmail": {"type": "unique", "fields": ["email"], "onConflict": "first-write-wins"}
+                },
+            },
+        },
+        "relations": {
+            "userTags": {"from": "users", "to": "tags", "type": "many-to-many", "field": "tagIds"},
+        },
+    }
+)
+
+
+def _plain_find(records: list[dict[str, object]], filters: dict[str, object]) -> list[str]:
+    return sorted(str(r["id"]) for r in records if all(r.get(k) == v for k, v in filters.items()))
+
+
+def test_lookups_through_the_cache_indexes_find_what_a_scan_finds() -> None:
+    """Random puts, changes and deletes: every indexed lookup (by email, by an element of tagIds), on the
+    cache and on a staged view over it, finds exactly the records a scan of the alive records finds."""
+    import random
+
+    rng = random.Random(7)
+    cache = RecordCache(LOOKUPS)
+    assert cache.indexes["users"] and cache.elements["users"] == {"tagIds": {}}
+    emails, tags = ["a", "b", "c", None], ["t1", "t2", "t3"]
+    view = StagedView(cache)  # takes the last 100 steps, over the cache the first 300 made
+    for step in range(400):
+        record_id = f"u{rng.randrange(30)}"
+        record = (
+            None
+            if rng.random() < 0.2
+            else {
+                "id": record_id,
+                "email": rng.choice(emails),
+                "team": rng.choice(["x", "y"]),
+                "tagIds": rng.sample(tags, rng.randrange(3)),
+            }
+        )
+        target: RecordCache | StagedView = cache if step < 300 else view
+        target.put(RecordRow("users", record_id, RecordState(), record, "{}"))
+        alive = list(cache.alive["users"].values())
+        if step >= 300:
+            staged = {rid: row.record for (_, rid), row in view.rows.items()}
+            alive = [r for r in alive if r["id"] not in staged] + [
+                r for r in staged.values() if r is not None
+            ]
+        for email in emails:
+            assert sorted(r["id"] for r in target.find_records("users", {"email": email})) == _plain_find(
+                alive, {"email": email}
+            )
+            both = {"email": email, "team": "x"}
+            assert sorted(r["id"] for r in target.find_records("users", both)) == _plain_find(alive, both)
+        for tag in tags:
+            found = sorted(r["id"] for r in target.find_containing("users", "tagIds", tag))
+            assert found == sorted(str(r["id"]) for r in alive if tag in (r.get("tagIds") or ()))
