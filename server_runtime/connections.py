@@ -49,10 +49,22 @@ class TokenBucket:
 class Connection:
     """One admitted sync WebSocket."""
 
-    __slots__ = ("abort", "bucket", "leaving", "sending_since", "session", "stop", "task")
+    __slots__ = (
+        "abort",
+        "address",
+        "bucket",
+        "leaving",
+        "pending",
+        "sending_since",
+        "session",
+        "stop",
+        "task",
+    )
 
-    def __init__(self, limits: ConnectionLimits, abort: Callable[[], None] | None) -> None:
+    def __init__(self, limits: ConnectionLimits, abort: Callable[[], None] | None, address: str = "") -> None:
         self.abort = abort  # drops the TCP connection at once (None when the ASGI server offers no way)
+        self.address = address  # the client's (see server_runtime.client_address)
+        self.pending = True  # until its handshake is accepted
         self.bucket = TokenBucket(limits.operations_per_second, limits.operations_burst)
         self.session: Session | None = None
         self.sending_since = 0.0  # monotonic start of the send in progress; 0 when none
@@ -80,25 +92,49 @@ class ConnectionGuard:
         self.connections: set[Connection] = set()
         self.draining = False
         self.counts: Counter[str] = Counter()  # refusals and forced endings by reason, for metrics
+        self.pending: Counter[str] = Counter()  # connections not yet past their handshake, by client address
         self._empty = asyncio.Event()
         self._watchdog: asyncio.Task[None] | None = None
 
     def __iter__(self) -> Iterator[Connection]:
         return iter(list(self.connections))
 
-    def admit(self, abort: Callable[[], None] | None) -> Connection | None:
-        """A slot for a new connection, or None when the process holds ``max_connections`` already."""
+    def admit(self, abort: Callable[[], None] | None, address: str = "") -> Connection | str:
+        """A slot for a new connection from ``address``, or why there is none: the process holds
+        ``max_connections`` already, or that address has ``max_pending_per_address`` connections still
+        handshaking (so one address cannot hold every slot with sockets that never say hello)."""
         if len(self.connections) >= self.limits.max_connections:
             self.counts["refused_overloaded"] += 1
-            return None
-        conn = Connection(self.limits, abort)
+            return (
+                f"this server holds its maximum of {self.limits.max_connections} sync connections; "
+                "retry later (with backoff)"
+            )
+        if self.pending[address] >= self.limits.max_pending_per_address:
+            self.counts["refused_pending_per_address"] += 1
+            return (
+                f"{self.limits.max_pending_per_address} sync connections from this address are still "
+                "handshaking; retry later (with backoff)"
+            )
+        conn = Connection(self.limits, abort, address)
+        self.pending[address] += 1
         self.connections.add(conn)
         self._empty.clear()
         if self._watchdog is None or self._watchdog.done():
             self._watchdog = asyncio.create_task(self._watch(), name="offline-sync-watchdog")
         return conn
 
+    def established(self, conn: Connection) -> None:
+        """``conn`` completed its handshake: it no longer counts against its address's pending limit."""
+        if conn.pending:
+            conn.pending = False
+            left = self.pending[conn.address] - 1
+            if left > 0:
+                self.pending[conn.address] = left
+            else:
+                del self.pending[conn.address]  # no entry per address ever seen
+
     def release(self, conn: Connection) -> None:
+        self.established(conn)
         self.connections.discard(conn)
         if not self.connections:
             self._empty.set()

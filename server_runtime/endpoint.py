@@ -24,6 +24,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from offline.core.errors import OfflineError
 from offline.sync import protocol as p
 
+from .client_address import client_address
 from .connections import RESYNC, SHUTDOWN, Connection, ConnectionGuard
 from .limits import OriginPolicy
 from .sync import Refusal, Session, SyncService
@@ -94,16 +95,10 @@ async def sync_endpoint(
         await websocket.accept()
         await _refuse(websocket, None, p.SERVER_SHUTDOWN, "the server is shutting down; reconnect shortly")
         return
-    conn = guard.admit(websocket.scope.get(ABORT_KEY))
-    if conn is None:
+    conn = guard.admit(websocket.scope.get(ABORT_KEY), client_address(websocket))
+    if isinstance(conn, str):
         await websocket.accept()
-        await _refuse(
-            websocket,
-            None,
-            p.OVERLOADED,
-            f"this server holds its maximum of {guard.limits.max_connections} sync connections; "
-            "retry later (with backoff)",
-        )
+        await _refuse(websocket, None, p.OVERLOADED, conn)
         return
     try:
         await _serve(websocket, service, guard, conn)
@@ -231,6 +226,7 @@ async def _session(
         supported_schema_max=hi,
     )
     await send(p.encode(response))
+    guard.established(conn)
     conn.session = session
     service.sessions.add(session)
     service.emit("connection", {"nodeId": session.node_id, "state": "connected"})

@@ -6,7 +6,10 @@ default `./offline-server.db`), `OFFLINE_ADMIN_TOKEN`, `OFFLINE_METRICS_TOKEN`, 
 with users kept in the same store, and makes their sync auth provider guard the sync endpoint (unless
 `sync_options` brings its own `auth`). `OFFLINE_OAUTH_PROVIDERS` may hold a JSON object of OAuth providers
 (name -> `client_id`, `client_secret`, `authorize_url`, `token_url`, `userinfo_url`, `scope`, ...; see
-`server_runtime.auth.oauth`). Without `AUTH_SECRET` the server accepts every sync connection, and says so."""
+`server_runtime.auth.oauth`). Without `AUTH_SECRET` the server accepts every sync connection, and says so.
+
+`OFFLINE_TRUSTED_PROXIES` and `OFFLINE_CLIENT_IP_HEADER` say which peers' forwarding headers name the client
+(none by default; see `server_runtime.client_address`)."""
 
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ from offline.core.errors import OfflineError
 from offline.core.schema import SchemaDefinition
 
 from .auth import AuthRoutes, create_auth_routes
+from .client_address import CLIENT_IP_HEADER_ENV, TRUSTED_PROXIES_ENV
 from .server import ProductionServer, create_production_server
 from .stores import create_relational_server_store, create_sqlite_server_store
 from .stores.base import ServerStore
@@ -120,4 +124,6 @@ async def server_from_environment(
         operational_auth=operational_auth_from_environment(env),
         sync_options=sync_options,
         auth_routes=auth_routes,
+        trusted_proxies=env.get(TRUSTED_PROXIES_ENV, ""),
+        client_ip_header=env.get(CLIENT_IP_HEADER_ENV, "").strip() or None,
     )

@@ -24,6 +24,14 @@ What each limit does when it is hit (codes are the protocol's, see ``offline.syn
   A catch-up batch of ``batch_size`` operations larger than this goes in several frames. At most the
   clients' own frame limit (``protocol.MAX_MESSAGE_BYTES``, 4 MiB): a larger value is refused.
 - ``shutdown_grace``: on shutdown, how long sessions get to finish the batch in hand before being cut off.
+- ``handshake_timeout``: a sync connection that sends no handshake within it (5 s) gets ``error
+  PROTOCOL_VIOLATION`` and is closed.
+- ``max_pending_per_address``: sync connections from one client address (see ``server_runtime.client_address``)
+  that have not completed their handshake; one more gets ``error OVERLOADED`` (retriable) and close 1013, so
+  one address cannot take every connection slot.
+- ``max_body_bytes`` / ``max_backup_body_bytes``: the largest HTTP request body (every route / the backup
+  import); a larger one gets HTTP 413 ``BODY_TOO_LARGE`` and nothing past the cap is read (see
+  ``server_runtime.request_limits``).
 
 ``allowed_origins`` (option ``sync_options={"allowed_origins": [...]}`` or ``OFFLINE_ALLOWED_ORIGINS``, a
 comma list) restricts which web pages may open the sync WebSocket: a request whose ``Origin`` header is not
@@ -59,6 +67,10 @@ class ConnectionLimits:
     ping_interval: float | None = 20.0
     ping_timeout: float | None = 20.0
     shutdown_grace: float = 5.0  # inside the usual stop timeouts (Docker 10 s, Fly.io 5 s) before SIGKILL
+    # Sync connections of one client address that have not completed their handshake yet.
+    max_pending_per_address: int = 64
+    max_body_bytes: int = 64 * 1024
+    max_backup_body_bytes: int = 512 * 1024 * 1024
 
 
 _OPTIONAL = frozenset({"ping_interval", "ping_timeout"})  # 0 or None turns pings off

@@ -14,7 +14,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from starlette.applications import Starlette
@@ -27,10 +27,12 @@ from starlette.types import ASGIApp, Message, Receive, Scope
 from starlette.types import Send as ASGISend
 from starlette.websockets import WebSocket
 
+from .client_address import ProxyPolicy
 from .connections import ConnectionGuard, GuardCollector
 from .endpoint import ABORT_KEY, sync_endpoint
 from .limits import OriginPolicy, resolve_limits
 from .redaction import SecretRedactor, install, secrets_from_environment
+from .request_limits import RequestLimits
 from .stores.base import ServerStore
 from .sync import SyncService
 
@@ -54,6 +56,8 @@ class ProductionServer:
         operational_auth: Mapping[str, Any] | None = None,
         sync_options: Mapping[str, Any] | None = None,
         auth_routes: AuthRoutes | None = None,
+        trusted_proxies: str | Iterable[str] | None = None,
+        client_ip_header: str | None = None,
     ) -> None:
         self.store = store
         self.port = port
@@ -64,6 +68,8 @@ class ProductionServer:
         options = dict(sync_options or {})
         sync_limits, self.limits = resolve_limits(options.pop("limits", None))
         self.origins = OriginPolicy.resolve(options.pop("allowed_origins", None))
+        # Whose forwarding headers count (none unless configured): see server_runtime.client_address.
+        self.proxies = ProxyPolicy.resolve(trusted_proxies, client_ip_header)
         self.guard = ConnectionGuard(self.limits)
         self.sync = SyncService(
             store, auth=options.get("auth"), limits=sync_limits, rules=options.get("rules")
@@ -138,7 +144,13 @@ class ProductionServer:
             routes.append(Mount("/auth", routes=self.auth_routes.routes))
         if self.static_dir:  # last: its SPA fallback answers every path not matched above
             routes.append(spa_static(self.static_dir))
-        return Starlette(routes=routes, lifespan=lifespan, middleware=[Middleware(_Hardening)])
+        limits = Middleware(
+            RequestLimits,
+            policy=self.proxies,
+            max_body=self.limits.max_body_bytes,
+            max_backup_body=self.limits.max_backup_body_bytes,
+        )
+        return Starlette(routes=routes, lifespan=lifespan, middleware=[limits, Middleware(_Hardening)])
 
     async def start(self) -> str:
         """Serve in the running event loop; returns the URL (``http://host:port``) once listening."""
@@ -176,6 +188,8 @@ class ProductionServer:
             # loopback and LAN links; the relay's throughput matters more here.
             ws_per_message_deflate=False,
             timeout_graceful_shutdown=5,
+            # Forwarding headers count only from OFFLINE_TRUSTED_PROXIES (uvicorn's own default trusts loopback).
+            proxy_headers=False,
         )
         # uvicorn configured its loggers just now (uvicorn.Config does it): redact their output too.
         install(self.redactor, _uvicorn_handlers())
@@ -289,6 +303,8 @@ def create_production_server(
     operational_auth: Mapping[str, Any] | None = None,
     sync_options: Mapping[str, Any] | None = None,
     auth_routes: AuthRoutes | None = None,
+    trusted_proxies: str | Iterable[str] | None = None,
+    client_ip_header: str | None = None,
 ) -> ProductionServer:
     return ProductionServer(
         store=store,
@@ -299,4 +315,6 @@ def create_production_server(
         operational_auth=operational_auth,
         sync_options=sync_options,
         auth_routes=auth_routes,
+        trusted_proxies=trusted_proxies,
+        client_ip_header=client_ip_header,
     )

@@ -196,7 +196,7 @@ class SyncLimits:
     max_message_bytes: int = p.MAX_MESSAGE_BYTES
     max_batch_operations: int = p.MAX_BATCH_OPERATIONS
     max_operation_bytes: int = p.MAX_OPERATION_BYTES
-    handshake_timeout: float = 15.0
+    handshake_timeout: float = 5.0  # a connection sending no handshake holds a slot until then
     max_protocol_errors: int = 20
     recent_operations: int = 20_000
     # Relay batches unacknowledged this long, with no acknowledgement at all meanwhile, are streamed again.

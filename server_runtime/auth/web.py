@@ -16,6 +16,7 @@ from starlette.responses import JSONResponse, Response
 
 from offline.core.errors import OfflineError
 
+from ..client_address import client_address as _client_address
 from .tokens import AUTH_CONFIG
 
 __all__ = [
@@ -140,8 +141,8 @@ def string_field(body: Mapping[str, Any], name: str, *, limit: int = 4096) -> st
 
 
 def client_address(request: Request) -> str:
-    # uvicorn already replaces this with X-Forwarded-For when the peer is a trusted proxy.
-    return request.client.host if request.client is not None else "unknown"
+    # One rule for every per-address limit: forwarding headers count only from OFFLINE_TRUSTED_PROXIES.
+    return _client_address(request)
 
 
 def iso(ms: int) -> str:

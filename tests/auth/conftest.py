@@ -96,8 +96,14 @@ async def serve(
     ``guard_sync``); stopped and its store closed at the end."""
     await store.set_schema(SCHEMA)
     sync_options = {"auth": routes.to_sync_auth_provider()} if routes is not None and guard_sync else None
+    # The tests stand in for a proxy on loopback: their X-Forwarded-For names the client.
     server = create_production_server(
-        store=store, port=0, host="127.0.0.1", auth_routes=routes, sync_options=sync_options
+        store=store,
+        port=0,
+        host="127.0.0.1",
+        auth_routes=routes,
+        sync_options=sync_options,
+        trusted_proxies="127.0.0.1",
     )
     try:
         await server.start()

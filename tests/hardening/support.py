@@ -246,17 +246,22 @@ class BareSocketPeer:
         *,
         rcvbuf: int | None = None,
         upgrade: bool = True,
+        source: str | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         if rcvbuf is not None:
             self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+        if source is not None:  # another loopback address (all of 127/8 is local on Linux): another client
+            self.sock.bind((source, 0))
         self.sock.settimeout(TIMEOUT)
         self.sock.connect((host, port))
         self.host = f"{host}:{port}"
         key = base64.b64encode(os.urandom(16)).decode()
+        extra = "".join(f"{name}: {value}\r\n" for name, value in (headers or {}).items())
         self.request = (
             f"GET {path} HTTP/1.1\r\nHost: {self.host}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-            f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n"
+            f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n{extra}\r\n"
         ).encode()
         self.buffer = b""
         if upgrade:
@@ -322,7 +327,9 @@ class BareSocketPeer:
             (size,) = struct.unpack("!Q", self._read_exact(8))
         return first & 0x0F, self._read_exact(size)
 
-    def handshake(self, node: str | None = None, scope: dict[str, Any] | None = None) -> p.HandshakeResponse:
+    def handshake(
+        self, node: str | None = None, scope: dict[str, Any] | None = None, token: str | None = None
+    ) -> p.HandshakeResponse:
         hello = p.Handshake(
             message_id=p.new_message_id(),
             node_id=node or generate_uuid_v7(),
@@ -330,14 +337,21 @@ class BareSocketPeer:
             schema_version=SCHEMA.version,
             last_delivery_sequence=0,
             sync_scope=scope,
+            auth_token=token,
         )
         self.send_text(p.encode(hello))
+        reply = self.next_message()
+        assert isinstance(reply, p.HandshakeResponse) and reply.accepted, reply
+        return reply
+
+    def next_message(self) -> p.Message:
+        """The next text frame, decoded (pings and other control frames skipped)."""
         while True:
             opcode, payload = self.read_frame()
             if opcode == 0x1:
-                reply = p.decode(payload.decode())
-                assert isinstance(reply, p.HandshakeResponse) and reply.accepted, reply
-                return reply
+                return p.decode(payload.decode())
+            if opcode == 0x8:
+                raise ConnectionError(f"closed by the server: {payload[2:].decode(errors='replace')}")
 
     def is_closed_by_peer(self, timeout: float = 0.5) -> bool:
         """Drain what arrived; True once the server closed or reset the connection."""
