@@ -1,5 +1,11 @@
 """The built-in dashboard at `/__offline`: a self-contained page (no external requests) that signs in with the
-admin token and follows `/__offline/events` live."""
+admin token and follows `/__offline/events` live.
+
+Signing in exchanges the admin token for a random session id (`dashboard_sessions`) in an HttpOnly,
+SameSite=Strict cookie, Secure when the page came over https; signing out removes the session on the server,
+so the cookie is worthless afterwards even if a copy of it survives. Wrong tokens typed into the form count
+towards the same per-address limit as wrong Bearer tokens (`operational.OperationalAuth.check`).
+"""
 
 from __future__ import annotations
 
@@ -9,6 +15,7 @@ from typing import TYPE_CHECKING
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 
+from .auth.rate_limit import retry_after_header
 from .operational import COOKIE, _same
 
 if TYPE_CHECKING:
@@ -110,7 +117,13 @@ def _html(body: str, status: int = 200) -> HTMLResponse:
 
 
 async def dashboard(request: Request, ops: Operational) -> Response:
-    if ops.auth.allowed(request, "admin", cookie_ok=True):
+    if request.headers.get("authorization"):
+        refused = ops.auth.check(request, "admin")
+        if refused is None:
+            return _html(DASHBOARD_PAGE)
+        if refused.status_code == 429:
+            return refused
+    elif ops.auth.allowed(request, "admin", cookie_ok=True):
         return _html(DASHBOARD_PAGE)
     if "text/html" in request.headers.get("accept", ""):
         return RedirectResponse("/__offline/login", status_code=303, headers=SECURITY_HEADERS)
@@ -142,31 +155,53 @@ async def login_page(request: Request, ops: Operational) -> Response:
     return _html(LOGIN_PAGE.replace("__ERROR__", ""))
 
 
+def _error_page(message: str, status: int, headers: dict[str, str] | None = None) -> HTMLResponse:
+    page = LOGIN_PAGE.replace("__ERROR__", f'<p class="err" id="error">{message}</p>')
+    response = _html(page, status=status)
+    response.headers.update(headers or {})
+    return response
+
+
 async def login_submit(request: Request, ops: Operational) -> Response:
     token = await _form_token(request)
     expected = ops.auth.admin
 
     if expected is None:
         return RedirectResponse("/__offline", status_code=303, headers=SECURITY_HEADERS)
-    if not token or not _same(token, expected):
-        page = LOGIN_PAGE.replace(
-            "__ERROR__", '<p class="err" id="error">That token is not the admin token.</p>'
+    wait = ops.auth.locked(request)
+    if wait is not None:
+        seconds = retry_after_header(wait)
+        return _error_page(
+            f"Too many wrong tokens from this address; try again in {seconds} s.",
+            429,
+            {"Retry-After": seconds},
         )
-        return _html(page, status=401)
+    if not token or not _same(token, expected):
+        if token:
+            ops.auth.failed(request)
+        return _error_page("That token is not the admin token.", 401)
     response = RedirectResponse("/__offline", status_code=303, headers=SECURITY_HEADERS)
+    # A fresh id for every sign-in: a cookie planted before sign-in never becomes a session.
+    ops.auth.sessions.end(request.cookies.get(COOKIE))
     response.set_cookie(
         COOKIE,
-        ops.auth.session_value() or "",
+        ops.auth.sessions.create(),
         httponly=True,
         samesite="strict",
-        secure=request.url.scheme == "https",
+        secure=_over_https(request),
         path="/__offline",
-        max_age=12 * 3600,
+        max_age=max(1, int(ops.auth.sessions.ttl)),
     )
     return response
 
 
+def _over_https(request: Request) -> bool:
+    # uvicorn sets the scheme from X-Forwarded-Proto only for a trusted proxy, so this is the browser's view.
+    return request.url.scheme == "https"
+
+
 async def logout(request: Request, ops: Operational) -> Response:
+    ops.auth.sessions.end(request.cookies.get(COOKIE))
     response = RedirectResponse("/__offline/login", status_code=303, headers=SECURITY_HEADERS)
-    response.delete_cookie(COOKIE, path="/__offline")
+    response.delete_cookie(COOKIE, path="/__offline", httponly=True, samesite="strict")
     return response

@@ -70,6 +70,8 @@ def operational_auth_from_environment(env: Mapping[str, str]) -> dict[str, str]:
         "adminToken": env.get("OFFLINE_ADMIN_TOKEN", ""),
         "metricsToken": env.get("OFFLINE_METRICS_TOKEN", ""),
         "backupToken": env.get("OFFLINE_BACKUP_TOKEN", ""),
+        # Keys backups when no backup token is set (server_runtime.backup); a secret, so it is redacted too.
+        "authSecret": env.get("AUTH_SECRET", "").strip(),
     }
     return {k: v for k, v in tokens.items() if v}
 

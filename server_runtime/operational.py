@@ -4,17 +4,22 @@ Token rules: `/__offline/status`, `/__offline/events` and the dashboard take the
 the metrics token (the admin token only when no metrics token is set); backup takes the backup token (the
 admin token only when no backup token is set). A token that is not configured leaves its endpoint open,
 which the server logs at start. Tokens travel as `Authorization: Bearer`; the dashboard's browser session
-uses an HttpOnly cookie holding a value derived from the admin token, never the token itself.
+uses an HttpOnly cookie holding a random session id the server keeps (`dashboard_sessions`), never the token.
+
+Wrong tokens (Bearer on any of these endpoints, or the dashboard's sign-in form) are counted per client
+address: after `TOKEN_ATTEMPTS` of them within `TOKEN_WINDOW` seconds, that address gets 429 with
+Retry-After for every token it sends until the oldest failure leaves the window; other addresses are not
+affected. A request without any token is not a guess and is not counted.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import hmac
 import json
 import logging
+import os
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Mapping
@@ -26,7 +31,11 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
-from offline.core.operations import Operation
+from offline.core.errors import OfflineError
+
+from .auth.rate_limit import SlidingWindow, retry_after_header
+from .backup import BackupKey, BackupRefused, export_backup, import_backup, read_backup
+from .dashboard_sessions import DEFAULT_TTL, DashboardSessions
 
 if TYPE_CHECKING:
     from .server import ProductionServer
@@ -34,6 +43,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("offline.server")
 
 COOKIE = "offline_dashboard"
+#: Wrong tokens a client address may send within TOKEN_WINDOW seconds before it gets 429.
+TOKEN_ATTEMPTS = 5
+TOKEN_WINDOW = 300.0
 CLOSE = "__close__"
 STATUS_INTERVAL = 5.0
 
@@ -50,8 +62,29 @@ def _same(a: str, b: str) -> bool:
     return hmac.compare_digest(a.encode("utf-8"), b.encode("utf-8"))
 
 
+def client_address(request: Request) -> str:
+    return request.client.host if request.client is not None else "unknown"
+
+
+def _session_ttl(env: Mapping[str, str]) -> float:
+    text = env.get("OFFLINE_DASHBOARD_SESSION_SECONDS", "").strip()
+    if not text:
+        return DEFAULT_TTL
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = 0.0
+    if not seconds > 0:
+        raise OfflineError(
+            f"OFFLINE_DASHBOARD_SESSION_SECONDS must be a positive number of seconds, got {text!r}",
+            "SERVER_CONFIG",
+            {"field": "OFFLINE_DASHBOARD_SESSION_SECONDS"},
+        )
+    return seconds
+
+
 class OperationalAuth:
-    def __init__(self, config: Mapping[str, Any]) -> None:
+    def __init__(self, config: Mapping[str, Any], env: Mapping[str, str] | None = None) -> None:
         def pick(camel: str, snake: str) -> str | None:
             value = config.get(camel, config.get(snake))
             return str(value) if value else None
@@ -59,6 +92,11 @@ class OperationalAuth:
         self.admin = pick("adminToken", "admin_token")
         self.metrics = pick("metricsToken", "metrics_token")
         self.backup = pick("backupToken", "backup_token")
+        self.backup_key = BackupKey.choose(
+            backup_token=self.backup, auth_secret=pick("authSecret", "auth_secret"), admin_token=self.admin
+        )
+        self.sessions = DashboardSessions(_session_ttl(os.environ if env is None else env))
+        self.attempts = SlidingWindow(TOKEN_ATTEMPTS, TOKEN_WINDOW, max_keys=50_000)
 
     def warn_open(self) -> None:
         if not self.admin:
@@ -77,25 +115,39 @@ class OperationalAuth:
             return self.backup or self.admin
         return self.admin
 
-    def session_value(self) -> str | None:
-        """What the dashboard cookie holds: an HMAC of the admin token, so the cookie never is the token."""
-        if not self.admin:
-            return None
-        return hmac.new(self.admin.encode("utf-8"), b"offline-dashboard-session", hashlib.sha256).hexdigest()
-
     def allowed(self, request: Request, kind: str, *, cookie_ok: bool = False) -> bool:
+        """Whether the request carries the right credentials (no rate limit: see `check`)."""
         expected = self.expected(kind)
         if expected is None:
             return True
         token = _token_of(request)
         if token is not None and _same(token, expected):
             return True
-        if cookie_ok:
-            session = self.session_value()
-            cookie = request.cookies.get(COOKIE)
-            if session is not None and cookie is not None and _same(cookie, session):
-                return True
-        return False
+        return cookie_ok and self.sessions.valid(request.cookies.get(COOKIE))
+
+    def locked(self, request: Request) -> float | None:
+        """Seconds until this client address may send a token again (None: it may now)."""
+        return self.attempts.retry_after(client_address(request))
+
+    def failed(self, request: Request) -> None:
+        self.attempts.hit(client_address(request))
+
+    def check(self, request: Request, kind: str, *, cookie_ok: bool = False) -> Response | None:
+        """None when the request may proceed, else the 401 or 429 response to send."""
+        if self.expected(kind) is None:
+            return None
+        token = _token_of(request)
+        if token is None:
+            return None if self.allowed(request, kind, cookie_ok=cookie_ok) else unauthorized(kind)
+        # A locked address is refused before its token is compared: even the right one would tell a
+        # guesser that it guessed right.
+        wait = self.locked(request)
+        if wait is not None:
+            return too_many_attempts(wait)
+        if self.allowed(request, kind):
+            return None
+        self.failed(request)
+        return unauthorized(kind)
 
 
 def unauthorized(kind: str) -> Response:
@@ -103,6 +155,18 @@ def unauthorized(kind: str) -> Response:
         {"error": "unauthorized", "message": f"send the {kind} token as 'Authorization: Bearer <token>'"},
         status_code=401,
         headers={"WWW-Authenticate": 'Bearer realm="offline"'},
+    )
+
+
+def too_many_attempts(wait: float) -> Response:
+    seconds = retry_after_header(wait)
+    return JSONResponse(
+        {
+            "error": "RATE_LIMITED",
+            "message": f"too many wrong tokens from this address; try again in {seconds} s",
+        },
+        status_code=429,
+        headers={"Retry-After": seconds},
     )
 
 
@@ -309,18 +373,21 @@ class Operational:
     # -- endpoints -------------------------------------------------------------------------------------------
 
     async def status_endpoint(self, request: Request) -> Response:
-        if not self.auth.allowed(request, "admin", cookie_ok=True):
-            return unauthorized("admin")
+        refused = self.auth.check(request, "admin", cookie_ok=True)
+        if refused is not None:
+            return refused
         return JSONResponse(await self.status())
 
     async def metrics_endpoint(self, request: Request) -> Response:
-        if not self.auth.allowed(request, "metrics"):
-            return unauthorized("metrics")
+        refused = self.auth.check(request, "metrics")
+        if refused is not None:
+            return refused
         return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)
 
     async def events_endpoint(self, request: Request) -> Response:
-        if not self.auth.allowed(request, "admin", cookie_ok=True):
-            return unauthorized("admin")
+        refused = self.auth.check(request, "admin", cookie_ok=True)
+        if refused is not None:
+            return refused
         queue = self.hub.subscribe()
 
         async def stream() -> AsyncIterator[str]:
@@ -351,129 +418,36 @@ class Operational:
         )
 
     async def backup_export(self, request: Request) -> Response:
-        if not self.auth.allowed(request, "backup"):
-            return unauthorized("backup")
-        store = self.server.store
-        sync = self.server.sync
-        count = (await store.stats()).get("operations", 0)
-        manifest = {
-            "type": "manifest",
-            "format": "offline-backup",
-            "version": 1,
-            "schemaVersion": sync.schema.version,
-            "serverNodeId": getattr(sync, "node_id", None),
-            "operations": count,
-            "createdAt": int(time.time() * 1000),
-            "store": store.kind,
-        }
-
-        async def lines() -> AsyncIterator[bytes]:
-            digest = hashlib.sha256()
-            first = (json.dumps(manifest, separators=(",", ":")) + "\n").encode("utf-8")
-            digest.update(first)
-            yield first
-            written = 0
-            async for stored in store.export_operations():
-                line = {
-                    "type": "operation",
-                    "delivery": stored.delivery,
-                    "operation": stored.operation.to_wire(),
-                    "scope": stored.scope,
-                }
-                data = (json.dumps(line, separators=(",", ":"), ensure_ascii=False) + "\n").encode("utf-8")
-                digest.update(data)
-                written += 1
-                yield data
-            tail = {
-                "type": "checksum",
-                "algorithm": "sha256",
-                "sha256": digest.hexdigest(),
-                "operations": written,
-            }
-            yield (json.dumps(tail, separators=(",", ":")) + "\n").encode("utf-8")
-
+        refused = self.auth.check(request, "backup")
+        if refused is not None:
+            return refused
         return StreamingResponse(
-            lines(),
+            export_backup(self.server, self.auth.backup_key),
             media_type="application/x-ndjson",
             headers={"Content-Disposition": 'attachment; filename="offline-backup.ndjson"'},
         )
 
     async def backup_import(self, request: Request) -> Response:
-        if not self.auth.allowed(request, "backup"):
-            return unauthorized("backup")
+        """Import a backup whole or not at all (see `backup`); ``?legacy=1`` takes an unkeyed file."""
+        refused = self.auth.check(request, "backup")
+        if refused is not None:
+            return refused
+        legacy = request.query_params.get("legacy", "").lower() in ("1", "true", "yes")
         body = await request.body()
         try:
-            manifest, ops = parse_backup(body)
-        except ValueError as exc:
-            return JSONResponse({"error": "invalid_backup", "message": str(exc)}, status_code=400)
-        sync = self.server.sync
-        if manifest.get("schemaVersion", 0) > sync.schema.version:
-            return JSONResponse(
-                {
-                    "error": "schema_mismatch",
-                    "message": f"the backup is of schema version {manifest['schemaVersion']}, newer than the "
-                    f"server's {sync.schema.version}; upgrade the server first",
-                },
-                status_code=409,
+            backup = read_backup(
+                body,
+                self.auth.backup_key,
+                legacy=legacy,
+                max_operation_bytes=self.server.sync.limits.max_operation_bytes,
             )
-        source_node = manifest.get("serverNodeId")
-        if source_node and sync.watermark == 0:
-            # A fresh server adopts the backed-up server's identity, so its writes stay authoritative.
-            await sync.adopt_node_id(str(source_node))
-        imported = duplicates = 0
-        refused: dict[str, str] = {}
-        for start in range(0, len(ops), 500):
-            results = await sync.commit(None, ops[start : start + 500])
-            for op_id, value in results.items():
-                if value is None:
-                    duplicates += 1
-                elif isinstance(value, int):
-                    imported += 1
-                else:
-                    refused[op_id] = f"{value.code}: {value.message}"
-        status = 200 if not refused else 207
-        return JSONResponse(
-            {"imported": imported, "duplicates": duplicates, "refused": refused, "operations": len(ops)},
-            status_code=status,
-        )
-
-
-def parse_backup(body: bytes) -> tuple[dict[str, Any], list[Operation]]:
-    """Validate an NDJSON backup: manifest first, checksum last and matching, every operation verified."""
-    lines = body.splitlines(keepends=True)
-    if len(lines) < 2:
-        raise ValueError(
-            "the backup is empty or truncated: it needs a manifest line first and a checksum line last"
-        )
-    try:
-        manifest = json.loads(lines[0])
-    except ValueError as exc:
-        raise ValueError(f"the backup is not NDJSON: its first line is not JSON ({exc})") from None
-    try:
-        tail = json.loads(lines[-1])
-    except ValueError:
-        tail = None  # a file cut off mid-line (an interrupted download) ends in half a JSON line
-    if not isinstance(manifest, dict) or manifest.get("format") != "offline-backup":
-        raise ValueError("the first line is not an offline backup manifest")
-    if not isinstance(tail, dict) or tail.get("type") != "checksum":
-        raise ValueError("the last line is not the checksum line: the backup is truncated")
-    digest = hashlib.sha256()
-    for line in lines[:-1]:
-        digest.update(line if line.endswith(b"\n") else line + b"\n")
-    if not hmac.compare_digest(digest.hexdigest(), str(tail.get("sha256", ""))):
-        raise ValueError("checksum mismatch: the backup was altered or damaged")
-    ops: list[Operation] = []
-    for number, line in enumerate(lines[1:-1], start=2):
-        try:
-            item = json.loads(line)
-            ops.append(Operation.from_wire(item["operation"], verify=True))
-        except Exception as exc:
-            raise ValueError(f"line {number}: not a valid operation ({exc})") from None
-    if tail.get("operations") != len(ops):
-        raise ValueError(
-            f"the checksum line counts {tail.get('operations')} operations, the file has {len(ops)}"
-        )
-    return manifest, ops
+            result = await import_backup(self.server, backup)
+        except BackupRefused as exc:
+            log.warning("backup import refused: %s %s", exc.code, exc.message)
+            return JSONResponse(exc.body(), status_code=exc.status)
+        if not backup.keyed:
+            log.warning("imported an unkeyed backup (?legacy=1): %d operation(s)", result["imported"])
+        return JSONResponse(result, status_code=200 if not result["refused"] else 207)
 
 
 def _sse(kind: str, data: Any) -> str:

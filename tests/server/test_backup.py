@@ -1,12 +1,13 @@
-"""Backup export and import (DESIGN.md section 5): NDJSON with a manifest line first and a sha256 checksum line
-last. A backup taken from a server on SQLite restores into a fresh server on PostgreSQL (``postgres_url``,
-skipped when PostgreSQL is unreachable) so that clients see exactly the same records; a damaged file is refused
-whole."""
+"""Backup export and import (DESIGN.md sections 5 and 7): NDJSON with a manifest line first and an HMAC line
+last, keyed by the server's backup secret. A backup taken from a server on SQLite restores into a fresh server on
+PostgreSQL (``postgres_url``, skipped when PostgreSQL is unreachable) so that clients see exactly the same
+records; a damaged or altered file is refused whole."""
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import hmac
 import json
 from pathlib import Path
 from typing import Any
@@ -86,6 +87,12 @@ async def fresh_client_records(folder: Path, server: ProductionServer, name: str
         await shutdown(reader)
 
 
+def backup_mac(secret: str, signed: bytes) -> str:
+    """The backup HMAC as documented: HMAC-SHA256 keyed by HMAC-SHA256(secret, "offline backup hmac key v2")."""
+    key = hmac.new(secret.encode(), b"offline backup hmac key v2", hashlib.sha256).digest()
+    return hmac.new(key, signed, hashlib.sha256).hexdigest()
+
+
 def lines_of(body: bytes) -> list[dict[str, Any]]:
     return [json.loads(line) for line in body.splitlines()]
 
@@ -105,32 +112,52 @@ async def import_backup(http: httpx.AsyncClient, server: ProductionServer, body:
     )
 
 
-def damaged_copies(body: bytes) -> list[tuple[str, bytes, str]]:
-    """(what, damaged body, a phrase the refusal must contain)."""
+def damaged_copies(body: bytes) -> list[tuple[str, bytes, str, str]]:
+    """(what, damaged body, the refusal's error code, a phrase its message must contain)."""
     lines = body.splitlines(keepends=True)
     at = body.index(b'"title":"item 3"') + len(b'"title":"item ')
     one_byte = body[:at] + b"4" + body[at + 1 :]
     assert len(one_byte) == len(body) and one_byte != body
-    # Re-signed after editing an operation: the checksum matches, the operation's content hash does not.
+    # Edited, then "re-signed" by someone without the secret: a bare sha256 (the older format) or the
+    # unkeyed HMAC of a server without a secret.
     edited = [line.replace(b'"title":"item 3"', b'"title":"item X"') for line in lines[:-1]]
-    digest = hashlib.sha256(b"".join(edited)).hexdigest()
     tail = json.loads(lines[-1])
-    resigned = b"".join(edited) + (json.dumps({**tail, "sha256": digest}) + "\n").encode()
-    hex_at = body.rindex(b'"sha256":"') + len(b'"sha256":"')
+    plain = (
+        b"".join(edited)
+        + (
+            json.dumps(
+                {
+                    "type": "checksum",
+                    "algorithm": "sha256",
+                    "sha256": hashlib.sha256(b"".join(edited)).hexdigest(),
+                    "operations": tail["operations"],
+                }
+            )
+            + "\n"
+        ).encode()
+    )
+    unkeyed_manifest = (json.dumps({**json.loads(edited[0]), "key": "none"}) + "\n").encode()
+    unkeyed_lines = [unkeyed_manifest, *edited[1:]]
+    unkeyed = (
+        b"".join(unkeyed_lines)
+        + (json.dumps({**tail, "hmac": backup_mac("", b"".join(unkeyed_lines))}) + "\n").encode()
+    )
+    hex_at = body.rindex(b'"hmac":"') + len(b'"hmac":"')
     flipped = body[:hex_at] + (b"0" if body[hex_at : hex_at + 1] != b"0" else b"1") + body[hex_at + 1 :]
     recount = (
         b"".join(lines[:-1]) + (json.dumps({**tail, "operations": tail["operations"] + 1}) + "\n").encode()
     )
     return [
-        ("one byte changed", one_byte, "checksum"),
-        ("checksum flipped", flipped, "checksum"),
-        ("checksum line miscounts", recount, "operations"),
-        ("cut in the middle", body[: len(body) // 2], "truncated"),
-        ("checksum line missing", b"".join(lines[:-1]), "truncated"),
-        ("an operation line dropped", b"".join(lines[:2] + lines[3:]), "checksum"),
-        ("re-signed after an edit", resigned, "not a valid operation"),
-        ("empty", b"", "manifest"),
-        ("not NDJSON", b"hello\nworld\n", "NDJSON"),
+        ("one byte changed", one_byte, "BACKUP_HMAC_MISMATCH", "hmac"),
+        ("hmac flipped", flipped, "BACKUP_HMAC_MISMATCH", "hmac"),
+        ("hmac line miscounts", recount, "BACKUP_INVALID", "operations"),
+        ("cut in the middle", body[: len(body) // 2], "BACKUP_TRUNCATED", "truncated"),
+        ("hmac line missing", b"".join(lines[:-1]), "BACKUP_TRUNCATED", "truncated"),
+        ("an operation line dropped", b"".join(lines[:2] + lines[3:]), "BACKUP_HMAC_MISMATCH", "hmac"),
+        ("edited, plain checksum recomputed", plain, "BACKUP_UNKEYED", "legacy=1"),
+        ("edited, unkeyed hmac recomputed", unkeyed, "BACKUP_UNKEYED", "legacy=1"),
+        ("empty", b"", "BACKUP_INVALID", "manifest"),
+        ("not NDJSON", b"hello\nworld\n", "BACKUP_INVALID", "NDJSON"),
     ]
 
 
@@ -157,19 +184,21 @@ def test_backup_from_sqlite_restores_into_postgresql(tmp_path: Path, postgres_ur
             assert manifest["serverNodeId"] == old_status["serverNodeId"]
             assert [line["delivery"] for line in operations] == list(range(1, stored + 1))
             assert all(line["type"] == "operation" for line in operations)
-            assert checksum["type"] == "checksum" and checksum["algorithm"] == "sha256"
+            assert manifest["version"] == 2 and manifest["key"] == "backupToken"  # names the secret only
+            assert BACKUP not in body.decode()
+            assert checksum["type"] == "hmac" and checksum["algorithm"] == "hmac-sha256"
             assert checksum["operations"] == stored
-            assert checksum["sha256"] == hashlib.sha256(body[: body.rindex(b"\n", 0, -1) + 1]).hexdigest()
+            assert checksum["hmac"] == backup_mac(BACKUP, body[: body.rindex(b"\n", 0, -1) + 1])
 
             store = await create_relational_server_store(postgres_url)
             async with serve(tmp_path, auth=ALL_TOKENS, store=store) as new:
                 assert new.store.kind == "postgresql"
                 # Damaged files are refused whole, with a message saying what is wrong.
-                for what, damaged, phrase in damaged_copies(body):
+                for what, damaged, code, phrase in damaged_copies(body):
                     refused = await import_backup(http, new, damaged)
                     assert refused.status_code == 400, what
                     answer = refused.json()
-                    assert answer["error"] == "invalid_backup", what
+                    assert answer["error"] == code, (what, answer)
                     assert phrase.lower() in answer["message"].lower(), (what, answer["message"])
                 assert (await status(http, new))["operations"]["stored"] == 0
 
@@ -223,12 +252,13 @@ def test_a_backup_of_a_newer_schema_is_refused(tmp_path: Path) -> None:
             body = (await http.post(f"{src.url}/__offline/backup/export", headers=bearer(BACKUP))).content
             lines = body.splitlines(keepends=True)
             manifest = json.loads(lines[0])
-            assert manifest["operations"] == 0 and len(lines) == 2  # an empty server: manifest and checksum
+            assert manifest["operations"] == 0 and len(lines) == 2  # an empty server: manifest and hmac
             newer = (json.dumps({**manifest, "schemaVersion": 99}) + "\n").encode()
             tail = json.loads(lines[-1])
-            tail["sha256"] = hashlib.sha256(newer).hexdigest()
+            tail["hmac"] = backup_mac(BACKUP, newer)  # as a newer server with the same secret writes it
             refused = await import_backup(http, dst, newer + (json.dumps(tail) + "\n").encode())
             assert refused.status_code == 409
+            assert refused.json()["error"] == "SCHEMA_MISMATCH"
             assert "99" in refused.json()["message"]
             accepted = await import_backup(http, dst, body)
             assert accepted.status_code == 200
