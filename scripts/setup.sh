@@ -1,17 +1,27 @@
 #!/usr/bin/env bash
-# Set up everything this project needs on a fresh machine: a virtual environment with the package and its
-# test/lint tools, and (with --test) the system packages and npm packages the tests use.
+# Set up what this project needs on a fresh machine, in one of three modes:
+#   scripts/setup.sh          a virtual environment with the package and its development tools (tests, lint,
+#                             the AWS and desktop extras)
+#   scripts/setup.sh --test   the same, plus the system packages and npm packages the tests use
+#   scripts/setup.sh --run    only what running needs (scripts/main.sh): the package without its extras, and
+#                             the example app's web client (Pyodide from npm, so Node.js: installed with apt
+#                             when run as root; without it the server runs and its page says what is missing)
 # Idempotent: running it again only installs what is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 want_test=0
+want_run=0
 for arg in "$@"; do
   case "$arg" in
     --test) want_test=1 ;;
-    *) echo "usage: scripts/setup.sh [--test]" >&2; exit 2 ;;
+    --run) want_run=1 ;;
+    *) echo "usage: scripts/setup.sh [--test | --run]" >&2; exit 2 ;;
   esac
 done
+if [ "$want_test" = 1 ] && [ "$want_run" = 1 ]; then
+  echo "usage: scripts/setup.sh [--test | --run] (--test already includes what running needs)" >&2; exit 2
+fi
 
 log() { printf '\033[1m[setup]\033[0m %s\n' "$*" >&2; }
 
@@ -47,7 +57,19 @@ if [ ! -x .venv/bin/python ]; then
   log "creating .venv with $PYTHON"
   "$PYTHON" -m venv .venv
 fi
-if ! .venv/bin/python -c 'import offline, offline_cli' >/dev/null 2>&1 || [ pyproject.toml -nt .venv/.installed ]; then
+installed_since() {  # whether a marker exists and is newer than pyproject.toml
+  [ -f "$1" ] && ! [ pyproject.toml -nt "$1" ]
+}
+if [ "$want_run" = 1 ]; then
+  # Running needs the package alone; a development install (.venv/.installed) has it too.
+  if ! .venv/bin/python -c 'import offline, offline_cli, server_runtime' >/dev/null 2>&1 \
+    || ! { installed_since .venv/.installed || installed_since .venv/.installed-run; }; then
+    log "installing offline into .venv (what running needs; scripts/setup.sh adds the development tools)"
+    .venv/bin/python -m pip install -q --upgrade pip >&2
+    .venv/bin/python -m pip install -q -e . >&2
+    touch .venv/.installed-run
+  fi
+elif ! .venv/bin/python -c 'import offline, offline_cli' >/dev/null 2>&1 || ! installed_since .venv/.installed; then
   log "installing offline and its tools into .venv"
   .venv/bin/python -m pip install -q --upgrade pip >&2
   .venv/bin/python -m pip install -q -e '.[dev]' >&2
@@ -80,6 +102,33 @@ if [ "$want_test" = 1 ]; then
       log "npm ci in tests/js"
       npm ci --prefix tests/js --no-audit --no-fund --loglevel=error >&2
     fi
+  fi
+fi
+example_web_client() {
+  # The example app's page (examples/todo/dist), built the way `offline init` projects build theirs: the
+  # pinned pyodide npm package, then offline_cli.web_build. Rebuilt only when a source is newer than the build.
+  local example=examples/todo built=examples/todo/node_modules/.offline-example-built
+  if ! command -v npm >/dev/null 2>&1; then apt_install nodejs npm; fi
+  if ! command -v npm >/dev/null 2>&1; then
+    log "Node.js (npm) is missing, so the example's web client cannot be built: the server runs, and its page"
+    log "says so. Install Node.js 18 or newer (e.g. apt-get install nodejs npm) and run this again."
+    return 1
+  fi
+  if [ ! -f "$example/node_modules/pyodide/package.json" ] || [ "$example/package.json" -nt "$example/node_modules/pyodide/package.json" ]; then
+    log "npm install in $example (the pinned pyodide package)"
+    npm install --prefix "$example" --no-audit --no-fund --loglevel=error >&2 || return 1
+  fi
+  if [ ! -f "$example/dist/index.html" ] || [ ! -f "$built" ] \
+    || [ -n "$(find -L "$example/web" "$example"/*.py "$example/package.json" offline -newer "$built" -name '[!.]*' -type f -print -quit)" ]; then
+    log "building the example's web client into $example/dist"
+    BUILD_SYNC_URL=/offline-sync .venv/bin/python -m offline_cli.web_build "$example" >&2 || return 1
+    touch "$built"
+  fi
+}
+
+if [ "$want_run" = 1 ]; then
+  if ! example_web_client; then
+    log "the example's web client was not built (see above); scripts/main.sh serves a page that says so"
   fi
 fi
 log "ready"

@@ -1,0 +1,173 @@
+// The example's to-do page (the `offline init` template's page, for this example's schema: a to-do has a
+// status, open or done, instead of a done flag). All data work happens in Python (todos.py and the offline
+// library) inside the worker; this file only renders what the worker reports and forwards clicks as calls.
+import { isDesktop, OfflineClient } from "./offline-client.js";
+
+const $ = (selector) => document.querySelector(selector);
+const client = new OfflineClient();
+window.offlineClient = client; // for the browser console (and tests)
+
+const STATUS_TEXT = {
+  starting: () => "Starting Python…",
+  connecting: () => "Connecting…",
+  syncing: () => "Syncing…",
+  connected: (s) => (s.pending ? `Syncing ${s.pending} change${s.pending === 1 ? "" : "s"}…` : "Synced"),
+  offline: (s) =>
+    s.pending
+      ? `Offline · ${s.pending} change${s.pending === 1 ? "" : "s"} saved on this device`
+      : "Offline · changes are saved on this device",
+  disconnected: () => "Sync paused",
+  disabled: () => (isDesktop() ? "This computer only (no sync server set)" : "This device only (built without a sync URL)"),
+  error: (s) => `Sync stopped: ${s.error ? s.error.message : "unknown error"}`,
+};
+
+function showStatus(status) {
+  const element = $("#sync-status");
+  element.dataset.status = status.status;
+  element.dataset.pending = String(status.pending);
+  element.textContent = (STATUS_TEXT[status.status] || (() => status.status))(status);
+}
+
+function notice(text, { kind = "warning", key = null } = {}) {
+  if (key && document.querySelector(`#notices [data-key="${key}"]`)) return;
+  const element = document.createElement("p");
+  element.className = `notice ${kind}`;
+  if (key) element.dataset.key = key;
+  element.textContent = text;
+  $("#notices").append(element);
+}
+
+function showError(error) {
+  const element = $("#error");
+  element.hidden = false;
+  element.textContent = error.code ? `${error.message} (${error.code})` : String(error.message || error);
+}
+
+// List items by record id: a change updates its own item instead of rebuilding the list.
+const items = new Map();
+
+function createItem(id) {
+  const item = document.createElement("li");
+  item.dataset.id = id;
+  const toggle = document.createElement("input");
+  toggle.type = "checkbox";
+  toggle.className = "toggle";
+  toggle.addEventListener("change", () => client.call("toggle_todo", id).catch(showError));
+  const title = document.createElement("span");
+  title.className = "title";
+  const remove = document.createElement("button");
+  remove.className = "delete";
+  remove.type = "button";
+  remove.textContent = "×";
+  remove.addEventListener("click", () => client.call("remove_todo", id).catch(showError));
+  item.append(toggle, title, remove);
+  return { item, toggle, title, remove, shown: null };
+}
+
+function render(todos) {
+  const list = $("#todos");
+  const alive = new Set();
+  let cursor = list.firstElementChild;
+  for (const todo of todos) {
+    alive.add(todo.id);
+    let entry = items.get(todo.id);
+    if (!entry) items.set(todo.id, (entry = createItem(todo.id)));
+    const done = todo.status === "done";
+    const key = `${done}\u0000${todo.title}`;
+    if (entry.shown !== key) {
+      entry.shown = key;
+      entry.item.classList.toggle("done", done);
+      entry.toggle.checked = done;
+      entry.toggle.setAttribute("aria-label", `Done: ${todo.title}`);
+      entry.title.textContent = todo.title;
+      entry.remove.setAttribute("aria-label", `Delete ${todo.title}`);
+    }
+    if (entry.item === cursor) cursor = cursor.nextElementSibling;
+    else list.insertBefore(entry.item, cursor);
+  }
+  for (const [id, entry] of items) {
+    if (!alive.has(id)) {
+      entry.item.remove();
+      items.delete(id);
+    }
+  }
+  const open = todos.filter((todo) => todo.status !== "done").length;
+  $("#count").textContent = `${open} left · ${todos.length} in total`;
+  $("#clear-completed").hidden = open === todos.length;
+}
+
+// Many changes can arrive between two frames (a sync batch, a burst of writes): draw the latest once.
+let latest = null;
+function renderSoon(todos) {
+  if (latest === null) requestAnimationFrame(() => {
+    const todos = latest;
+    latest = null;
+    render(todos);
+  });
+  latest = todos;
+}
+
+client.on("status", showStatus);
+client.on("progress", (step) => {
+  if (step.stage === "waiting-for-other-tab") {
+    notice("This app is open in another tab of this browser. Close it to continue here.", { key: "tab" });
+  }
+});
+client.on("log", (entry) => {
+  if (entry.level === "warning" || entry.level === "error") notice(entry.message, { kind: entry.level });
+});
+
+client.ready.then(
+  (info) => {
+    for (const field of info.unavailable) {
+      notice(field.reason, { key: `unavailable-${field.collection}-${field.field}` });
+    }
+    client.collection("todos").orderBy("createdAt").subscribe(renderSoon);
+    for (const element of [$("#title"), $("#add")]) element.disabled = false;
+    document.body.dataset.ready = "true";
+    $("#title").focus();
+  },
+  (error) => {
+    showError(error);
+    notice(`The app could not start: ${error.message}`, { kind: "error" });
+  },
+);
+
+$("#new-todo").addEventListener("submit", async (event) => {
+  event.preventDefault();
+  const input = $("#title");
+  const title = input.value;
+  if (!title.trim()) return;
+  try {
+    await client.call("add_todo", title);
+    input.value = "";
+    $("#error").hidden = true;
+  } catch (error) {
+    showError(error);
+  }
+});
+
+$("#clear-completed").addEventListener("click", () => client.call("clear_completed").catch(showError));
+
+// Offline reloads: a service worker keeps this page, Pyodide and the Python code in the browser's cache.
+const cacheStatus = $("#cache-status");
+if ("serviceWorker" in navigator) {
+  navigator.serviceWorker
+    .register("./sw.js")
+    .then(() => navigator.serviceWorker.ready)
+    .then(() => {
+      cacheStatus.dataset.cached = "true";
+      cacheStatus.textContent = "· works offline";
+    })
+    .catch((error) => {
+      cacheStatus.textContent = "· offline reload unavailable";
+      notice(`This page cannot be cached for offline use: ${error.message}`, { key: "sw" });
+    });
+  // A first visit also gets a controller (the worker claims the page); only a later one means an update.
+  const hadController = Boolean(navigator.serviceWorker.controller);
+  navigator.serviceWorker.addEventListener("controllerchange", () => {
+    if (hadController) notice("A new version of this app is installed; reload the page to use it.", { key: "update" });
+  });
+} else {
+  cacheStatus.textContent = "· offline reload unavailable in this browser";
+}
