@@ -16,6 +16,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 
 from .auth.rate_limit import retry_after_header
+from .client_address import POLICY_KEY, ProxyPolicy
 from .operational import COOKIE, _same
 
 if TYPE_CHECKING:
@@ -196,8 +197,17 @@ async def login_submit(request: Request, ops: Operational) -> Response:
 
 
 def _over_https(request: Request) -> bool:
-    # uvicorn sets the scheme from X-Forwarded-Proto only for a trusted proxy, so this is the browser's view.
-    return request.url.scheme == "https"
+    """Whether the browser reached us over https: directly, or through a trusted proxy (OFFLINE_TRUSTED_PROXIES)
+    that terminated TLS and says so in X-Forwarded-Proto. Any hop saying https counts: a Secure cookie that
+    never comes back costs a sign-in, a cookie without it that travels in clear costs the session."""
+    if request.url.scheme == "https":
+        return True
+    policy = request.scope.get(POLICY_KEY)
+    peer = request.client.host if request.client is not None else None
+    if not isinstance(policy, ProxyPolicy) or peer is None or not policy.trusts_peer(peer):
+        return False
+    values = request.headers.getlist("x-forwarded-proto")
+    return any(hop.strip().lower() == "https" for value in values for hop in value.split(","))
 
 
 async def logout(request: Request, ops: Operational) -> Response:

@@ -35,6 +35,7 @@ from offline.core.errors import OfflineError
 
 from .auth.rate_limit import SlidingWindow, retry_after_header
 from .backup import BackupKey, BackupRefused, export_backup, import_backup, read_backup
+from .client_address import client_address
 from .dashboard_sessions import DEFAULT_TTL, DashboardSessions
 
 if TYPE_CHECKING:
@@ -60,10 +61,6 @@ def _token_of(request: Request) -> str | None:
 
 def _same(a: str, b: str) -> bool:
     return hmac.compare_digest(a.encode("utf-8"), b.encode("utf-8"))
-
-
-def client_address(request: Request) -> str:
-    return request.client.host if request.client is not None else "unknown"
 
 
 def _session_ttl(env: Mapping[str, str]) -> float:

@@ -129,12 +129,51 @@ def test_wrong_tokens_are_rate_limited_per_address(tmp_path: Path) -> None:
             assert int(locked.headers["retry-after"]) > 0
             assert "set-cookie" not in locked.headers
 
+        # A forwarding header from a peer that is not a trusted proxy changes nothing.
+        spoofed = attacker.get(
+            "/__offline/status", headers={**bearer(ADMIN), "X-Forwarded-For": "198.51.100.7"}
+        )
+        assert spoofed.status_code == 429
+
         # Another address is not affected: its right tokens work and its own failures start from zero.
         assert admin.get("/__offline/status", headers=bearer(ADMIN)).status_code == 200
         assert admin.get("/__offline/metrics", headers=bearer(METRICS)).status_code == 200
         assert admin.get("/__offline/status", headers=bearer("typo")).status_code == 401
         sign_in(admin)
         assert admin.get("/__offline/status").status_code == 200
+
+
+def test_behind_a_trusted_proxy_the_forwarded_client_is_limited_and_https_is_seen(tmp_path: Path) -> None:
+    env = {**TOKENS, "OFFLINE_TRUSTED_PROXIES": "127.0.0.1"}
+    with (
+        start_server(tmp_path, env=env) as server,
+        httpx.Client(base_url=server.http_url, timeout=10) as proxy,
+    ):
+        guesser = {"X-Forwarded-For": "203.0.113.5"}
+        for attempt in range(TOKEN_ATTEMPTS):
+            assert (
+                proxy.get("/__offline/status", headers={**guesser, **bearer(f"guess-{attempt}")}).status_code
+                == 401
+            )
+        assert proxy.get("/__offline/status", headers={**guesser, **bearer(ADMIN)}).status_code == 429
+        # The proxy's other clients are not locked out with the guesser.
+        admin = {"X-Forwarded-For": "203.0.113.6"}
+        assert proxy.get("/__offline/status", headers={**admin, **bearer(ADMIN)}).status_code == 200
+        # TLS ended at the proxy: the browser's https still makes the cookie Secure.
+        response = proxy.post(
+            "/__offline/login", data={"token": ADMIN}, headers={**admin, "X-Forwarded-Proto": "https"}
+        )
+        assert response.status_code == 303
+        assert "secure" in [part.strip().lower() for part in response.headers["set-cookie"].split(";")]
+    # From a peer that is not a trusted proxy, the same header is ignored.
+    with start_server(tmp_path / "direct", env=TOKENS) as server:
+        response = httpx.post(
+            f"{server.http_url}/__offline/login",
+            data={"token": ADMIN},
+            headers={"X-Forwarded-Proto": "https"},
+        )
+        assert response.status_code == 303
+        assert "secure" not in [part.strip().lower() for part in response.headers["set-cookie"].split(";")]
 
 
 # -- in process -------------------------------------------------------------------------------------------------
