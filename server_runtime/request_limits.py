@@ -4,7 +4,13 @@ Every HTTP request body is capped while it is read: ``max_body_bytes`` for every
 import, which has its own ``max_backup_body_bytes`` (see ``server_runtime.limits``). A ``Content-Length`` over
 the cap is answered at once, without reading the body; a chunked body is counted as it streams and the request
 is cut off where it passes the cap, so nothing past it is ever buffered. Either way the answer is 413 with
-``{"error": {"code": "BODY_TOO_LARGE", ...}}`` and ``Connection: close`` (the rest of the upload is not read).
+``{"error": {"code": "BODY_TOO_LARGE", ...}}``. A route that answers without reading the whole body is treated
+the same way: the rest of the upload is never read.
+
+Such a connection then ends: the server stops reading, sends its answer and a FIN, and drops the connection
+a moment later (``_LINGER``), so a client still uploading reads the answer before the reset that closing on
+unread data causes. Under uvicorn the transport comes from `TransportInScope`; embedded elsewhere, the answer
+carries ``Connection: close`` and the ASGI server closes as it sees fit.
 
 It also gives every request and WebSocket the server's `ProxyPolicy`, so `client_address` answers the same
 for every per-address limit.
@@ -12,16 +18,37 @@ for every per-address limit.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .client_address import POLICY_KEY, ProxyPolicy
 
-__all__ = ["BACKUP_IMPORT_PATH", "BODY_TOO_LARGE", "RequestLimits"]
+__all__ = ["BACKUP_IMPORT_PATH", "BODY_TOO_LARGE", "TRANSPORT_KEY", "RequestLimits", "TransportInScope"]
 
 BODY_TOO_LARGE = "BODY_TOO_LARGE"
 BACKUP_IMPORT_PATH = "/__offline/backup/import"
+#: ASGI scope key of the connection's asyncio transport (set by `TransportInScope`).
+TRANSPORT_KEY = "offline.transport"
+# How long a connection whose upload is not read stays open after its answer, for the client to read it.
+_LINGER = 2.0
+
+
+class TransportInScope:
+    """Outermost ASGI wrapper (under uvicorn, whose ``send`` is bound to the connection's cycle): puts the
+    connection's transport in the scope, where middleware behind Starlette's own wrappers can reach it."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        transport = getattr(getattr(send, "__self__", None), "transport", None)
+        if transport is not None:
+            scope[TRANSPORT_KEY] = transport
+        await self.app(scope, receive, send)
 
 
 class RequestLimits:
@@ -40,15 +67,18 @@ class RequestLimits:
             await self.app(scope, receive, send)
             return
         cap = self.max_backup_body if scope.get("path") == BACKUP_IMPORT_PATH else self.max_body
-        declared = _content_length(scope)
+        headers = scope.get("headers") or ()
+        declared = _content_length(headers)
+        request = _CappedRequest(self.app, scope, receive, send, cap)
+        request.unread = bool(declared) or any(name == b"transfer-encoding" for name, _ in headers)
         if declared is not None and declared > cap:
-            await _too_large(send, cap)
+            await request.refuse()
             return
-        await _CappedRequest(self.app, scope, receive, send, cap).run()
+        await request.run()
 
 
-def _content_length(scope: Scope) -> int | None:
-    for name, value in scope.get("headers") or ():
+def _content_length(headers: Any) -> int | None:
+    for name, value in headers:
         if name == b"content-length":
             try:
                 return int(value)
@@ -57,37 +87,21 @@ def _content_length(scope: Scope) -> int | None:
     return None
 
 
-async def _too_large(send: Send, cap: int) -> None:
-    body = json.dumps(
-        {
-            "error": {
-                "code": BODY_TOO_LARGE,
-                "message": f"the request body is larger than this route accepts ({cap} bytes); send less",
-                "field": "body",
-            }
-        }
-    ).encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": 413,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-                (b"cache-control", b"no-store"),
-                # The rest of the upload is not read: closing is cheaper than draining it.
-                (b"connection", b"close"),
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": body, "more_body": False})
+def _linger(transport: Any) -> None:
+    """Stop reading, finish sending (then FIN), and drop the connection shortly after."""
+    with contextlib.suppress(Exception):
+        transport.pause_reading()
+    with contextlib.suppress(Exception):
+        if transport.can_write_eof():
+            transport.write_eof()
+    asyncio.get_running_loop().call_later(_LINGER, transport.close)
 
 
 class _CappedRequest:
     """One request whose body is counted as the app reads it; past the cap the app sees a disconnect and the
     client a 413 (unless the app already started its answer, when the connection is just ended)."""
 
-    __slots__ = ("app", "cap", "read", "receive", "refused", "scope", "send", "started")
+    __slots__ = ("app", "cap", "read", "receive", "refused", "scope", "send", "started", "unread")
 
     def __init__(self, app: ASGIApp, scope: Scope, receive: Receive, send: Send, cap: int) -> None:
         self.app = app
@@ -98,6 +112,7 @@ class _CappedRequest:
         self.read = 0
         self.started = False
         self.refused = False
+        self.unread = False  # a body the app has not read to its end
 
     async def run(self) -> None:
         try:
@@ -108,17 +123,55 @@ class _CappedRequest:
             if not self.refused:
                 raise
 
+    async def refuse(self) -> None:
+        self.refused = True
+        if self.started:
+            transport = self.scope.get(TRANSPORT_KEY)
+            if transport is not None:
+                transport.close()  # mid-answer: nothing sensible can follow
+            return
+        self.started = True
+        body = json.dumps(
+            {
+                "error": {
+                    "code": BODY_TOO_LARGE,
+                    "message": f"the request body is larger than this route accepts ({self.cap} bytes); "
+                    "send less",
+                    "field": "body",
+                }
+            }
+        ).encode()
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            (b"cache-control", b"no-store"),
+        ]
+        await self._answer({"type": "http.response.start", "status": 413, "headers": headers})
+        await self._answer({"type": "http.response.body", "body": body, "more_body": False})
+
+    async def _answer(self, message: Message) -> None:
+        """Send, ending the connection after a last message that leaves part of the body unread."""
+        transport = self.scope.get(TRANSPORT_KEY)
+        if message["type"] == "http.response.start" and self.unread and transport is None:
+            message = {**message, "headers": [*message.get("headers", ()), (b"connection", b"close")]}
+        await self.send(message)
+        if (
+            message["type"] == "http.response.body"
+            and not message.get("more_body", False)
+            and self.unread
+            and transport is not None
+        ):
+            _linger(transport)
+
     async def _receive(self) -> Message:
         if self.refused:
             return {"type": "http.disconnect"}
         message = await self.receive()
         if message["type"] == "http.request":
             self.read += len(message.get("body", b""))
+            self.unread = bool(message.get("more_body", False))
             if self.read > self.cap:
-                self.refused = True
-                if not self.started:
-                    self.started = True
-                    await _too_large(self.send, self.cap)
+                await self.refuse()
                 return {"type": "http.disconnect"}
         return message
 
@@ -127,4 +180,4 @@ class _CappedRequest:
             return  # the 413 went out instead
         if message["type"] == "http.response.start":
             self.started = True
-        await self.send(message)
+        await self._answer(message)

@@ -32,7 +32,7 @@ from .connections import ConnectionGuard, GuardCollector
 from .endpoint import ABORT_KEY, sync_endpoint
 from .limits import OriginPolicy, resolve_limits
 from .redaction import SecretRedactor, install, secrets_from_environment
-from .request_limits import RequestLimits
+from .request_limits import RequestLimits, TransportInScope
 from .stores.base import ServerStore
 from .sync import SyncService
 
@@ -177,7 +177,7 @@ class ProductionServer:
         self._warn_open_sync()  # before the dashboard log handler: its live history starts empty
         self.operational.install()
         config = uvicorn.Config(
-            self.app,
+            TransportInScope(self.app),
             log_level="warning",
             lifespan="off",  # started above, so start() fails loudly instead of inside uvicorn
             ws_max_size=self.sync.limits.max_message_bytes + 1024,
