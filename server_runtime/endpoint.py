@@ -27,9 +27,12 @@ from offline.sync import protocol as p
 from .client_address import client_address
 from .connections import RESYNC, SHUTDOWN, Connection, ConnectionGuard
 from .limits import OriginPolicy
+from .log_budget import LogBudget, is_disconnect
 from .sync import Refusal, Session, SyncService
 
 log = logging.getLogger("offline.server.sync")
+# Clients that vanish mid-session: one line each, a bounded number a minute whatever a flood of resets does.
+_DISCONNECTS = LogBudget(log, "abrupt sync disconnects", period=30.0, burst=1)
 
 # WebSocket close codes: 1008 policy violation (auth, schema), 1011 server error, 1012 service restart,
 # 1013 try again later.
@@ -102,8 +105,22 @@ async def sync_endpoint(
         return
     try:
         await _serve(websocket, service, guard, conn)
+    except Exception as exc:
+        if not is_disconnect(exc):
+            raise
+        _abrupt(conn, None)  # gone while being answered (its handshake, say)
     finally:
         guard.release(conn)
+
+
+def _abrupt(conn: Connection, node_id: str | None) -> None:
+    """One line (no traceback) for a client that vanished, within the process's budget for such lines."""
+    _DISCONNECTS.log(
+        logging.INFO,
+        "sync client %s%s disconnected abruptly",
+        conn.address,
+        f" (node {node_id})" if node_id else "",
+    )
 
 
 async def _refuse(
@@ -328,11 +345,15 @@ async def _session(
         if conn.leaving is None:
             raise
         reason = f"cut ({conn.leaving})"  # the guard freed this session (see Connection.cut)
-    except Exception:
-        log.exception("sync session %s failed", session.node_id)
-        reason = "server error"
-        with contextlib.suppress(Exception):
-            await websocket.close(1011, "server error")
+    except Exception as exc:
+        if is_disconnect(exc):  # a send (the relay's, say) found the connection gone
+            reason = "client vanished"
+            _abrupt(conn, session.node_id)
+        else:
+            log.exception("sync session %s failed", session.node_id)
+            reason = "server error"
+            with contextlib.suppress(Exception):
+                await websocket.close(1011, "server error")
     finally:
         if receive is not None:
             receive.cancel()

@@ -31,6 +31,7 @@ from .client_address import ProxyPolicy
 from .connections import ConnectionGuard, GuardCollector
 from .endpoint import ABORT_KEY, sync_endpoint
 from .limits import OriginPolicy, resolve_limits
+from .log_budget import install_transport_warning_budget
 from .redaction import SecretRedactor, install, secrets_from_environment
 from .request_limits import RequestLimits, TransportInScope
 from .stores.base import ServerStore
@@ -175,6 +176,7 @@ class ProductionServer:
             sock.close()
             raise
         self._warn_open_sync()  # before the dashboard log handler: its live history starts empty
+        install_transport_warning_budget()  # asyncio's warning per write to a reset peer, bounded
         self.operational.install()
         config = uvicorn.Config(
             TransportInScope(self.app),
