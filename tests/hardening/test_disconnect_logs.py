@@ -27,7 +27,9 @@ def sign_up(base: str) -> str:
 
 
 def open_connections(base: str) -> int:
-    request = urllib.request.Request(base + "/__offline/metrics", headers={"Authorization": f"Bearer {ADMIN}"})
+    request = urllib.request.Request(
+        base + "/__offline/metrics", headers={"Authorization": f"Bearer {ADMIN}"}
+    )
     with urllib.request.urlopen(request, timeout=30) as response:
         for line in response.read().decode().splitlines():
             if line.startswith("offline_sync_connections_open "):
@@ -67,7 +69,9 @@ def test_200_resets_after_an_authenticated_handshake_add_a_few_hundred_bytes_of_
             reset(peer.sock)
 
         asyncio.run(
-            wait_for(lambda: open_connections(server.http_url) == 0, "the server to see every reset connection")
+            wait_for(
+                lambda: open_connections(server.http_url) == 0, "the server to see every reset connection"
+            )
         )
         written = server.log_path.read_bytes()[before:]
         assert b"Traceback" not in written, written.decode(errors="replace")[:3000]
