@@ -62,8 +62,10 @@ h1{font-size:1.3rem;margin:0 0 1rem} h2{font-size:1rem;color:#94a3b8;margin:1.2r
 .card span{color:#94a3b8;font-size:.8rem}
 table{width:100%;border-collapse:collapse;background:#1e293b;border-radius:10px;overflow:hidden;font-size:.85rem}
 td,th{padding:.4rem .6rem;text-align:left;border-bottom:1px solid #334155}th{color:#94a3b8;font-weight:500}
+.out{float:right;margin:0}.out button{padding:.35rem .8rem;border:1px solid #334155;border-radius:6px;background:#1e293b;color:#e2e8f0;cursor:pointer}
 .live{color:#4ade80}.dead{color:#f87171}.mono{font-family:ui-monospace,monospace;font-size:.8rem}
 </style></head><body>
+<form class="out" method="post" action="/__offline/logout"><button id="signout" type="submit">Sign out</button></form>
 <h1>offline server <span id="conn" class="dead">● connecting</span></h1>
 <div class="cards">
 <div class="card"><b id="clients">0</b><span>connected clients</span></div>

@@ -13,10 +13,13 @@ import contextlib
 import os
 import queue
 import re
+import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -30,8 +33,10 @@ SETUP_TIMEOUT = 900.0
 
 
 @contextlib.contextmanager
-def main_script(port: int, db: Path, log: Path) -> Iterator[str]:
-    """`bash scripts/main.sh --port PORT` in its own process group; yields the app URL it prints."""
+def main_script(
+    port: int, db: Path, log: Path, *, root: Path = ROOT, path: str | None = None
+) -> Iterator[str]:
+    """`bash scripts/main.sh --port PORT` of ``root`` in its own process group; yields the app URL it prints."""
     env = {
         key: value
         for key, value in os.environ.items()
@@ -44,10 +49,12 @@ def main_script(port: int, db: Path, log: Path) -> Iterator[str]:
             "npm_config_update_notifier": "false",
         }
     )
+    if path is not None:
+        env["PATH"] = path
     with open(log, "wb") as errors:
         proc = subprocess.Popen(
             ["bash", "scripts/main.sh", "--port", str(port), "--db", str(db), "--no-reload"],
-            cwd=ROOT,
+            cwd=root,
             env=env,
             stdout=subprocess.PIPE,
             stderr=errors,
@@ -115,3 +122,43 @@ def test_the_first_command_serves_a_todo_list_that_syncs_between_browsers(
                 await expect(dashboard.locator("#clients")).to_have_text("2")
 
         asyncio.run(scenario())
+
+
+def test_without_node_the_first_command_still_serves_a_page_that_says_what_is_missing(tmp_path: Path) -> None:
+    """A machine with Python and bash only, where apt is not available: no Node.js, so no web client. The
+    server still runs and its page says why, instead of answering Not Found."""
+    clone = tmp_path / "clone"
+    tracked = (
+        subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True)
+        .stdout.decode()
+        .split("\0")
+    )
+    for name in filter(None, tracked):
+        source = ROOT / name
+        target = clone / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if source.is_symlink():
+            target.symlink_to(os.readlink(source))
+        elif source.is_file():
+            shutil.copy2(source, target)  # keeps mtimes: setup sees the installed .venv as current
+    (clone / ".venv").symlink_to(ROOT / ".venv")
+    # Python, bash and the few tools the scripts use: no node, npm or apt-get.
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    for tool in ("bash", "dirname", "id", "find", "touch"):
+        found = shutil.which(tool)
+        assert found is not None, tool
+        (tools / tool).symlink_to(found)
+    (tools / "python3").symlink_to(os.path.realpath(sys.executable))  # the interpreter itself, not a shim
+
+    port = free_port()
+    log = tmp_path / "main.log"
+    with main_script(port, tmp_path / "server.db", log, root=clone, path=str(tools)) as url:
+        with urllib.request.urlopen(url + "/", timeout=30) as response:
+            page = response.read().decode()
+        assert response.status == 200
+        assert "web page was not built" in page and "Node.js" in page and 'href="/__offline"' in page
+        with urllib.request.urlopen(url + "/__offline", timeout=30) as response:
+            assert response.status == 200  # the dashboard (no admin token in development)
+        assert "Node.js (npm) is missing" in log.read_text()
+        assert not (clone / "examples" / "todo" / "dist").exists()

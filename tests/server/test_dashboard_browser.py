@@ -273,6 +273,14 @@ async def _scenario(live: ServerThread, executable: str, tmp_path: Path) -> None
             await expect(page.locator("#conn")).to_have_text("● live")
             assert await page.evaluate("window.__dashboardTestMarker") == "still the same page"
             assert navigations == [], navigations
+
+            # 7. Signing out ends the session on the server: back to the sign-in page, and the dashboard
+            # sends the browser there again.
+            async with page.expect_navigation(url=base + "/__offline/login"):
+                await page.click("#signout")
+            assert not [c for c in await context.cookies() if c["name"] == COOKIE]
+            await page.goto(base + "/__offline")
+            assert page.url == base + "/__offline/login", page.url
             await context.close()
         finally:
             await browser.close()
