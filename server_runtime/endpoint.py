@@ -60,6 +60,12 @@ def _clean(text: str, limit: int = _MAX_ECHOED_TEXT) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+def _named(item: object, name: str) -> str:
+    """An undecodable operation's ``name`` field as ``operation-rejected`` echoes it ("" when it has none)."""
+    value = item.get(name) if isinstance(item, dict) else None
+    return _clean(value, _MAX_ECHOED_ID) if isinstance(value, str) else ""
+
+
 class _Closed(Exception):
     pass
 
@@ -203,6 +209,9 @@ async def _session(
         claims = await service.authenticate(hello.auth_token)
     except OfflineError:
         await refuse(p.AUTH_FAILED, "authentication failed", False)
+        return
+    if not await service.bind_node(hello.node_id, claims):
+        await refuse(p.AUTH_FAILED, "this node id belongs to another principal", False)
         return
     schema = service.schema
     lo, hi = service.supported_schema
@@ -420,7 +429,7 @@ async def _receive_operations(
     """Decode, judge and store one batch's operations; ``texts`` are their compact texts when ``decode``
     vouched for them (the operations keep them: the store and the relay use them as they are). ``after``: the
     task storing the session's previous batch, whose answers must go out first."""
-    refused: dict[str, Refusal] = {}
+    refused: list[tuple[str, Refusal, str, str]] = []  # (id, refusal, collection, record id)
     ops = []
     limit = service.limits.max_operation_bytes
     for index, item in enumerate(raw):
@@ -431,7 +440,14 @@ async def _receive_operations(
             op_id = item.get("id") if isinstance(item, dict) else None
             # Echo the id only when the peer can take it back (the protocol's rule for operationId).
             key = _clean(op_id, _MAX_ECHOED_ID) if isinstance(op_id, str) and op_id else "?"
-            refused[key] = Refusal(exc.code, _clean(exc.message))
+            refused.append(
+                (
+                    key,
+                    Refusal(exc.code, _clean(exc.message)),
+                    _named(item, "collection"),
+                    _named(item, "recordId"),
+                )
+            )
             # Counted and published like the pipeline's own refusals (metrics, status, live events).
             service.rejections[exc.code] = service.rejections.get(exc.code, 0) + 1
             service.emit("rejected", {"operationId": key, "code": exc.code, "message": exc.message})
@@ -439,16 +455,27 @@ async def _receive_operations(
     if after is not None and not after.done():
         await asyncio.wait({after})  # its failure, if any, is the session's to report
     session.received += len(raw)
-    for op_id, value in [*refused.items(), *results.items()]:
+    records: dict[str, tuple[str, str]] | None = None  # built only when the pipeline refused something
+    for op_id, value in results.items():
         if isinstance(value, Refusal):
-            session.rejected += 1
-            await session.send(
-                p.encode(
-                    p.OperationRejected(
-                        p.new_message_id(), op_id, value.code, _clean(value.message), value.retriable
-                    )
+            if records is None:
+                records = {op.id: (op.collection, op.record_id) for op in ops}
+            refused.append((op_id, value, *records[op_id]))
+    for op_id, refusal, collection, record_id in refused:
+        session.rejected += 1
+        await session.send(
+            p.encode(
+                p.OperationRejected(
+                    p.new_message_id(),
+                    op_id,
+                    refusal.code,
+                    _clean(refusal.message),
+                    refusal.retriable,
+                    collection=collection,
+                    record_id=record_id,
                 )
             )
+        )
     deliveries = [v for v in results.values() if isinstance(v, int) and not isinstance(v, bool)]
     ack = p.Acknowledgment(
         message_id=p.new_message_id(),

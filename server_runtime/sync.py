@@ -54,6 +54,21 @@ WriteRule = Callable[[Mapping[str, Any], Operation], bool]
 
 AuthProvider = Callable[[str | None], Awaitable[Mapping[str, Any] | None] | Mapping[str, Any] | None]
 
+#: The principal of every session when the server has no auth provider (and of a token naming no subject).
+ANONYMOUS_PRINCIPAL = "anonymous"
+#: The principal the server's own node id is registered to (a token subject's principal is "user:<subject>").
+SERVER_PRINCIPAL = "server"
+
+
+def principal_of(claims: Mapping[str, Any] | None) -> str:
+    """Who a session speaks for, from its verified claims: node ids are registered to it (`bind_node`)."""
+    if claims is not None:
+        for key in ("sub", "userId"):
+            subject = claims.get(key)
+            if isinstance(subject, str) and subject:
+                return "user:" + subject
+    return ANONYMOUS_PRINCIPAL
+
 
 @dataclass(slots=True)
 class Refusal:
@@ -77,6 +92,10 @@ class Session:
     # first; and when it last acknowledged one. See SyncService.relay.
     unacked: dict[str, tuple[float, int]] = field(default_factory=dict)
     last_ack: float = field(default_factory=time.monotonic)
+    principal: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.principal = principal_of(self.claims)
 
     def acknowledged(self, message_id: str) -> None:
         """The client applied relay batch ``message_id``, and so every batch sent before it (it applies them
@@ -243,6 +262,8 @@ class SyncService:
         self.rejections: dict[str, int] = {}
         self.conflicts: dict[str, int] = {}
         self.listeners: list[Callable[[str, dict[str, Any]], None]] = []
+        # Node id -> the principal it is registered to (registrations never change: a read one is kept).
+        self._node_owners: dict[str, str] = {}
         # Whether the listeners want an "operation" event (a wire dict) for every stored operation now; the
         # operational surface, which only forwards them to live event streams, says no while none is open.
         self.wants_operation_events: Callable[[], bool] = lambda: True
@@ -268,6 +289,7 @@ class SyncService:
         if node_id is None:
             node_id = await self._create_node_id()
         self.node_id: str = node_id
+        await self._register_server_node(node_id)
         self.clock = HybridLogicalClock(node_id, now=self._now)
         self.engine = MergeEngine(schema, authoritative_nodes=(node_id,))
         self.cache = RecordCache(schema, self._refold)
@@ -309,6 +331,45 @@ class SyncService:
                 return existing
             await writer.set_meta("server_node_id", candidate)
         return candidate
+
+    async def _register_server_node(self, node_id: str) -> None:
+        """Register the server's node id to the server, so that no handshake can claim it."""
+        owner = await self.store.claim_node(node_id, SERVER_PRINCIPAL)
+        if owner != SERVER_PRINCIPAL:
+            # Registered by a client before this store knew it as the server's (a restored backup): the
+            # server's id is refused to clients whatever the registry says (bind_node, _judge).
+            log.error("the server's node id %s is registered to a client (%s)", node_id, owner)
+        self._node_owners[node_id] = SERVER_PRINCIPAL
+
+    async def bind_node(self, node_id: str, claims: Mapping[str, Any] | None) -> bool:
+        """May a session with these claims speak as ``node_id``? Registers the node id to the claims'
+        principal when it is new (the first principal to use a node id keeps it, for good). Never the
+        server's own node id."""
+        if node_id == self.node_id:
+            return False
+        principal = principal_of(claims)
+        owner = self._node_owners.get(node_id)
+        if owner is None:
+            owner = (await self.store.node_principals([node_id])).get(node_id)
+            if owner is None:
+                owner = await self.store.claim_node(node_id, principal)
+            self._node_owners[node_id] = owner
+        return owner == principal
+
+    async def _learn_owners(self, session: Session, ops: list[Operation]) -> None:
+        """Read the registrations of the nodes other than its own whose operations a session sends."""
+        unknown = {
+            op.node_id for op in ops if op.node_id != session.node_id and op.node_id not in self._node_owners
+        }
+        if unknown:
+            self._node_owners.update(await self.store.node_principals(unknown))
+
+    def _may_speak_for(self, session: Session, node_id: str) -> bool:
+        """A session sends its own node's operations, and those of other nodes of its principal (a user's
+        devices relaying each other's writes); never the server's."""
+        if node_id == session.node_id:
+            return True
+        return node_id != self.node_id and self._node_owners.get(node_id) == session.principal
 
     async def stop(self) -> None:
         self.started = False
@@ -418,6 +479,8 @@ class SyncService:
         if not raw_ops:
             return {}
         self.counters["received"] += len(raw_ops)
+        if session is not None:
+            await self._learn_owners(session, raw_ops)
         request = _Request(session, list(raw_ops), asyncio.get_running_loop().create_future())
         request.future.add_done_callback(_retrieve)
         self._queue.append(request)
@@ -589,6 +652,14 @@ class SyncService:
             self.clock = HybridLogicalClock(node_id, now=self._now)
             self.engine = MergeEngine(self.schema, authoritative_nodes=(node_id,))
             self._seq = (await self.store.version_vector()).get(node_id, 0)
+        await self._register_server_node(node_id)
+
+    def _deleted_values(self, view: StagedView, collection: str, record_id: str) -> dict[str, Any] | None:
+        """What a record the server holds but that is not alive was before its delete (None: no such)."""
+        key = (collection, record_id)
+        if key not in view.rows and key not in view.cache.rows:
+            return None
+        return self.engine.last_values(collection, record_id, view.state(collection, record_id))
 
     def _refold(self, op: Operation) -> RecordState:
         """What ``op`` makes of an empty state (how the cache reads a `stores.base.ONE_OPERATION` text)."""
@@ -644,6 +715,17 @@ class SyncService:
         """Decide one operation. On acceptance also return the Tier 2 actions it implies and the trial
         result (new state, record, conflicts), which `commit` keeps instead of applying the op again."""
         schema = self.schema
+        if session is not None:
+            if not self._may_speak_for(session, op.node_id):
+                return (
+                    Refusal(p.NODE_ID_MISMATCH, "this session may not send operations of node " + op.node_id),
+                    [],
+                    None,
+                )
+            if op.sequence_number < 1:
+                # (The decoder bounds it above by 2**53-1.) The server never numbers its own operations
+                # from a client's: no client may write as the server's node.
+                return Refusal(p.INVALID_OPERATION, "sequenceNumber must be at least 1"), [], None
         collection = schema.collections.get(op.collection)
         if collection is None:
             return Refusal(p.INVALID_OPERATION, f"unknown collection {op.collection!r}"), [], None
@@ -704,6 +786,16 @@ class SyncService:
                 )
             if before is not None and not session.matches(op.collection, before):
                 return Refusal(p.SCOPE_VIOLATION, "the record is outside this session's scope"), [], None
+            if before is None and session.filters[op.collection]:
+                # A deleted record is judged by the scope it had before its delete: nobody moves someone
+                # else's deleted record (and its content) into their own scope by writing to it.
+                last = self._deleted_values(view, op.collection, op.record_id)
+                if last is not None and not session.matches(op.collection, last):
+                    return (
+                        Refusal(p.SCOPE_VIOLATION, "the deleted record is outside this session's scope"),
+                        [],
+                        None,
+                    )
             rule = self.rules.get(op.collection)
             if rule is not None and not _rule_allows(rule, session.claims, op):
                 return (

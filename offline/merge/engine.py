@@ -781,6 +781,13 @@ class MergeEngine:
             return None
         return self._record(self._plans[collection], record_id, state.fields, state)
 
+    def last_values(self, collection: str, record_id: str, state: RecordState) -> dict[str, Any] | None:
+        """The record as its fields stand, alive or deleted (a delete keeps them): what a deleted record was
+        before its delete. None when the state holds no insert."""
+        if not state.has_insert:
+            return None
+        return self._record(self._plans[collection], record_id, state.fields, state)
+
     def _record(
         self, plan: _Plan, record_id: str, registers: Mapping[str, Any], state: RecordState | None
     ) -> dict[str, Any]:

@@ -47,6 +47,7 @@ __all__ = [
     "MAX_SAFE_INTEGER",
     "MESSAGE_TOO_LARGE",
     "MESSAGE_TYPES",
+    "NODE_ID_MISMATCH",
     "OPERATION_ERROR_CODES",
     "OPERATION_TOO_LARGE",
     "OVERLOADED",
@@ -118,6 +119,8 @@ CONSTRAINT_VIOLATION: Final = "CONSTRAINT_VIOLATION"
 CLOCK_DRIFT: Final = "CLOCK_DRIFT"
 OPERATION_TOO_LARGE: Final = "OPERATION_TOO_LARGE"
 HASH_MISMATCH: Final = "HASH_MISMATCH"
+#: An operation of a node the session may not speak for (another principal's device, or the server).
+NODE_ID_MISMATCH: Final = "NODE_ID_MISMATCH"
 
 CONNECTION_ERROR_CODES: Final = frozenset(
     {
@@ -143,6 +146,7 @@ OPERATION_ERROR_CODES: Final = frozenset(
         CLOCK_DRIFT,
         OPERATION_TOO_LARGE,
         HASH_MISMATCH,
+        NODE_ID_MISMATCH,
     }
 )
 #: Codes after which the same request may succeed later (reconnect / resend).
@@ -183,10 +187,23 @@ class ProtocolError(OfflineError):
         """The ``error`` message reporting this error to the peer."""
         return ErrorMessage(message_id or new_message_id(), self.code, self.message, self.retriable)
 
-    def to_rejection(self, operation_id: str, message_id: str | None = None) -> OperationRejected:
-        """The ``operation-rejected`` message refusing ``operation_id`` for this error."""
+    def to_rejection(
+        self,
+        operation_id: str,
+        message_id: str | None = None,
+        *,
+        collection: str | None = None,
+        record_id: str | None = None,
+    ) -> OperationRejected:
+        """The ``operation-rejected`` message refusing ``operation_id`` (of that record) for this error."""
         return OperationRejected(
-            message_id or new_message_id(), operation_id, self.code, self.message, self.retriable
+            message_id or new_message_id(),
+            operation_id,
+            self.code,
+            self.message,
+            self.retriable,
+            collection=collection,
+            record_id=record_id,
         )
 
 
@@ -361,9 +378,13 @@ class OperationRejected:
     code: str
     message: str
     retriable: bool
+    # The refused operation's record (DESIGN.md section 7: some clients find the operation by these alone).
+    # None only from an older server; this server sends both, "" when the operation named none.
+    collection: str | None = None
+    record_id: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "type": self.TYPE,
             "messageId": self.message_id,
             "operationId": self.operation_id,
@@ -371,6 +392,11 @@ class OperationRejected:
             "message": self.message,
             "retriable": self.retriable,
         }
+        if self.collection is not None:
+            out["collection"] = self.collection
+        if self.record_id is not None:
+            out["recordId"] = self.record_id
+        return out
 
 
 @dataclass(frozen=True)
@@ -947,6 +973,8 @@ def _operation_rejected(f: _Fields) -> OperationRejected:
         code=f.get_str("code", non_empty=True),
         message=f.get_str("message"),
         retriable=f.get_bool("retriable"),
+        collection=f.get_str("collection", required=False),
+        record_id=f.get_str("recordId", required=False),
     )
 
 

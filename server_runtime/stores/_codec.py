@@ -97,6 +97,13 @@ def check_meta(key: object, value: object = "") -> None:
         raise TypeError("a meta value must be a string")
 
 
+def check_node_claim(node_id: object, principal: object) -> None:
+    if not isinstance(node_id, str) or not node_id:
+        raise TypeError("a node id must be a non-empty string")
+    if not isinstance(principal, str) or not principal:
+        raise TypeError("a principal must be a non-empty string")
+
+
 def chunks(items: Sequence[T], size: int) -> Iterable[Sequence[T]]:
     for start in range(0, len(items), size):
         yield items[start : start + size]

@@ -339,6 +339,19 @@ class ServerStore(abc.ABC):
     def export_operations(self) -> AsyncIterator[StoredOperation]:
         """Every committed operation in delivery order, read page by page (for backups)."""
 
+    # ------------------------------------------------------------------------------------- node registry
+
+    @abc.abstractmethod
+    async def claim_node(self, node_id: str, principal: str) -> str:
+        """Register ``node_id`` to ``principal`` unless it is registered already; the principal it is
+        registered to afterwards (``principal`` when it was free). Atomic across processes sharing the store
+        (insert-if-absent, then read): two claiming at once both get the same answer. A registration is
+        permanent: the sync core trusts it once read."""
+
+    @abc.abstractmethod
+    async def node_principals(self, node_ids: Iterable[str]) -> dict[str, str]:
+        """The registered principal of each of ``node_ids`` that is registered (the others are absent)."""
+
     # -------------------------------------------------------------------------------------- notifications
 
     @abc.abstractmethod

@@ -58,6 +58,7 @@ class MemoryServerStore(ServerStore):
         self._rows: dict[RecordKey, _Row] = {}
         self._meta: dict[str, str] = {}
         self._vector: dict[str, int] = {}
+        self._nodes: dict[str, str] = {}  # node id -> principal
         self._lock = asyncio.Lock()
 
     async def _prepare(self) -> None:
@@ -145,6 +146,15 @@ class MemoryServerStore(ServerStore):
         self._check_open()
         for op in list(self._ops):
             yield op.stored()
+
+    async def claim_node(self, node_id: str, principal: str) -> str:
+        self._check_open()
+        _codec.check_node_claim(node_id, principal)
+        return self._nodes.setdefault(node_id, principal)
+
+    async def node_principals(self, node_ids: Iterable[str]) -> dict[str, str]:
+        self._check_open()
+        return {n: self._nodes[n] for n in node_ids if n in self._nodes}
 
     async def listen(self, callback: NotifyCallback) -> None:
         self._check_open()

@@ -80,6 +80,10 @@ CREATE TABLE IF NOT EXISTS offline_meta (
     key TEXT PRIMARY KEY,
     value TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS offline_nodes (
+    node_id TEXT PRIMARY KEY,
+    principal TEXT NOT NULL
+);
 """
 
 _STATS_SQL: Final = """
@@ -359,6 +363,30 @@ class PostgresServerStore(ServerStore):
             after = page[-1].delivery
 
     # -------------------------------------------------------------------------------------- notifications
+
+    async def claim_node(self, node_id: str, principal: str) -> str:
+        _codec.check_node_claim(node_id, principal)
+        # Not under the write lock: the primary key decides between processes claiming at once (the loser's
+        # insert waits for the winner's commit, then does nothing), and a handshake need not queue behind
+        # the write pipeline.
+        async with self._reading("registering a node") as conn:
+            await conn.execute(
+                "INSERT INTO offline_nodes (node_id, principal) VALUES ($1, $2) ON CONFLICT (node_id) DO NOTHING",
+                node_id,
+                principal,
+            )
+            owner = await conn.fetchval("SELECT principal FROM offline_nodes WHERE node_id = $1", node_id)
+        return str(owner)
+
+    async def node_principals(self, node_ids: Iterable[str]) -> dict[str, str]:
+        wanted = list(dict.fromkeys(node_ids))
+        if not wanted:
+            return {}
+        async with self._reading("reading node registrations") as conn:
+            rows = await conn.fetch(
+                "SELECT node_id, principal FROM offline_nodes WHERE node_id = ANY($1::text[])", wanted
+            )
+        return {str(r["node_id"]): str(r["principal"]) for r in rows}
 
     async def listen(self, callback: NotifyCallback) -> None:
         """Call ``callback(max_delivery)`` after every commit of another store object on this database+schema.

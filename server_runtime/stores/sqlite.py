@@ -97,6 +97,11 @@ _DDL: Final = (
         key TEXT PRIMARY KEY,
         value TEXT NOT NULL
     )""",
+    # Which principal first used each node id (see SyncService.bind_node).
+    """CREATE TABLE IF NOT EXISTS offline_nodes (
+        node_id TEXT PRIMARY KEY,
+        principal TEXT NOT NULL
+    )""",
 )
 
 _STATS_SQL: Final = """
@@ -566,6 +571,36 @@ class SQLiteServerStore(ServerStore):
             if len(page) < _codec.PAGE_SIZE:
                 return
             after = page[-1].delivery
+
+    async def claim_node(self, node_id: str, principal: str) -> str:
+        _codec.check_node_claim(node_id, principal)
+        async with self.writer() as writer:
+            assert isinstance(writer, _SQLiteWriter)
+            with self._errors("registering a node"):
+                _, rows = await writer._read(
+                    [
+                        (
+                            "execute",
+                            "INSERT OR IGNORE INTO offline_nodes (node_id, principal) VALUES (?, ?)",
+                            (node_id, principal),
+                        ),
+                        ("fetch", "SELECT principal FROM offline_nodes WHERE node_id = ?", (node_id,)),
+                    ]
+                )
+        assert rows
+        return str(rows[0][0])
+
+    async def node_principals(self, node_ids: Iterable[str]) -> dict[str, str]:
+        wanted = list(dict.fromkeys(node_ids))
+        out: dict[str, str] = {}
+        async with self._reading("reading node registrations") as conn:
+            for part in _codec.chunks(wanted, _CHUNK):
+                rows = await conn.execute_fetchall(
+                    f"SELECT node_id, principal FROM offline_nodes WHERE node_id IN ({','.join('?' * len(part))})",
+                    tuple(part),
+                )
+                out.update((str(n), str(p)) for n, p in rows)
+        return out
 
     async def listen(self, callback: NotifyCallback) -> None:
         self._check_open()

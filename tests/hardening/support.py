@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 from websockets.asyncio.client import ClientConnection
 from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed
@@ -71,6 +72,14 @@ def start_server(
     if not entry.exists():
         write_entry(folder, SCHEMA_SOURCE)
     return ServerProcess(entry, store=store, db=db, env=env).start()
+
+
+async def sign_up(http: httpx.AsyncClient, email: str) -> tuple[str, str, str]:
+    """A new user of a server with ``AUTH_SECRET`` set: (user id, access token, refresh token)."""
+    response = await http.post("/auth/sign-up", json={"email": email, "password": "fuzzing password 1"})
+    assert response.status_code == 201, response.text
+    body = response.json()
+    return body["user"]["id"], body["accessToken"], body["refreshToken"]
 
 
 # -- operations ------------------------------------------------------------------------------------------------
@@ -214,6 +223,13 @@ class RawClient:
             acks.append(await asyncio.wait_for(future, TIMEOUT))
         return acks
 
+    async def refused(self, op: dict[str, Any]) -> p.OperationRejected:
+        """Send ``op`` alone; the ``operation-rejected`` the server answers it with (before its acknowledgement)."""
+        await asyncio.wait_for(await self.send_batch([op]), TIMEOUT)
+        found = [r for r in self.rejections if r.operation_id == op["id"]]
+        assert found, f"operation {op['id']} was accepted"
+        return found[-1]
+
     async def wait_closed(self, timeout: float = TIMEOUT) -> int:
         await asyncio.wait_for(self._ended.wait(), timeout)
         assert self.closed is not None
@@ -226,6 +242,14 @@ class RawClient:
         if self._reader is not None:
             with contextlib.suppress(BaseException):
                 await asyncio.wait_for(self._reader, 5)
+
+
+async def handshake_reply(url: str, node: str, token: str | None = None) -> p.Message:
+    """What the server answers a handshake as ``node`` with ``token`` (an ``error`` when it refuses it)."""
+    async with ws_connect(url, max_size=None) as ws:
+        hello = p.Handshake(p.new_message_id(), node, {}, SCHEMA.version, 0, auth_token=token)
+        await ws.send(p.encode(hello))
+        return p.decode(await asyncio.wait_for(ws.recv(), TIMEOUT))
 
 
 # -- a WebSocket peer on a bare socket -----------------------------------------------------------------------------

@@ -55,7 +55,7 @@ from offline import HLCTimestamp
 from offline.core.uuid7 import generate_uuid_v7
 from offline.sync import protocol as p
 
-from .support import SCHEMA, Oracle, Writer, start_server
+from .support import SCHEMA, Oracle, Writer, sign_up, start_server
 
 pytestmark = pytest.mark.slow
 
@@ -489,13 +489,6 @@ def build_strategies(users: list[User], legit_frames: list[str], legit_ops: list
 
 
 # -- setting up the live system ------------------------------------------------------------------------------------------
-
-
-async def sign_up(http: httpx.AsyncClient, email: str) -> tuple[str, str, str]:
-    response = await http.post("/auth/sign-up", json={"email": email, "password": "fuzzing password 1"})
-    assert response.status_code == 201, response.text
-    body = response.json()
-    return body["user"]["id"], body["accessToken"], body["refreshToken"]
 
 
 async def seed(url: str, http_url: str) -> tuple[list[User], list[str], list[dict[str, Any]]]:
