@@ -356,10 +356,15 @@ class SyncService:
             self._node_owners[node_id] = owner
         return owner == principal
 
-    async def _learn_owners(self, session: Session, ops: list[Operation]) -> None:
-        """Read the registrations of the nodes other than its own whose operations a session sends."""
+    async def _learn_owners(self, group: list[_Request]) -> None:
+        """Read the registrations of the nodes whose operations sessions send besides their own."""
+        owners = self._node_owners
         unknown = {
-            op.node_id for op in ops if op.node_id != session.node_id and op.node_id not in self._node_owners
+            op.node_id
+            for request in group
+            if request.session is not None
+            for op in request.ops
+            if op.node_id != request.session.node_id and op.node_id not in owners
         }
         if unknown:
             self._node_owners.update(await self.store.node_principals(unknown))
@@ -479,8 +484,6 @@ class SyncService:
         if not raw_ops:
             return {}
         self.counters["received"] += len(raw_ops)
-        if session is not None:
-            await self._learn_owners(session, raw_ops)
         request = _Request(session, list(raw_ops), asyncio.get_running_loop().create_future())
         request.future.add_done_callback(_retrieve)
         self._queue.append(request)
@@ -525,6 +528,8 @@ class SyncService:
     async def _commit_group(self, group: list[_Request]) -> None:
         started = time.perf_counter()
         received = sum(len(r.ops) for r in group)
+        # (Here, not in `commit`: a batch reaches the queue without waiting, so batches keep their order.)
+        await self._learn_owners(group)
         seq_before = self._seq
         # (request index or -1 for the server's own operations, operation, scope snapshot), in commit order.
         accepted: list[tuple[int, Operation, dict[str, Any] | None]] = []
