@@ -6,7 +6,8 @@ default `./offline-server.db`), `OFFLINE_ADMIN_TOKEN`, `OFFLINE_METRICS_TOKEN`, 
 with users kept in the same store, and makes their sync auth provider guard the sync endpoint (unless
 `sync_options` brings its own `auth`). `OFFLINE_OAUTH_PROVIDERS` may hold a JSON object of OAuth providers
 (name -> `client_id`, `client_secret`, `authorize_url`, `token_url`, `userinfo_url`, `scope`, ...; see
-`server_runtime.auth.oauth`). Without `AUTH_SECRET` the server accepts every sync connection, and says so.
+`server_runtime.auth.oauth`); `OFFLINE_AUTH_*` set token lifetimes and sign-in limits (see
+`server_runtime.auth.settings`). Without `AUTH_SECRET` the server accepts every sync connection, and says so.
 
 `OFFLINE_TRUSTED_PROXIES` and `OFFLINE_CLIENT_IP_HEADER` say which peers' forwarding headers name the client
 (none by default; see `server_runtime.client_address`)."""
@@ -26,6 +27,7 @@ from offline.core.errors import OfflineError
 from offline.core.schema import SchemaDefinition
 
 from .auth import AuthRoutes, create_auth_routes
+from .auth.settings import auth_options_from_environment
 from .client_address import CLIENT_IP_HEADER_ENV, TRUSTED_PROXIES_ENV
 from .server import ProductionServer, create_production_server
 from .stores import create_relational_server_store, create_sqlite_server_store
@@ -95,7 +97,7 @@ def auth_routes_from_environment(env: Mapping[str, str]) -> AuthRoutes | None:
                 "AUTH_CONFIG",
                 {"field": "OFFLINE_OAUTH_PROVIDERS"},
             )
-    return create_auth_routes(secret=secret, oauth_providers=providers)
+    return create_auth_routes(secret=secret, oauth_providers=providers, **auth_options_from_environment(env))
 
 
 async def server_from_environment(

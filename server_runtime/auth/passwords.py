@@ -1,27 +1,30 @@
 """Password hashing with argon2id (argon2-cffi), off the event loop.
 
 Hashing is deliberately slow and memory-hungry, so it runs in a small pool of worker threads of its own,
-``concurrency`` of them (a burst of sign-ins must not starve the sync sessions or the default executor). Verifying against ``None`` (no such account,
+``concurrency`` of them (a burst of sign-ins must not starve the sync sessions or the default executor), behind
+a bounded queue that is fair between callers' keys (``hash_queue``; a full queue raises ``QueueFull``). Verifying against ``None`` (no such account,
 or an account without a password) still verifies against a dummy hash, so an unknown email costs the same
 time as a wrong password.
 """
 
 from __future__ import annotations
 
-import asyncio
 import secrets
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from typing import TypeVar
 
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError, VerifyMismatchError
 
 from offline.core.errors import OfflineError
 
-__all__ = ["MAX_PASSWORD_CHARS", "MIN_PASSWORD_CHARS", "PasswordService", "check_password_shape"]
+from .hash_queue import HashQueue, QueueFull
 
-T = TypeVar("T")
+__all__ = [
+    "MAX_PASSWORD_CHARS",
+    "MIN_PASSWORD_CHARS",
+    "PasswordService",
+    "QueueFull",
+    "check_password_shape",
+]
 
 MIN_PASSWORD_CHARS = 8
 #: Hashing cost grows with the input; a cap keeps one request from buying a lot of CPU.
@@ -40,31 +43,31 @@ def check_password_shape(password: object) -> str | None:
 
 
 class PasswordService:
-    def __init__(self, hasher: PasswordHasher | None = None, *, concurrency: int = 2) -> None:
+    def __init__(
+        self,
+        hasher: PasswordHasher | None = None,
+        *,
+        concurrency: int = 2,
+        waiting: int = 16,
+        per_key: int = 2,
+    ) -> None:
         self.hasher = hasher or PasswordHasher()
-        self._concurrency = max(1, concurrency)
-        self._pool: ThreadPoolExecutor | None = None
+        self.queue = HashQueue(concurrency, waiting=waiting, per_key=per_key)
         self._dummy: str | None = None
 
-    async def _run(self, fn: Callable[..., T], *args: str) -> T:
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(self._concurrency, thread_name_prefix="offline-argon2")
-        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
-
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=False)
-            self._pool = None
+        self.queue.close()
 
-    async def hash(self, password: str) -> str:
-        return await self._run(self.hasher.hash, password)
+    async def hash(self, password: str, *, key: str = "") -> str:
+        """The argon2 hash of ``password``; ``key`` (the client address) is whose share of the queue it uses."""
+        return await self.queue.run(key, self.hasher.hash, password)
 
-    async def verify(self, password_hash: str | None, password: str) -> bool:
+    async def verify(self, password_hash: str | None, password: str, *, key: str = "") -> bool:
         """True when ``password`` matches; with ``password_hash`` None, spend the same work and say False."""
         if password_hash is None:
-            await self._verify(await self._dummy_hash(), password)
+            await self._verify(await self._dummy_hash(key), password, key)
             return False
-        return await self._verify(password_hash, password)
+        return await self._verify(password_hash, password, key)
 
     def needs_rehash(self, password_hash: str) -> bool:
         """True when the hash was made with weaker parameters than the hasher's current ones."""
@@ -73,8 +76,8 @@ class PasswordService:
         except InvalidHashError:
             return False
 
-    async def _verify(self, password_hash: str, password: str) -> bool:
-        return await self._run(self._verify_sync, password_hash, password)
+    async def _verify(self, password_hash: str, password: str, key: str) -> bool:
+        return await self.queue.run(key, self._verify_sync, password_hash, password)
 
     def _verify_sync(self, password_hash: str, password: str) -> bool:
         try:
@@ -89,8 +92,8 @@ class PasswordService:
                 {"field": "password_hash", "cause": type(exc).__name__},
             ) from None
 
-    async def _dummy_hash(self) -> str:
+    async def _dummy_hash(self, key: str) -> str:
         if self._dummy is None:
             # Same parameters as real hashes, so verifying against it costs the same.
-            self._dummy = await self.hash(secrets.token_urlsafe(16))
+            self._dummy = await self.hash(secrets.token_urlsafe(16), key=key)
         return self._dummy

@@ -1,13 +1,13 @@
-"""Sliding-window limits on failed sign-ins, per account and per client address (in memory, per process).
+"""Sliding-window limits (in memory, per process) and the settings of every auth limit (``RateLimits``).
 
-Each key keeps the times of its recent failures; once ``attempts`` of them fall inside the last ``window``
-seconds, further attempts are refused until the oldest one leaves the window. Unknown and known accounts are
-counted alike (the key is the email as typed, normalised), so a 429 reveals nothing about existence either.
-Several server processes each keep their own counts; the limit then holds per process.
+Each key keeps the times of its recent events; once ``attempts`` of them fall inside the last ``window``
+seconds, further attempts are refused until the oldest one leaves the window. How sign-ins use them is in
+``sign_in_limits``. Several server processes each keep their own counts; the limits then hold per process.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections import OrderedDict, deque
@@ -24,17 +24,24 @@ __all__ = ["RateLimits", "SlidingWindow", "rate_limits_from"]
 
 @dataclass(frozen=True, slots=True)
 class RateLimits:
-    """Failed sign-ins allowed per account and per client address within a window (seconds); sign-ups
-    allowed per address (each costs a password hash); wrong second-factor codes allowed per account."""
+    """Failed sign-ins allowed within a window (seconds): per account from one client address
+    (``account_attempts``), per address over all accounts (``address_attempts``), and per account over all
+    addresses (``account_total_attempts``; past it only addresses that signed in to that account before may
+    try). Sign-ups allowed per address (each costs a password hash); wrong second-factor codes allowed per
+    account. Password checks (argon2) the process queues: at most ``password_checks_waiting`` waiting for a
+    worker, at most ``password_checks_per_address`` waiting or running for one address."""
 
     account_attempts: int = 5
     account_window: float = 900.0
     address_attempts: int = 20
     address_window: float = 900.0
+    account_total_attempts: int = 20
     sign_up_attempts: int = 20
     sign_up_window: float = 3600.0
     mfa_attempts: int = 5
     mfa_window: float = 900.0
+    password_checks_waiting: int = 16
+    password_checks_per_address: int = 2
 
 
 def rate_limits_from(value: RateLimits | Mapping[str, Any] | None) -> RateLimits:
@@ -111,7 +118,8 @@ class SlidingWindow:
         # The attempt becomes possible when enough of the oldest events have left the window.
         return max(events[len(events) - self.attempts] + self.window - now, 0.001)
 
-    def hit(self, key: str) -> None:
+    def hit(self, key: str) -> float:
+        """Record one event for ``key``; returns its stamp (for ``unhit``)."""
         now = self._now()
         events = self._recent(key, now)
         if events is None:
@@ -121,6 +129,17 @@ class SlidingWindow:
         else:
             self._events.move_to_end(key)
         events.append(now)
+        return now
+
+    def unhit(self, key: str, stamp: float) -> None:
+        """Take back the event ``hit`` recorded at ``stamp`` (an attempt that turned out not to count)."""
+        events = self._events.get(key)
+        if events is None:
+            return
+        with contextlib.suppress(ValueError):  # already slid out of the window (or pushed out)
+            events.remove(stamp)
+        if not events:
+            del self._events[key]
 
     def reset(self, key: str) -> None:
         self._events.pop(key, None)

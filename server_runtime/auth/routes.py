@@ -30,8 +30,9 @@ from .linking import LinkRoutes
 from .mfa import MfaRoutes
 from .orgs import OrgRoutes, current_org_claims, org_claims, roles_from
 from .passkeys import PasskeyRoutes, passkey_config_from
-from .passwords import MAX_PASSWORD_CHARS, PasswordService, check_password_shape
+from .passwords import MAX_PASSWORD_CHARS, PasswordService, QueueFull, check_password_shape
 from .rate_limit import RateLimits, SlidingWindow, rate_limits_from, retry_after_header
+from .sign_in_limits import Reservation, SignInLimiter
 from .storage import AuthStore, AuthTx, Identity, OAuthStateRow, RefreshRow, SessionRow, User
 from .tokens import AUTH_CONFIG, InvalidToken, TokenService, hash_secret, new_refresh_token
 from .web import AuthError, normalize_email
@@ -114,11 +115,16 @@ class AuthRoutes:
         self.access_ttl = _seconds(access_ttl, "access_ttl")
         self.refresh_ttl = _seconds(refresh_ttl, "refresh_ttl")
         self.tokens = TokenService(secret, access_ttl=self.access_ttl, now=self._now)
-        self.passwords = PasswordService(password_hasher)
         self.providers = _oauth.providers_from(oauth_providers)
         self.rate_limits = limits = rate_limits_from(rate_limits)
-        self.account_limiter = SlidingWindow(limits.account_attempts, limits.account_window)
-        self.address_limiter = SlidingWindow(limits.address_attempts, limits.address_window)
+        self.passwords = PasswordService(
+            password_hasher,
+            waiting=limits.password_checks_waiting,
+            per_key=limits.password_checks_per_address,
+        )
+        self.sign_in_limits = SignInLimiter(limits)
+        # Passkey sign-ins count their failures per address too, in the same window.
+        self.address_limiter = self.sign_in_limits.address
         self.sign_up_limiter = SlidingWindow(limits.sign_up_attempts, limits.sign_up_window)
         self.roles = roles_from(roles)
         if not isinstance(totp_issuer, str) or not totp_issuer.strip() or ":" in totp_issuer:
@@ -278,6 +284,23 @@ class AuthRoutes:
             headers={"Retry-After": retry_after_header(retry)},
         )
 
+    def _busy(self, full: QueueFull) -> AuthError:
+        """The answer when a password check finds no room in the queue: at once, never a long wait."""
+        wait = retry_after_header(full.retry_after)
+        if full.per_key:
+            return AuthError(
+                429,
+                "RATE_LIMITED",
+                f"too many sign-ins at once from this address; wait {wait} seconds and try again",
+                headers={"Retry-After": wait},
+            )
+        return AuthError(
+            503,
+            "SERVICE_UNAVAILABLE",
+            f"the server is checking too many passwords right now; try again in {wait} seconds",
+            headers={"Retry-After": wait},
+        )
+
     # -- email and password ----------------------------------------------------------------------------------------
 
     async def sign_up(self, request: Request) -> Response:
@@ -293,8 +316,12 @@ class AuthRoutes:
         if retry is not None:
             log.warning("sign-up refused: too many sign-ups from %s", address)
             raise self._rate_limited(retry, "sign-ups from this address")
-        self.sign_up_limiter.hit(address)
-        password_hash = await self.passwords.hash(password)
+        stamp = self.sign_up_limiter.hit(address)
+        try:
+            password_hash = await self.passwords.hash(password, key=address)
+        except QueueFull as full:
+            self.sign_up_limiter.unhit(address, stamp)  # nothing was hashed: the sign-up does not count
+            raise self._busy(full) from None
         async with self._store().transaction() as tx:
             user = User(generate_uuid_v7(), email, password_hash, self._ms())
             if not await tx.insert_user(user):
@@ -305,6 +332,7 @@ class AuthRoutes:
                     field="email",
                 )
             pair = await self._open_session(tx, user)
+        self.sign_in_limits.remember(email, address)
         log.info("user %s signed up (session %s)", user.id, pair.session_id)
         return self._pair_response(pair, 201)
 
@@ -317,29 +345,36 @@ class AuthRoutes:
         if len(password) > MAX_PASSWORD_CHARS:
             raise _invalid("password", f"password must be at most {MAX_PASSWORD_CHARS} characters long")
         address = _client_address(request)
-        account_wait = self.account_limiter.retry_after(email)
-        address_wait = self.address_limiter.retry_after(address)
-        if account_wait is not None or address_wait is not None:
-            waits = [w for w in (account_wait, address_wait) if w is not None]
-            log.warning(
-                "sign-in refused from %s: too many failed attempts (%s)",
-                address,
-                "for the account" if account_wait is not None else "from the address",
-            )
-            raise self._rate_limited(max(waits), "failed sign-ins")
-        async with self._store().reader() as tx:
-            user = await tx.user_by_email(email)
-        # Unknown accounts cost one argon2 verification too (against a dummy hash): same answer, same time.
-        matches = await self.passwords.verify(user.password_hash if user is not None else None, password)
+        # Counted before the check, with no await in between: concurrent guesses cannot all pass the limit.
+        reservation = self.sign_in_limits.reserve(email, address)
+        if not isinstance(reservation, Reservation):
+            log.warning("sign-in refused from %s: too many failed attempts", address)
+            raise self._rate_limited(reservation, "failed sign-ins")
+        try:
+            async with self._store().reader() as tx:
+                user = await tx.user_by_email(email)
+            # Unknown accounts cost one argon2 verification too (against a dummy hash): same answer, same time.
+            stored = user.password_hash if user is not None else None
+            matches = await self.passwords.verify(stored, password, key=address)
+        except QueueFull as full:
+            reservation.cancelled()
+            raise self._busy(full) from None
+        except BaseException:
+            reservation.cancelled()  # the password was not checked (storage trouble, a client gone)
+            raise
         if user is None or not matches:
-            self.account_limiter.hit(email)
-            self.address_limiter.hit(address)
+            reservation.failed()
             log.info("sign-in failed from %s", address)
             raise _BAD_CREDENTIALS
-        self.account_limiter.reset(email)
+        reservation.succeeded()
+        upgraded = None
+        if user.password_hash is not None and self.passwords.needs_rehash(user.password_hash):
+            # Hashed before the transaction (it holds the store's write lock); skipped when the queue is full.
+            with contextlib.suppress(QueueFull):
+                upgraded = await self.passwords.hash(password, key=address)
         async with self._store().transaction() as tx:
-            if user.password_hash is not None and self.passwords.needs_rehash(user.password_hash):
-                await tx.set_password_hash(user.id, await self.passwords.hash(password))
+            if upgraded is not None:
+                await tx.set_password_hash(user.id, upgraded)
             second_factor = await self.mfa.required(tx, user, "password")
             if second_factor is not None:
                 return second_factor

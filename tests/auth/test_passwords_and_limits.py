@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from typing import Literal
 
 import pytest
 from argon2 import PasswordHasher
 
 from offline.core.errors import OfflineError
+from server_runtime.auth.hash_queue import HashQueue, QueueFull
 from server_runtime.auth.passwords import PasswordService, check_password_shape
 from server_runtime.auth.rate_limit import RateLimits, SlidingWindow, rate_limits_from, retry_after_header
+from server_runtime.auth.sign_in_limits import Reservation, SignInLimiter
 
 from .conftest import FAST_HASHER
 
@@ -166,3 +169,67 @@ def test_rate_limits_configuration() -> None:
         rate_limits_from({"address_attempts": 0})
     assert retry_after_header(0.2) == "1"
     assert retry_after_header(30.01) == "31"
+
+
+def test_sign_in_reservations_count_before_the_check_and_only_failures_stay() -> None:
+    clock = [1000.0]
+    limiter = SignInLimiter(
+        RateLimits(account_attempts=2, address_attempts=10, account_total_attempts=3), now=lambda: clock[0]
+    )
+    first = limiter.reserve("a@example.com", "192.0.2.1")
+    second = limiter.reserve("a@example.com", "192.0.2.1")
+    assert isinstance(first, Reservation) and isinstance(second, Reservation)
+    # Two checks in flight: a third concurrent attempt from that address is refused before any finishes.
+    assert isinstance(limiter.reserve("a@example.com", "192.0.2.1"), float)
+    first.failed()
+    second.cancelled()  # never checked (the queue was full): it gives its place back
+    third = limiter.reserve("a@example.com", "192.0.2.1")
+    assert isinstance(third, Reservation)
+    third.succeeded()  # the right password clears that address's failures and makes it known
+    assert limiter.known("a@example.com", "192.0.2.1")
+    # The first failure counted toward the account's total too (its address was not known then).
+    for address in ("198.51.100.1", "198.51.100.2"):
+        attempt = limiter.reserve("a@example.com", address)
+        assert isinstance(attempt, Reservation)
+        attempt.failed()
+    # The account's total is spent: new addresses wait, the known one does not.
+    wait = limiter.reserve("a@example.com", "203.0.113.5")
+    assert isinstance(wait, float) and 0 < wait <= 900
+    assert isinstance(limiter.reserve("a@example.com", "192.0.2.1"), Reservation)
+    clock[0] += 901
+    assert isinstance(limiter.reserve("a@example.com", "203.0.113.5"), Reservation)
+
+
+def test_hash_queue_is_bounded_and_serves_keys_in_turn() -> None:
+    async def scenario() -> None:
+        queue = HashQueue(1, waiting=4, per_key=3)
+        gate = threading.Event()
+        order: list[str] = []
+
+        def work(name: str) -> str:
+            gate.wait(10)
+            order.append(name)
+            return name
+
+        try:
+            busy = [asyncio.ensure_future(queue.run("attacker", work, f"a{i}")) for i in range(3)]
+            await asyncio.sleep(0)
+            fair = asyncio.ensure_future(queue.run("owner", work, "owner"))
+            await asyncio.sleep(0)
+            with pytest.raises(QueueFull) as own_share:  # the attacker's three places are taken
+                await queue.run("attacker", work, "a3")
+            assert own_share.value.per_key and own_share.value.retry_after >= 1
+            other = asyncio.ensure_future(queue.run("third", work, "t0"))
+            await asyncio.sleep(0)
+            with pytest.raises(QueueFull) as full:  # one running, four waiting: no room at all
+                await queue.run("fourth", work, "f0")
+            assert not full.value.per_key
+            gate.set()
+            await asyncio.gather(*busy, fair, other)
+            # Round-robin by key: the owner waited for one attacker check, not for all of them.
+            assert order == ["a0", "a1", "owner", "t0", "a2"], order
+        finally:
+            gate.set()
+            queue.close()
+
+    asyncio.run(scenario())

@@ -370,8 +370,8 @@ def test_unknown_email_and_wrong_password_answer_identically() -> None:
     asyncio.run(scenario())
 
 
-def test_failed_sign_ins_are_limited_per_account() -> None:
-    limits = {"account_attempts": 3, "account_window": 600, "address_attempts": 100}
+def test_failed_sign_ins_spread_over_addresses_stop_new_addresses_of_that_account() -> None:
+    limits = {"account_total_attempts": 3, "account_window": 600, "address_attempts": 100}
 
     async def scenario() -> None:
         async with (
@@ -399,6 +399,11 @@ def test_failed_sign_ins_are_limited_per_account() -> None:
                 assert limited.status_code == 429, email
                 assert limited.json()["error"]["code"] == "RATE_LIMITED"
                 assert 1 <= int(limited.headers["retry-after"]) <= 600
+            # The address frank signed up from is not held to the account's total: the owner gets in.
+            known = await client.post(
+                "/auth/sign-in", json={"email": "frank@example.com", "password": PASSWORD}
+            )
+            assert known.status_code == 200
             # Another account from the same addresses is not affected.
             await sign_up(client, "grace@example.com")
             ok = await client.post(

@@ -1,0 +1,109 @@
+"""Who may try a password now: failed sign-in limits that hold under concurrency and cannot lock the owner out.
+
+An attempt is counted before its password is checked (``reserve``), in the same step as the check of the
+limits (no ``await`` between them), so a burst of concurrent requests cannot all pass a check that counts only
+finished failures. A correct password takes its reservation back (``Reservation.succeeded``); a wrong one
+leaves it counted; a request that never reached the check (the argon2 queue was full) takes it back too.
+
+Three windows, each ``RateLimits``' setting:
+
+- per (account, address): ``account_attempts`` failures; what stops one address guessing one account;
+- per address: ``address_attempts`` failures over all accounts; what stops one address trying many;
+- per account over all addresses: ``account_total_attempts`` failures; what stops guessing spread over many
+  addresses. It applies only to addresses that never signed in to that account: an address that did (in this
+  process's memory, since its start) keeps its own per-(account, address) allowance, so an attacker elsewhere
+  cannot lock the owner out. The owner from a new address during such an attack waits like the attacker
+  (429 with ``Retry-After``), the one case a distributed attack can still cost the owner.
+
+Unknown accounts are counted like known ones (the key is the email as typed, normalised): a 429 reveals
+nothing about existence.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from .rate_limit import RateLimits, SlidingWindow
+
+__all__ = ["Reservation", "SignInLimiter"]
+
+#: Addresses remembered per account as having signed in (the most recent ones), and accounts remembered.
+_KNOWN_PER_ACCOUNT = 16
+_KNOWN_ACCOUNTS = 100_000
+
+
+@dataclass(slots=True)
+class Reservation:
+    """One counted attempt, until the password check says whether it was a failure."""
+
+    limiter: SignInLimiter
+    account: str
+    address: str
+    stamps: list[tuple[SlidingWindow, str, float]] = field(default_factory=list)
+    settled: bool = False
+
+    def failed(self) -> None:
+        """A wrong password: the attempt stays counted."""
+        self.settled = True
+
+    def cancelled(self) -> None:
+        """The password was not checked (the server was too busy): the attempt does not count."""
+        if not self.settled:
+            self.settled = True
+            for window, key, stamp in self.stamps:
+                window.unhit(key, stamp)
+
+    def succeeded(self) -> None:
+        """The right password: not a failure, and this address now knows the account."""
+        self.cancelled()
+        self.limiter.pair.reset(_pair(self.account, self.address))
+        self.limiter.remember(self.account, self.address)
+
+
+class SignInLimiter:
+    def __init__(self, limits: RateLimits, *, now: Callable[[], float] | None = None) -> None:
+        self.pair = SlidingWindow(limits.account_attempts, limits.account_window, now=now)
+        self.address = SlidingWindow(limits.address_attempts, limits.address_window, now=now)
+        self.account = SlidingWindow(limits.account_total_attempts, limits.account_window, now=now)
+        self._known: OrderedDict[str, OrderedDict[str, None]] = OrderedDict()
+
+    def known(self, account: str, address: str) -> bool:
+        return address in self._known.get(account, ())
+
+    def remember(self, account: str, address: str) -> None:
+        """``address`` signed in to ``account`` (or signed it up)."""
+        addresses = self._known.get(account)
+        if addresses is None:
+            addresses = self._known[account] = OrderedDict()
+            while len(self._known) > _KNOWN_ACCOUNTS:
+                self._known.popitem(last=False)
+        else:
+            self._known.move_to_end(account)
+        addresses[address] = None
+        addresses.move_to_end(address)
+        while len(addresses) > _KNOWN_PER_ACCOUNT:
+            addresses.popitem(last=False)
+
+    def reserve(self, account: str, address: str) -> Reservation | float:
+        """A reservation for one password check, or the seconds to wait before trying again."""
+        checks: list[tuple[SlidingWindow, str]] = [
+            (self.pair, _pair(account, address)),
+            (self.address, address),
+        ]
+        known = self.known(account, address)
+        if not known:
+            checks.append((self.account, account))
+        waits = [w for w in (window.retry_after(key) for window, key in checks) if w is not None]
+        if waits:
+            return max(waits)
+        if known:  # counted all the same: the total is what unknown addresses are held to
+            checks.append((self.account, account))
+        reservation = Reservation(self, account, address)
+        reservation.stamps = [(window, key, window.hit(key)) for window, key in checks]
+        return reservation
+
+
+def _pair(account: str, address: str) -> str:
+    return f"{address}\n{account}"  # a newline is in neither an address nor a normalised email

@@ -1,0 +1,123 @@
+"""Sign-in limits against a real server process (SQLite store, default argon2 cost), clients on distinct
+loopback addresses: concurrent guesses are held to the configured number, an attacker cannot lock the owner
+out, and a full password-check queue answers at once with Retry-After."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.support.servers import ServerProcess
+
+from .conftest import PASSWORD
+from .live import auth_server, burst, client_from, sign_in_from, sign_up_from, statuses
+
+OWNER = "owner@example.com"
+WRONG = {"email": OWNER, "password": "not the password"}
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[ServerProcess]:
+    process = auth_server(tmp_path / "server")
+    try:
+        yield process
+    finally:
+        assert process.terminate() == 0, process.log_path.read_text()
+
+
+async def one_by_one(
+    process: ServerProcess, address: str, bodies: list[dict[str, str]]
+) -> list[httpx.Response]:
+    async with client_from(process, address) as client:
+        return [await client.post("/auth/sign-in", json=body) for body in bodies]
+
+
+def assert_rate_limited(response: object) -> None:
+    assert getattr(response, "status_code", None) == 429, response
+    headers = response.headers  # type: ignore[attr-defined]
+    assert int(headers["retry-after"]) >= 1
+    assert response.json()["error"]["code"] == "RATE_LIMITED"  # type: ignore[attr-defined]
+
+
+def test_concurrent_guesses_get_at_most_the_limit_of_401s_and_the_owner_still_signs_in(
+    server: ServerProcess,
+) -> None:
+    async def scenario() -> None:
+        await sign_up_from(server, OWNER, "127.0.0.1")
+        answers = await burst(server, "127.0.0.2", [WRONG] * 60)
+        counts = statuses(answers)
+        # The default limit: 5 failed sign-ins per account from one address; every other guess is refused
+        # before its password is checked.
+        assert counts[401] <= 5 and counts[401] + counts[429] == 60, counts
+        for answer in answers:
+            if answer.status_code == 429:
+                assert_rate_limited(answer)
+        # Guesses refused because that address already had its share of the password-check queue did not
+        # count: the attacker may try again, one at a time, until the limit, and no further.
+        failed = counts[401]
+        while failed < 6:
+            answer = await sign_in_from(server, OWNER, WRONG["password"], "127.0.0.2")
+            if answer.status_code == 429:
+                break
+            assert answer.status_code == 401, answer.text
+            failed += 1
+        assert failed == 5
+        # The attacker's address stays refused, even with the right password...
+        assert_rate_limited(await sign_in_from(server, OWNER, PASSWORD, "127.0.0.2"))
+        # ...while the owner signs in from a clean address and from the address it signed up from.
+        for address in ("127.0.0.3", "127.0.0.1"):
+            ok = await sign_in_from(server, OWNER, PASSWORD, address)
+            assert ok.status_code == 200, (address, ok.text)
+
+    asyncio.run(scenario())
+
+
+def test_guesses_spread_over_addresses_stop_new_addresses_but_not_known_ones(server: ServerProcess) -> None:
+    async def scenario() -> None:
+        await sign_up_from(server, OWNER, "127.0.0.1")
+        await sign_in_from(server, OWNER, PASSWORD, "127.0.0.4")  # a device the owner used before
+        # Six attacking addresses at once, five guesses each in turn: 30 guesses, past the account's total of 20.
+        answers = await asyncio.gather(*(one_by_one(server, f"127.0.1.{i}", [WRONG] * 5) for i in range(6)))
+        counts = statuses([a for batch in answers for a in batch])
+        assert counts[401] == 20 and counts[429] == 10, counts
+        # A new address now waits, like the attacker's next one...
+        assert_rate_limited(await sign_in_from(server, OWNER, PASSWORD, "127.0.2.1"))
+        # ...but the owner's known addresses still sign in.
+        for address in ("127.0.0.1", "127.0.0.4"):
+            ok = await sign_in_from(server, OWNER, PASSWORD, address)
+            assert ok.status_code == 200, (address, ok.text)
+
+    asyncio.run(scenario())
+
+
+def test_a_full_password_check_queue_answers_at_once_with_retry_after(tmp_path: Path) -> None:
+    # One waiting place and one check per address: a burst from many addresses overflows the queue.
+    env = {"OFFLINE_AUTH_PASSWORD_CHECKS_WAITING": "1", "OFFLINE_AUTH_PASSWORD_CHECKS_PER_ADDRESS": "1"}
+    process = auth_server(tmp_path / "server", env=env)
+    try:
+
+        async def scenario() -> None:
+            await sign_up_from(process, OWNER, "127.0.0.1")
+            bodies = [{"email": f"junk{i}@example.com", "password": "junk password"} for i in range(3)]
+            answers = await asyncio.gather(*(burst(process, f"127.0.3.{i}", bodies) for i in range(12)))
+            flat = [a for batch in answers for a in batch]
+            counts = statuses(flat)
+            assert set(counts) <= {401, 429, 503}, counts
+            assert counts[503] >= 1 and counts[429] >= 1, counts
+            for answer in flat:
+                if answer.status_code == 503:
+                    assert int(answer.headers["retry-after"]) >= 1
+                    assert answer.json()["error"]["code"] == "SERVICE_UNAVAILABLE"
+                elif answer.status_code == 429:  # that address's own share of the queue was in use
+                    assert_rate_limited(answer)
+            # Refused checks are not failures: once the burst is over, the owner signs in from any of them.
+            ok = await sign_in_from(process, OWNER, PASSWORD, "127.0.3.0")
+            assert ok.status_code == 200, ok.text
+
+        asyncio.run(scenario())
+    finally:
+        assert process.terminate() == 0, process.log_path.read_text()
