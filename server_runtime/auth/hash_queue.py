@@ -4,13 +4,18 @@ argon2 is meant to be slow, so a burst of sign-ins is a queue. Unbounded, that q
 behind every junk one (40 of them: about 6 s). Here at most ``waiting`` checks wait for one of the ``workers``
 threads, and one key (the client address) may have at most ``per_key`` checks waiting or running; past either
 bound the caller gets ``QueueFull`` at once, with a suggested wait. Waiting checks are served round-robin by
-key, so one address's burst delays another address's sign-in by at most one check per busy address.
+key, so one address's burst delays another address's sign-in by at most one check per busy address; and when
+the queue is full, a key with nothing waiting takes the place of the newest check of a key with two or more
+waiting (which is refused), so many addresses filling their shares cannot keep a new one out.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
+import os
+import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
@@ -21,6 +26,18 @@ from typing import Any, TypeVar
 __all__ = ["HashQueue", "QueueFull"]
 
 T = TypeVar("T")
+
+
+#: How much lower the hashing threads' CPU priority is than the rest of the process (Linux nice steps).
+_NICE = 10
+
+
+def _lower_priority() -> None:
+    """Run this hashing thread (and the lane threads argon2 starts from it) at a lower CPU priority: on a
+    small machine a burst of hashing otherwise starves the event loop, and every request waits, even the
+    refusals that should come at once. Linux sets niceness per thread; elsewhere this does nothing."""
+    with contextlib.suppress(AttributeError, OSError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), _NICE)
 
 
 class QueueFull(Exception):
@@ -69,7 +86,7 @@ class HashQueue:
         """``fn(*args)`` on a hashing thread, after the checks queued before it (fairly, by key)."""
         if self._per_key.get(key, 0) >= self.per_key:
             raise QueueFull(self.retry_after(), per_key=True)
-        if self._running >= self.workers and self._queued >= self.waiting:
+        if self._running >= self.workers and self._queued >= self.waiting and not self._make_room(key):
             raise QueueFull(self.retry_after(), per_key=False)
         loop = asyncio.get_running_loop()
         job = _Job(key, fn, args, loop, loop.create_future())
@@ -86,6 +103,24 @@ class HashQueue:
                 self._unqueue(job)
             raise
         return result
+
+    def _make_room(self, key: str) -> bool:
+        """Refuse the newest waiting check of the key with the most waiting, when that is at least two more
+        than ``key`` has: many addresses each filling their share cannot keep a new one out."""
+        mine = len(self._queues.get(key, ()))
+        candidates = [
+            (len(queue), place, other)
+            for place, (other, queue) in enumerate(self._queues.items())
+            if len(queue) >= mine + 2
+        ]
+        if not candidates:
+            return False
+        _, _, victim_key = max(candidates)  # the longest; on a tie, the one served last
+        victim = self._queues[victim_key][-1]
+        self._unqueue(victim)
+        if not victim.future.done():
+            victim.future.set_exception(QueueFull(self.retry_after(), per_key=False))
+        return True
 
     def _unqueue(self, job: _Job) -> None:
         queue = self._queues.get(job.key)
@@ -116,7 +151,9 @@ class HashQueue:
             self._queued -= 1
             self._running += 1
             if self._pool is None:
-                self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="offline-argon2")
+                self._pool = ThreadPoolExecutor(
+                    self.workers, thread_name_prefix="offline-argon2", initializer=_lower_priority
+                )
             job.started = time.monotonic()
             done = self._pool.submit(job.fn, *job.args)
             done.add_done_callback(lambda f, job=job: self._from_thread(job, f))  # type: ignore[misc]

@@ -48,7 +48,7 @@ class PasswordService:
         hasher: PasswordHasher | None = None,
         *,
         concurrency: int = 2,
-        waiting: int = 16,
+        waiting: int = 8,
         per_key: int = 2,
     ) -> None:
         self.hasher = hasher or PasswordHasher()

@@ -40,7 +40,7 @@ class RateLimits:
     sign_up_window: float = 3600.0
     mfa_attempts: int = 5
     mfa_window: float = 900.0
-    password_checks_waiting: int = 16
+    password_checks_waiting: int = 8
     password_checks_per_address: int = 2
 
 

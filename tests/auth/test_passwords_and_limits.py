@@ -221,13 +221,21 @@ def test_hash_queue_is_bounded_and_serves_keys_in_turn() -> None:
             assert own_share.value.per_key and own_share.value.retry_after >= 1
             other = asyncio.ensure_future(queue.run("third", work, "t0"))
             await asyncio.sleep(0)
-            with pytest.raises(QueueFull) as full:  # one running, four waiting: no room at all
-                await queue.run("fourth", work, "f0")
+            # Full (one running, four waiting): a key with nothing waiting takes the place of the attacker's
+            # newest check, which is refused at once...
+            late = asyncio.ensure_future(queue.run("fourth", work, "f0"))
+            await asyncio.sleep(0)
+            with pytest.raises(QueueFull) as evicted:
+                await busy.pop()
+            assert not evicted.value.per_key
+            # ...and once no key has two more waiting than the newcomer, the newcomer is refused.
+            with pytest.raises(QueueFull) as full:
+                await queue.run("fifth", work, "g0")
             assert not full.value.per_key
             gate.set()
-            await asyncio.gather(*busy, fair, other)
+            await asyncio.gather(*busy, fair, other, late)
             # Round-robin by key: the owner waited for one attacker check, not for all of them.
-            assert order == ["a0", "a1", "owner", "t0", "a2"], order
+            assert order == ["a0", "a1", "owner", "t0", "f0"], order
         finally:
             gate.set()
             queue.close()
