@@ -17,7 +17,7 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 
 from .auth.rate_limit import retry_after_header
 from .client_address import POLICY_KEY, ProxyPolicy
-from .operational import COOKIE, _same
+from .operational import COOKIE, SESSION_ENDED, _same
 
 if TYPE_CHECKING:
     from .operational import Operational
@@ -214,6 +214,7 @@ def _over_https(request: Request) -> bool:
 
 async def logout(request: Request, ops: Operational) -> Response:
     ops.auth.sessions.end(request.cookies.get(COOKIE))
+    ops.hub.nudge(SESSION_ENDED)  # live streams of that session end now, not at their next status tick
     response = RedirectResponse("/__offline/login", status_code=303, headers=SECURITY_HEADERS)
     response.delete_cookie(COOKIE, path="/__offline", httponly=True, samesite="strict")
     return response

@@ -48,6 +48,7 @@ COOKIE = "offline_dashboard"
 TOKEN_ATTEMPTS = 5
 TOKEN_WINDOW = 300.0
 CLOSE = "__close__"
+SESSION_ENDED = "__session_ended__"  # a dashboard session ended: streams it opened must check theirs
 STATUS_INTERVAL = 5.0
 
 
@@ -207,6 +208,13 @@ class EventHub:
 
     def unsubscribe(self, queue: asyncio.Queue[tuple[str, dict[str, Any]]]) -> None:
         self.subscribers.discard(queue)
+
+    def nudge(self, kind: str) -> None:
+        """Hand every live stream a control marker (not an event: streams act on it, never send it)."""
+        for queue in list(self.subscribers):
+            if queue.full():  # a stalled subscriber must still see it
+                queue.get_nowait()
+            queue.put_nowait((kind, {}))
 
     def close(self) -> None:
         """End every live stream (server shutdown): they must not hold the server open."""
@@ -385,6 +393,13 @@ class Operational:
         refused = self.auth.check(request, "admin", cookie_ok=True)
         if refused is not None:
             return refused
+        # A stream opened with the dashboard cookie lives only as long as its session: signing out (or the
+        # session expiring) ends it, so a copied cookie cannot keep a stream open past sign-out.
+        session = (
+            request.cookies.get(COOKIE)
+            if self.auth.expected("admin") is not None and not self.auth.allowed(request, "admin")
+            else None
+        )
         queue = self.hub.subscribe()
 
         async def stream() -> AsyncIterator[str]:
@@ -396,11 +411,15 @@ class Operational:
                 yield _sse("ready", {"replayed": True})  # history ends here; live events follow
                 next_status = time.monotonic() + STATUS_INTERVAL
                 while True:
+                    if session is not None and not self.auth.sessions.valid(session):
+                        return
                     timeout = max(0.0, next_status - time.monotonic())
                     try:
                         kind, data = await asyncio.wait_for(queue.get(), timeout)
                         if kind == CLOSE:
                             return
+                        if kind == SESSION_ENDED:
+                            continue
                         yield _sse(kind, data)
                     except TimeoutError:
                         yield _sse("status", await self.status())

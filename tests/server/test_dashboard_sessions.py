@@ -4,6 +4,8 @@ server-side sessions that die at sign-out and expiry, and wrong tokens rate-limi
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import threading
 import time
 from pathlib import Path
 
@@ -62,7 +64,22 @@ def test_the_cookie_is_dead_after_sign_out(tmp_path: Path) -> None:
         with with_cookie(server.http_url, first) as copy:
             assert copy.get("/__offline/status").status_code == 200
             assert copy.get("/__offline", headers=HTML).status_code == 200
-        # ... and not after sign-out: the server forgot the session.
+        # A live event stream opened with it ...
+        stream_client = with_cookie(server.http_url, first)
+        stream = stream_client.send(stream_client.build_request("GET", "/__offline/events"), stream=True)
+        assert stream.status_code == 200
+        lines = stream.iter_lines()
+        assert next(line for line in lines if line.startswith("event: ready"))
+        ended = threading.Event()
+
+        def drain() -> None:
+            with contextlib.suppress(httpx.HTTPError):
+                for _ in lines:
+                    pass
+            ended.set()
+
+        threading.Thread(target=drain, daemon=True).start()
+        # ... and not after sign-out: the server forgot the session, and ends the streams it opened.
         out = http.post("/__offline/logout")
         assert out.status_code == 303 and out.headers["location"] == "/__offline/login"
         with with_cookie(server.http_url, first) as copy:
@@ -71,6 +88,9 @@ def test_the_cookie_is_dead_after_sign_out(tmp_path: Path) -> None:
             assert page.status_code == 303 and page.headers["location"] == "/__offline/login"
             with copy.stream("GET", "/__offline/events") as stream:
                 assert stream.status_code == 401
+        assert ended.wait(30), "the event stream of the ended session is still open"
+        stream.close()
+        stream_client.close()
         # Another browser's session is its own.
         with with_cookie(server.http_url, second) as other:
             assert other.get("/__offline/status").status_code == 200
