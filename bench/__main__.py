@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from bench import browser, cli_startup, core, load, machine, sign_in, store, sync
+from bench import backup, browser, cli_startup, core, load, machine, sign_in, store, sync
 
 SUITES = {
     "machine": machine.run,  # first: the others are read against it
@@ -17,6 +17,7 @@ SUITES = {
     "load": load.run,
     "browser": browser.run,
     "sign_in": sign_in.run,
+    "backup": backup.run,
 }
 
 
