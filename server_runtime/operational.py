@@ -19,6 +19,7 @@ import contextlib
 import hmac
 import json
 import logging
+import math
 import os
 import time
 from collections import deque
@@ -72,7 +73,7 @@ def _session_ttl(env: Mapping[str, str]) -> float:
         seconds = float(text)
     except ValueError:
         seconds = 0.0
-    if not seconds > 0:
+    if not (seconds > 0 and math.isfinite(seconds)):
         raise OfflineError(
             f"OFFLINE_DASHBOARD_SESSION_SECONDS must be a positive number of seconds, got {text!r}",
             "SERVER_CONFIG",

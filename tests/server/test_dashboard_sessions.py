@@ -12,9 +12,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from offline.core.errors import OfflineError
 from server_runtime import create_production_server
 from server_runtime.dashboard_sessions import DashboardSessions
-from server_runtime.operational import COOKIE, TOKEN_ATTEMPTS
+from server_runtime.operational import COOKIE, TOKEN_ATTEMPTS, OperationalAuth
 from server_runtime.stores import MemoryServerStore
 from tests.hardening.support import start_server
 
@@ -231,3 +232,11 @@ def test_sessions_expire_and_end() -> None:
     assert [sessions.valid(s) for s in kept] == [False, True, True, True]
     with pytest.raises(ValueError):
         DashboardSessions(0)
+
+
+def test_a_session_length_that_is_not_a_positive_number_is_refused_at_start() -> None:
+    for text in ("soon", "0", "-5", "nan", "inf"):
+        with pytest.raises(OfflineError) as refused:
+            OperationalAuth({"adminToken": ADMIN}, env={"OFFLINE_DASHBOARD_SESSION_SECONDS": text})
+        assert refused.value.context["field"] == "OFFLINE_DASHBOARD_SESSION_SECONDS", text
+    assert OperationalAuth({}, env={"OFFLINE_DASHBOARD_SESSION_SECONDS": "90"}).sessions.ttl == 90
