@@ -61,6 +61,7 @@ NOT_DEPLOYED = "NOT_DEPLOYED"  # status/logs/rollback before any deploy (no depl
 PLATFORM_ERROR = "PLATFORM_ERROR"  # the vendor answered with an error we have no better name for
 BUILD_FAILED = "BUILD_FAILED"  # bundling, client build or image build failed
 HEALTH_TIMEOUT = "HEALTH_TIMEOUT"  # the platform never reported the deployment healthy
+EPHEMERAL_DATA = "EPHEMERAL_DATA"  # SQLite would live on a disk a redeploy erases, and nobody agreed to that
 
 DEPLOY_ERROR_CODES = frozenset(
     {
@@ -78,12 +79,23 @@ DEPLOY_ERROR_CODES = frozenset(
         PLATFORM_ERROR,
         BUILD_FAILED,
         HEALTH_TIMEOUT,
+        EPHEMERAL_DATA,
     }
 )
 
 #: Variables forwarded from the local shell to the deployed container (SPEC 4.6 rule 5). They are passed to
 #: the platform's secret/environment API at deploy time and never written to generated files or deploy.json.
-SECRET_VARIABLES = ("DATABASE_URL", "AUTH_SECRET", "PUBLIC_URL")
+SECRET_VARIABLES = (
+    "DATABASE_URL",
+    "AUTH_SECRET",
+    "PUBLIC_URL",
+    "OFFLINE_ADMIN_TOKEN",
+    "OFFLINE_METRICS_TOKEN",
+    "OFFLINE_BACKUP_TOKEN",
+)
+#: Guards the deployed app's admin surface (/__offline/status, the dashboard, backups). The first deploy
+#: generates one when neither the shell nor the platform has it.
+ADMIN_TOKEN = "OFFLINE_ADMIN_TOKEN"
 
 #: What `offline deploy status` reports. DEPLOYING while a rollout is in progress (SPEC 3.2).
 DeploymentState = Literal["RUNNING", "DEPLOYING", "FAILED", "STOPPED", "NOT_FOUND", "UNKNOWN"]
@@ -97,6 +109,8 @@ class DeployError(OfflineError):
     ) -> None:
         super().__init__(message, code, dict(context or {}))
         self.hint = hint
+        #: an admin token this run generated and may already have set on the platform (shown with the error)
+        self.admin_token: str | None = None
 
     def __str__(self) -> str:
         return f"{self.message}\n{self.hint}" if self.hint else self.message
@@ -206,6 +220,14 @@ class Reporter(Protocol):
     def info(self, message: str) -> None: ...
 
     def warn(self, message: str) -> None: ...
+
+
+def report_change(reporter: Reporter, seen: list[str], message: str) -> None:
+    """``reporter.info(message)`` unless it repeats the last message reported through ``seen``: a wait on
+    the platform shows each new state once, as the platform reports it."""
+    if not seen or seen[-1] != message:
+        seen.append(message)
+        reporter.info(message)
 
 
 # -- what the deploy command hands an adapter and gets back -------------------------------------------------------
@@ -333,6 +355,28 @@ class PlatformAdapter(abc.ABC):
     regions: ClassVar[tuple[str, ...]] = ()
     #: True when the image is built locally (the AWS platforms) rather than by the vendor's builders
     needs_container_engine: ClassVar[bool] = False
+    #: True when SQLite (no DATABASE_URL) gets storage that outlives a redeploy (a volume); False when it
+    #: would sit on the container's throwaway disk, which the deploy refuses without --ephemeral-data
+    persistent_storage: ClassVar[bool] = True
+
+    def existing_secrets(self, ctx: DeployContext) -> dict[str, str | None]:
+        """Variables of SECRET_VARIABLES the platform already holds for the app, by name. The value is
+        given where every deploy must send it again (the AWS platforms replace the whole environment),
+        None where the platform keeps it across deploys. {} when the app does not exist yet."""
+        return {}
+
+    def planned_resources(self, ctx: DeployContext) -> list[str]:
+        """What the deploy creates or changes on the platform, one line each, for the plan shown before
+        anything happens."""
+        return [f"app {ctx.app} (created when missing), then a new deployment of it"]
+
+    def storage(self, ctx: DeployContext) -> str:
+        """Where the app's data lives, for the plan."""
+        if "DATABASE_URL" in ctx.forwarded_secrets():
+            return "the database at DATABASE_URL"
+        if self.persistent_storage:
+            return "SQLite on a persistent volume at /data"
+        return "SQLite on the container's disk: a redeploy or restart erases it"
 
     @abc.abstractmethod
     def check_prerequisites(self, ctx: DeployContext) -> None:
@@ -387,7 +431,8 @@ class StubAdapter(PlatformAdapter):
             f"The platform {self.name!r} ({self.title}) is not implemented yet.",
             NOT_IMPLEMENTED,
             {"platform": self.name},
-            hint="Choose one of: host-a, host-b, cloud-a-containers, cloud-a-orchestrated.",
+            hint="Choose one of: fly (Fly.io), railway (Railway), lightsail (AWS Lightsail containers), "
+            "ecs (AWS ECS on Fargate).",
         )
 
     def check_prerequisites(self, ctx: DeployContext) -> None:

@@ -33,7 +33,8 @@ T = TypeVar("T")
 
 
 class PlatformChoice(click.Choice):  # type: ignore[type-arg]
-    """``--platform`` values, read from platform_adapters.PLATFORMS when used (not when imported)."""
+    """``--platform`` values: the names a person types (``fly``) and the neutral codes (``host-a``), read
+    from platform_adapters when used (not when imported). The value passed on is the neutral code."""
 
     name = "platform"
 
@@ -42,11 +43,29 @@ class PlatformChoice(click.Choice):  # type: ignore[type-arg]
 
     @property  # type: ignore[override]
     def choices(self) -> list[str]:
-        return list(platform_adapters.PLATFORMS)
+        return [*platform_adapters.ALIASES, *platform_adapters.PLATFORMS]
 
     @choices.setter
     def choices(self, _: Any) -> None:
         pass  # click.Choice.__init__ assigns; the live table wins
+
+    def get_metavar(self, param: click.Parameter, ctx: click.Context | None = None) -> str:  # type: ignore[override]
+        return "[" + "|".join(platform_adapters.alias_of(c) for c in platform_adapters.implemented()) + "]"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        return platform_adapters.canonical(str(super().convert(value, param, ctx)))
+
+
+def _platform_help() -> str:
+    names = ", ".join(
+        f"{platform_adapters.alias_of(code)} = {title}"
+        for code, (_, title) in platform_adapters.PLATFORMS.items()
+        if code not in platform_adapters.STUB_PLATFORMS
+    )
+    return (
+        f"Where to deploy: {names} (the codes host-a, host-b, cloud-a-containers, cloud-a-orchestrated work "
+        "too). Asked when missing; remembered after the first deploy."
+    )
 
 
 def build_services(env: Environment) -> Services:
@@ -66,13 +85,23 @@ def build_services(env: Environment) -> Services:
     )
 
 
-def _fail(env: Environment, exc: DeployError) -> NoReturn:
+def _fail(env: Environment, exc: DeployError, as_json: bool = False) -> NoReturn:
     from platform_adapters.base import masked_values
 
     from ..deploy.reporter import redact
 
     secrets = masked_values(env.env)
     err = env.err
+    if exc.admin_token:
+        _show_admin_token(env, exc.admin_token, None)
+        secrets = (*secrets, exc.admin_token)
+    if as_json:
+        error = {
+            "code": exc.code,
+            "message": redact(exc.message, secrets),
+            "hint": redact(exc.hint, secrets) or None,
+        }
+        _emit(env, json.dumps({"ok": False, "error": error}) + "\n")
     err.print(
         f"[bold red]error[/bold red] [{exc.code}]: {escape(redact(exc.message, secrets))}", highlight=False
     )
@@ -81,13 +110,33 @@ def _fail(env: Environment, exc: DeployError) -> NoReturn:
     raise click.exceptions.Exit(1)
 
 
-def _guarded(env: Environment, work: Callable[[], T]) -> T:
+def _guarded(env: Environment, work: Callable[[], T], as_json: bool = False) -> T:
     from platform_adapters.base import DeployError
 
     try:
         return work()
     except DeployError as exc:
-        _fail(env, exc)
+        _fail(env, exc, as_json)
+
+
+def _show_admin_token(env: Environment, token: str, url: str | None) -> None:
+    """The one time the generated admin token is shown (stderr): it is in no file, and later runs keep the
+    platform's value without printing it."""
+    err = env.err
+    err.print()
+    err.print(
+        "[bold yellow]Admin token[/bold yellow] of the deployed app (shown only this once; keep it in a "
+        "password manager). It guards /__offline/status, the dashboard and backups:",
+        highlight=False,
+    )
+    err.print(f"  [bold]{escape(token)}[/bold]", highlight=False, soft_wrap=True)
+    target = url or "https://<your app>"
+    err.print(
+        f"Use it: OFFLINE_ADMIN_TOKEN=<the token> offline status --url {escape(target)}  "
+        "(or pass --token)",
+        highlight=False,
+    )
+    err.print()
 
 
 def _comma_list(value: str | None, prefix: str, flag: str) -> list[str] | None:
@@ -124,7 +173,7 @@ def _print_result(env: Environment, result: DeployResult, as_json: bool) -> None
 def _print_next_step(env: Environment, result: DeployResult) -> None:
     """The deploy went as far as it can without the user: say what to run (stderr; --json carries it)."""
     env.err.print(
-        f"[bold yellow]Next step:[/bold yellow] {escape(result.app)} is registered on {escape(result.platform)} "
+        f"[bold yellow]Next step:[/bold yellow] {escape(result.app)} is registered on {escape(result.vendor)} "
         "but does not run yet. Run:",
         highlight=False,
     )
@@ -150,25 +199,30 @@ _PROJECT_DIR = click.option(
     epilog="""\b
 Examples:
   offline deploy                                    choose a platform and app name interactively
-  offline deploy --platform host-a --app my-notes --confirm          non-interactive (CI)
-  offline deploy --platform cloud-a-containers --app notes --region eu-west-1 --confirm
-  offline deploy --platform cloud-a-orchestrated --app notes \\
+  offline deploy --platform fly --app my-notes --confirm             Fly.io, non-interactive (CI)
+  offline deploy --platform railway --app my-notes --confirm         Railway
+  DATABASE_URL=postgresql://... offline deploy --platform lightsail --app notes --region eu-west-1
+  offline deploy --platform ecs --app notes \\
       --subnets subnet-0a1b,subnet-2c3d --security-groups sg-0e4f --confirm
-  offline deploy --platform host-a --app notes --org my-team --confirm
+  offline deploy --platform fly --app notes --org my-team --confirm
   offline deploy --json                             redeploy; print one JSON object
   offline deploy status | logs --lines 50 | rollback
   offline deploy --reset --confirm                  forget the deployment (the app keeps running)
 """,
 )
-@click.option(
-    "--platform",
-    type=PlatformChoice(),
-    default=None,
-    help="Where to deploy (asked when missing; remembered after the first deploy).",
-)
+@click.option("--platform", type=PlatformChoice(), default=None, help=_platform_help())
 @click.option("--app", default=None, help="App name on the platform (asked when missing; remembered).")
 @click.option("--region", default=None, help="Region (default: remembered, the AWS configuration, or asked).")
-@click.option("--confirm", is_flag=True, help="Never prompt: fail naming any missing option instead.")
+@click.option(
+    "--confirm",
+    is_flag=True,
+    help="Never prompt (no plan question either): fail naming any missing option instead.",
+)
+@click.option(
+    "--ephemeral-data",
+    is_flag=True,
+    help="lightsail/ecs without DATABASE_URL: accept SQLite on the container's disk, which a redeploy erases.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object on stdout.")
 @click.option("--reset", is_flag=True, help="Delete the deploy state and generated files (.offline/deploy/).")
 @click.option(
@@ -198,6 +252,7 @@ def deploy(
     app: str | None,
     region: str | None,
     confirm: bool,
+    ephemeral_data: bool,
     as_json: bool,
     reset: bool,
     subnets: str | None,
@@ -221,6 +276,7 @@ def deploy(
                 ("--app", app),
                 ("--region", region),
                 ("--reset", reset),
+                ("--ephemeral-data", ephemeral_data),
                 ("--subnets", subnets),
                 ("--security-groups", security_groups),
                 ("--org", org),
@@ -255,6 +311,7 @@ def deploy(
         org=_name(org, "--org"),
         workspace=_name(workspace, "--workspace"),
         python_version=python_version,
+        ephemeral_data=ephemeral_data,
     )
     for flags, flag_value, wanted in (
         ("--subnets and --security-groups apply", subnets or security_groups, "cloud-a-orchestrated"),
@@ -262,12 +319,22 @@ def deploy(
         ("--workspace applies", workspace, "host-b"),
     ):
         if flag_value and platform and platform != wanted:
-            services.reporter.warn(f"{flags} only to {wanted}; ignored for {platform}")
-    result = _guarded(env, lambda: run_deploy(request, services))
+            services.reporter.warn(
+                f"{flags} only to {platform_adapters.vendor_name(wanted)}; ignored for "
+                f"{platform_adapters.vendor_name(platform)}"
+            )
+    result = _guarded(env, lambda: run_deploy(request, services), as_json)
+    if result is None:
+        env.err.print("Aborted: nothing was created or changed.")
+        if as_json:
+            _emit(env, json.dumps({"ok": False, "error": {"code": "ABORTED", "message": "declined"}}) + "\n")
+        raise click.exceptions.Exit(1)
+    if result.admin_token:
+        _show_admin_token(env, result.admin_token, result.url)
     if result.next_step:
         _print_next_step(env, result)
     else:
-        env.err.print(f"[bold green]Deployed[/bold green] {escape(result.app)} to {escape(result.platform)}.")
+        env.err.print(f"[bold green]Deployed[/bold green] {escape(result.app)} to {escape(result.vendor)}.")
     _print_result(env, result, as_json)
 
 
@@ -310,7 +377,7 @@ def _status_text(result: StatusResult) -> str:
         state += " (a rollout is in progress; it can take 2 to 5 minutes)"
     elif state == "RUNNING":
         state += " (healthy)" if report.healthy else " (not healthy)"
-    where = f"{result.platform}" + (f", region {result.region}" if result.region else "")
+    where = platform_adapters.vendor_name(result.platform) + (f", region {result.region}" if result.region else "")
     lines = [
         f"app:        {result.app} ({where})",
         f"state:      {state}",
@@ -319,6 +386,15 @@ def _status_text(result: StatusResult) -> str:
     ]
     if report.deployment_id:
         lines.append(f"deployment: {report.deployment_id}")
+    if result.admin_protected is not None:
+        lines.append(
+            "admin:      "
+            + (
+                "protected (OFFLINE_ADMIN_TOKEN is set)"
+                if result.admin_protected
+                else "OPEN: OFFLINE_ADMIN_TOKEN is not set; run `offline deploy` to set one"
+            )
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -339,7 +415,7 @@ def status(as_json: bool, project_dir: Path | None) -> None:
     env = current_environment()
     folder = _project(project_dir or _inherited("project_dir"))
     services = build_services(env)
-    result = _guarded(env, lambda: run_status(folder, services))
+    result = _guarded(env, lambda: run_status(folder, services), as_json or bool(_inherited("as_json")))
     if as_json or _inherited("as_json"):
         _emit(env, json.dumps(result.to_json()) + "\n")
     else:
@@ -365,6 +441,8 @@ def logs(lines: int, project_dir: Path | None) -> None:
     folder = _project(project_dir or _inherited("project_dir"))
     services = build_services(env)
     output = _guarded(env, lambda: run_logs(folder, services, lines=lines))
+    if not output:
+        env.err.print("No log lines yet: the platform returned none for this app.")
     _emit(env, "".join(line.rstrip("\n") + "\n" for line in output))
 
 
@@ -388,8 +466,11 @@ def rollback(deployment_id: str | None, confirm: bool, as_json: bool, project_di
     folder = _project(project_dir or _inherited("project_dir"))
     services = build_services(env)
     confirmed = confirm or bool(_inherited("confirm"))
+    wants_json = as_json or bool(_inherited("as_json"))
     result = _guarded(
-        env, lambda: run_rollback(folder, services, deployment_id=deployment_id, confirm=confirmed)
+        env,
+        lambda: run_rollback(folder, services, deployment_id=deployment_id, confirm=confirmed),
+        wants_json,
     )
     if result is None:
         env.err.print("Aborted: nothing was changed.")

@@ -153,11 +153,15 @@ def test_first_deploy_runs_every_step_in_order_and_prints_url_and_sync(harness: 
     assert "Deploying to Fake host" in outcome.stderr
 
 
-def test_redeploy_reuses_platform_app_region_and_adapter_state_without_prompting(harness: Harness) -> None:
+def test_redeploy_reuses_platform_app_region_and_adapter_state_asking_only_to_go_ahead(
+    harness: Harness,
+) -> None:
     harness.first_deploy()
-    # Interactive terminal, no flags: a prompt would fail (the scripted prompter has no answers).
-    outcome = harness.deploy(interactive=True, prompter=ScriptedPrompter())
+    # Interactive terminal, no flags: only the plan's question is asked (any other would fail).
+    prompter = ScriptedPrompter([True])
+    outcome = harness.deploy(interactive=True, prompter=prompter)
     assert outcome.exit_code == 0, outcome.stderr
+    assert prompter.asked == [("confirm", "Go ahead?")]
     assert harness.remote.calls == FIRST_DEPLOY * 2
     second = harness.remote.contexts[len(FIRST_DEPLOY)]
     assert (second.app, second.region) == ("notes", "iad")
@@ -181,15 +185,15 @@ def test_json_output_is_one_object_on_stdout(harness: Harness) -> None:
 
 
 def test_interactive_first_deploy_asks_only_for_what_is_missing(harness: Harness) -> None:
-    prompter = ScriptedPrompter(["fake-host", "my-notes", "syd"])
+    prompter = ScriptedPrompter(["fake-host", "my-notes", "syd", True])
     outcome = harness.deploy(interactive=True, prompter=prompter)
     assert outcome.exit_code == 0, outcome.stderr
-    assert [kind for kind, _ in prompter.asked] == ["select", "text", "select"]
+    assert [kind for kind, _ in prompter.asked] == ["select", "text", "select", "confirm"]
     state = load_state(harness.project)
     assert state is not None and (state.platform, state.app, state.region) == ("fake-host", "my-notes", "syd")
     # A flag that was given is not asked again.
     other = write_project(harness.project.parent / "second")
-    prompter = ScriptedPrompter(["second-app"])
+    prompter = ScriptedPrompter(["second-app", True])
     harness.run(
         "--platform",
         "fake-host",
@@ -200,7 +204,7 @@ def test_interactive_first_deploy_asks_only_for_what_is_missing(harness: Harness
         interactive=True,
         prompter=prompter,
     )
-    assert prompter.asked == [("text", "App name")]
+    assert prompter.asked == [("text", "App name"), ("confirm", "Go ahead?")]
 
 
 def test_stub_platform_is_refused_first(harness: Harness) -> None:
@@ -212,11 +216,36 @@ def test_stub_platform_is_refused_first(harness: Harness) -> None:
     assert not harness.deploy_dir.exists()
 
 
-def test_stub_platform_chosen_in_the_prompt_is_refused(harness: Harness) -> None:
-    outcome = harness.deploy(interactive=True, prompter=ScriptedPrompter(["managed-hosting"]))
+def test_stub_platform_chosen_in_the_prompt_is_asked_again_with_the_reason(harness: Harness) -> None:
+    prompter = ScriptedPrompter(["managed-hosting", "fake-host", "notes", "fra", True])
+    outcome = harness.deploy(interactive=True, prompter=prompter)
+    assert outcome.exit_code == 0, outcome.stderr
+    assert [kind for kind, _ in prompter.asked] == ["select", "select", "text", "select", "confirm"]
+    assert "'managed-hosting' (Managed hosting) is not implemented yet" in outcome.stderr
+
+
+def test_an_invalid_app_name_at_the_prompt_is_asked_again_with_the_reason(harness: Harness) -> None:
+    prompter = ScriptedPrompter(["fake-host", "My Notes!", "my-notes", "fra", True])
+    outcome = harness.deploy(interactive=True, prompter=prompter)
+    assert outcome.exit_code == 0, outcome.stderr
+    assert [message for kind, message in prompter.asked if kind == "text"] == ["App name", "App name"]
+    assert "'My Notes!' is not a valid app name" in outcome.stderr and "Try again" in outcome.stderr
+    state = load_state(harness.project)
+    assert state is not None and state.app == "my-notes"
+
+
+def test_the_plan_is_shown_and_declining_it_creates_nothing(harness: Harness) -> None:
+    prompter = ScriptedPrompter(["fake-host", "notes", "fra", False])
+    outcome = harness.deploy(interactive=True, prompter=prompter)
     assert outcome.exit_code == 1
-    assert "not implemented yet" in outcome.stderr
-    assert harness.remote.calls == []
+    assert "Aborted: nothing was created or changed." in outcome.stderr
+    plan = outcome.stderr.split("Go ahead")[0] if "Go ahead" in outcome.stderr else outcome.stderr
+    for part in ("platform:  Fake host", "app:       notes", "region:    fra", "creates:", "storage:"):
+        assert part in plan, part
+    assert "OFFLINE_ADMIN_TOKEN (new, generated; shown once at the end)" in plan
+    assert "secrets:   DATABASE_URL, AUTH_SECRET, OFFLINE_ADMIN_TOKEN" in plan  # names, never values
+    assert harness.remote.calls == ["check_prerequisites"]  # nothing created on the platform
+    assert harness.bundler.calls == [] and load_state(harness.project) is None
 
 
 @pytest.mark.parametrize(
@@ -354,7 +383,7 @@ def test_org_and_workspace_are_passed_to_the_adapter_and_remembered(
 
 def test_org_for_another_platform_warns_and_an_empty_one_is_a_usage_error(harness: Harness) -> None:
     outcome = harness.deploy("--platform", "fake-host", "--app", "notes", "--org", "acme", "--confirm")
-    assert outcome.exit_code == 0 and "--org applies only to host-a; ignored for fake-host" in outcome.stderr
+    assert outcome.exit_code == 0 and "--org applies only to Fly.io; ignored for Fake host" in outcome.stderr
     harness.remote.calls.clear()
     empty = harness.deploy("--workspace", " ", "--confirm")
     assert empty.exit_code == 2 and harness.remote.calls == []
@@ -619,6 +648,7 @@ def test_rollback_json_is_one_object_on_stdout(harness: Harness) -> None:
     assert outcome.stdout.endswith("\n") and outcome.stdout.count("\n") == 1  # one line, one object
     assert json.loads(outcome.stdout) == {
         "platform": "fake-host",
+        "vendor": "Fake host",
         "app": "notes",
         "region": "iad",
         "url": "https://notes.fake.test",
@@ -629,6 +659,7 @@ def test_rollback_json_is_one_object_on_stdout(harness: Harness) -> None:
         "health_warning": None,
         "client_deployed": None,
         "next_step": None,
+        "warnings": [],
     }
     assert "Rolled back notes to d3" in outcome.stderr  # progress stays on stderr
     assert harness.remote.calls[-2:] == ["rollback:None", "wait_until_healthy"]
@@ -639,10 +670,13 @@ def test_rollback_json_is_one_object_on_stdout(harness: Harness) -> None:
     assert before.stdout.count("\n") == 1 and json.loads(before.stdout)["deployment_id"] == "d5"
 
 
-def test_rollback_json_failure_prints_nothing_on_stdout(harness: Harness) -> None:
+def test_rollback_json_failure_prints_a_json_error_object_on_stdout(harness: Harness) -> None:
     harness.first_deploy()
     outcome = harness.deploy("rollback", "--confirm", "--json")
-    assert outcome.exit_code == 1 and outcome.stdout == ""
+    assert outcome.exit_code == 1 and outcome.stdout.count("\n") == 1
+    error = json.loads(outcome.stdout)
+    assert error["ok"] is False and error["error"]["code"] == "NO_PREVIOUS_DEPLOYMENT"
+    assert "no previous deployment" in error["error"]["message"] and error["error"]["hint"]
     assert "NO_PREVIOUS_DEPLOYMENT" in outcome.stderr
 
 

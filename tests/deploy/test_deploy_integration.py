@@ -221,7 +221,7 @@ def test_railway_workspace_creates_the_project_there_and_is_remembered(
 
 #: --platform -> (fake CLI to install, its vendor world, a deployable starting world, title in the prompt)
 DEPLOYED_TO: dict[str, tuple[str, str, dict[str, Any], str]] = {
-    "host-a": ("flyctl", "fly", {"apps": {}}, "Fly.io (recommended)"),
+    "host-a": ("flyctl", "fly", {"apps": {}}, "Fly.io"),
     "host-b": ("railway", "railway", {}, "Railway"),
 }
 
@@ -304,7 +304,10 @@ def test_reset_without_a_terminal_or_confirm_is_refused_and_keeps_everything(
 
 # -- SPEC 7.3: the error and what to do next ------------------------------------------------------------------------
 
-WORKING_PLATFORMS_HINT = "hint: Choose one of: host-a, host-b, cloud-a-containers, cloud-a-orchestrated."
+WORKING_PLATFORMS_HINT = (
+    "hint: Choose one of: fly (Fly.io), railway (Railway), lightsail (AWS Lightsail containers), "
+    "ecs (AWS ECS on Fargate)."
+)
 
 
 @pytest.mark.parametrize("platform", ["web-service-host", "self-hosted-image", "managed-hosting"])
@@ -321,15 +324,16 @@ def test_a_stub_platform_says_not_implemented_and_lists_the_working_ones(
     assert hint == [WORKING_PLATFORMS_HINT]  # the four that work, no stub among them
     assert not (deploy_cli.project / ".offline").exists()
 
-    # Chosen in the prompt: the same refusal and hint.
-    prompter = ScriptedPrompter([platform])
+    # Chosen in the menu (where it is marked): the reason, and the menu again (here flyctl is missing).
+    prompter = ScriptedPrompter([platform, "host-a", "notes", "iad"])
     run = deploy_cli(prompter=prompter)
-    assert run.exit_code == 1 and WORKING_PLATFORMS_HINT in run.stderr
-    assert [kind for kind, _ in prompter.asked] == ["select"]
+    assert run.exit_code == 1 and "is not implemented yet. Pick another one." in run.stderr
+    assert [kind for kind, _ in prompter.asked] == ["select", "select", "text", "select"]
 
     # The adapter refuses with the very same hint, so the list cannot drift from the platform table.
     working = [name for name in platform_adapters.PLATFORMS if name not in STUB_PLATFORMS]
-    assert f"hint: Choose one of: {', '.join(working)}." == WORKING_PLATFORMS_HINT
+    assert f"hint: Choose one of: {', '.join(working)}." != WORKING_PLATFORMS_HINT
+    assert all(f"({platform_adapters.vendor_name(code)})" in WORKING_PLATFORMS_HINT for code in working)
     with pytest.raises(DeployError) as caught:
         load_adapter(platform).check_prerequisites(None)  # type: ignore[arg-type]
     assert caught.value.code == "NOT_IMPLEMENTED" and f"hint: {caught.value.hint}" == WORKING_PLATFORMS_HINT

@@ -131,7 +131,7 @@ def test_interactive_deploy_through_the_real_prompts(
     # fake-host is the last platform in the list: walk down to it. Keep the suggested app name.
     # The region list starts on the platform default (fra): one down is iad.
     platforms = len(platform_adapters.PLATFORMS)
-    prompter = KeyedPrompter(pipe, [DOWN * (platforms - 1) + ENTER, ENTER, DOWN + ENTER])
+    prompter = KeyedPrompter(pipe, [DOWN * (platforms - 1) + ENTER, ENTER, DOWN + ENTER, ENTER])
     out, err = io.StringIO(), io.StringIO()
     environment = Environment(
         stdin=io.StringIO(), stdout=out, stderr=err, env={"PATH": os.environ.get("PATH", "")},
@@ -139,7 +139,7 @@ def test_interactive_deploy_through_the_real_prompts(
     )  # fmt: skip
     result = CliRunner().invoke(cli, ["deploy", "--project-dir", str(project)], obj=environment)
     assert result.exit_code == 0, err.getvalue()
-    assert prompter.asked == ["Where should the app run?", "App name", "Region"]
+    assert prompter.asked == ["Where should the app run?", "App name", "Region", "Go ahead?"]
     state = load_state(project)
     assert state is not None
     assert (state.platform, state.app, state.region) == ("fake-host", "field-notes", "iad")
