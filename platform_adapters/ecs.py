@@ -12,9 +12,13 @@ Choices worth knowing:
 - The task's execution role (which lets ECS pull from ECR and write logs) is ``--execution-role-arn`` or the
   AWS-documented default ``ecsTaskExecutionRole`` of the account; the ECS console creates that role the first
   time it is used, or follow the "Amazon ECS task execution IAM role" guide.
-- DATABASE_URL, AUTH_SECRET and PUBLIC_URL, when set locally, go into the task definition's environment. Anyone
-  who can read task definitions (console, ``describe-task-definition``) can read them; for stricter handling
-  store them in AWS Secrets Manager and reference them from the container's ``secrets`` instead.
+- DATABASE_URL, AUTH_SECRET, PUBLIC_URL and the OFFLINE_*_TOKEN ones, when set locally, go into the task
+  definition's environment. Anyone who can read task definitions (console, ``describe-task-definition``) can
+  read them; for stricter handling store them in AWS Secrets Manager and reference them from the container's
+  ``secrets`` instead. Each revision carries the whole environment, so the admin token the first deploy
+  generated is read back from the service's current revision and sent again.
+- A Fargate task has no persistent disk: without DATABASE_URL the deploy command refuses unless
+  ``--ephemeral-data`` accepts that.
 - There is no load balancer: the app is reached at the task's public IP on the server port over plain HTTP,
   found best-effort through the task's network interface. The IP changes with every new task; put an
   Application Load Balancer in front for a stable https URL.
@@ -46,6 +50,7 @@ from .base import (
     NO_PREVIOUS_DEPLOYMENT,
     NOT_DEPLOYED,
     PLATFORM_ERROR,
+    SECRET_VARIABLES,
     DeployContext,
     DeployError,
     Deployment,
@@ -286,6 +291,7 @@ class EcsAdapter(PlatformAdapter):
         "sa-east-1",
     )
     needs_container_engine = True
+    persistent_storage = False
 
     def __init__(self) -> None:
         self._session: AwsSession | None = None
@@ -330,9 +336,44 @@ class EcsAdapter(PlatformAdapter):
             check_engine(ctx.engine)
 
     def public_url(self, ctx: DeployContext) -> str | None:
-        # Without a load balancer the address is a task's public IP, which changes with every new task, so
-        # nothing stable can be baked into the client build.
-        return None
+        # Without a load balancer the address is a task's public IP, which changes with every new task: the
+        # last one known is the best guess for the client build, and the deploy command warns only when
+        # the new task really answers elsewhere.
+        return str(ctx.state["url"]) if ctx.state.get("url") else None
+
+    def existing_secrets(self, ctx: DeployContext) -> dict[str, str | None]:
+        service = self._find_service(ctx)
+        arn = (service or {}).get("taskDefinition")
+        if not arn:
+            return {}
+        described = aws_call(
+            self._aws(ctx).client("ecs"), "describe_task_definition", taskDefinition=str(arn)
+        )
+        containers = (described.get("taskDefinition") or {}).get("containerDefinitions") or []
+        environment = {
+            str(item.get("name")): str(item.get("value") or "")
+            for container in containers
+            if container.get("name") == self._names(ctx).container
+            for item in container.get("environment") or []
+        }
+        return {name: environment[name] for name in SECRET_VARIABLES if environment.get(name)}
+
+    def planned_resources(self, ctx: DeployContext) -> list[str]:
+        names = self._names(ctx)
+        subnets = self._setting(ctx, "subnets")
+        groups = self._setting(ctx, "security_groups")
+        lines = [
+            f"ECR repository {names.repository}, ECS cluster {names.cluster}, log group {names.log_group} "
+            "(when missing)",
+            f"an image built here for linux/amd64 and pushed to ECR, then task definition revision {names.family}",
+        ]
+        if subnets and groups:
+            lines.append(f"Fargate service {names.service} (0.25 vCPU, 512 MiB, 1 task; billed per hour)")
+        else:
+            lines.append(
+                "no service yet without --subnets/--security-groups (the command to create it is printed)"
+            )
+        return lines
 
     def provision(self, ctx: DeployContext) -> dict[str, Any]:
         validate_app_name(ctx.app)
@@ -429,9 +470,10 @@ class EcsAdapter(PlatformAdapter):
         ctx.reporter.step(f"Registering task definition {names.family}")
         forwarded = sorted(forwarded_environment(ctx.env))
         if forwarded:
+            verb = "is" if len(forwarded) == 1 else "are"
             ctx.reporter.warn(
-                f"{', '.join(forwarded)} are set in the task definition's environment, readable by anyone who "
-                "can view task definitions; AWS Secrets Manager (container `secrets`) is the stricter option."
+                f"{', '.join(forwarded)} {verb} set in the task definition's environment, readable by anyone "
+                "who can view task definitions; AWS Secrets Manager (container `secrets`) is the stricter option."
             )
         request = ecs_task_definition(
             names.family,

@@ -9,11 +9,15 @@ What runs, in order (argv builders below are pure and tested as data):
   it owned by root; the image's entry hands the folder to the server's user before dropping root, see
   dockerfile_templates/zipapp_main.py.j2); a volume lives on one machine, so flyctl then runs a single
   machine, which is also what one SQLite writer needs.
-  Once an app has that volume the mount stays in later configs (``sqlite_volume`` in deploy.json), because
-  flyctl refuses to drop a mount from machines that have one. No secret is ever written to the file.
+  Once an app has that volume the mount stays in later configs, whatever deploy.json says (it may have been
+  reset): ``flyctl volumes list --json`` tells, because flyctl refuses to drop a mount from machines that
+  have one. ``[env]`` also trusts Fly's proxy for the client address (``OFFLINE_TRUSTED_PROXIES = "*"``,
+  ``OFFLINE_CLIENT_IP_HEADER = "Fly-Client-IP"``), so the server rate-limits by the real client. No secret
+  is ever written to the file.
 - provision: ``flyctl apps list --json``; when the app is missing ``flyctl apps create <app> --org <org>
   --json`` (org from ``--org``, i.e. ``ctx.options["org"]``, default ``personal``); "Name has already been
-  taken" becomes NAME_TAKEN. DATABASE_URL, AUTH_SECRET and PUBLIC_URL go through ``flyctl secrets import
+  taken" becomes NAME_TAKEN. The forwarded variables (DATABASE_URL, AUTH_SECRET, PUBLIC_URL and the
+  OFFLINE_*_TOKEN ones, the generated admin token among them) go through ``flyctl secrets import
   --stage``, which reads ``NAME=VALUE`` lines from stdin, so values are in no argv, file or log; staged
   secrets apply with the next deploy.
 - deploy: ``flyctl deploy --remote-only --config fly.toml --dockerfile Dockerfile --app <app> --yes`` in the
@@ -43,6 +47,7 @@ from .base import (
     NO_PREVIOUS_DEPLOYMENT,
     NOT_AUTHENTICATED,
     PLATFORM_ERROR,
+    SECRET_VARIABLES,
     CommandResult,
     DeployContext,
     DeployError,
@@ -64,9 +69,12 @@ __all__ = [
     "fly_releases_argv",
     "fly_rollback_target",
     "fly_secrets_import_argv",
+    "fly_secrets_list_argv",
     "fly_secrets_stdin",
     "fly_status_argv",
     "fly_status_report",
+    "fly_volume_names",
+    "fly_volumes_list_argv",
     "fly_whoami_argv",
     "render_fly_toml",
 ]
@@ -114,6 +122,28 @@ def fly_apps_create_argv(app: str, org: str = DEFAULT_ORG, cli: str = "flyctl") 
 def fly_secrets_import_argv(app: str, cli: str = "flyctl") -> list[str]:
     """Reads ``NAME=VALUE`` lines from stdin; ``--stage`` defers them to the next deploy."""
     return [cli, "secrets", "import", "--stage", "--app", app]
+
+
+def fly_secrets_list_argv(app: str, cli: str = "flyctl") -> list[str]:
+    """Names and digests of the app's secrets (values never leave Fly)."""
+    return [cli, "secrets", "list", "--app", app, "--json"]
+
+
+def fly_volumes_list_argv(app: str, cli: str = "flyctl") -> list[str]:
+    return [cli, "volumes", "list", "--app", app, "--json"]
+
+
+def fly_volume_names(data: Any) -> set[str]:
+    """Names of the live volumes in ``flyctl volumes list --json`` (fly-go Volume objects)."""
+    names = set()
+    for volume in data if isinstance(data, list) else []:
+        if not isinstance(volume, Mapping):
+            continue
+        state = str(volume.get("state") or volume.get("State") or "").lower()
+        name = volume.get("name") or volume.get("Name")
+        if name and state not in ("destroyed", "destroying", "pending_destroy", "scheduling_destroy"):
+            names.add(str(name))
+    return names
 
 
 def fly_deploy_argv(
@@ -165,6 +195,9 @@ def render_fly_toml(app: str, region: str, port: int, *, sqlite_volume: bool) ->
         "",
         "[env]",
         f'  PORT = "{port}"',
+        # Fly's proxy is the only way in and sets Fly-Client-IP: rate limits then count real clients.
+        '  OFFLINE_TRUSTED_PROXIES = "*"',
+        '  OFFLINE_CLIENT_IP_HEADER = "Fly-Client-IP"',
     ]
     if sqlite_volume:
         lines.append(f"  OFFLINE_SERVER_DB = {_toml_string(SQLITE_PATH)}")
@@ -390,6 +423,9 @@ class FlyAdapter(PlatformAdapter):
         "lhr", "ams", "fra", "cdg", "arn", "jnb", "bom", "sin", "nrt", "syd",
     )  # fmt: skip
 
+    def __init__(self) -> None:
+        self._has_volume: bool | None = None  # what Fly said about the volume, asked once per run
+
     # -- helpers
 
     def _cli(self, ctx: DeployContext) -> str:
@@ -411,7 +447,24 @@ class FlyAdapter(PlatformAdapter):
         return ctx.region or str(ctx.state.get("region") or self.default_region)
 
     def _sqlite_volume(self, ctx: DeployContext) -> bool:
-        return bool(ctx.state.get("sqlite_volume")) or "DATABASE_URL" not in ctx.forwarded_secrets()
+        """Mount the volume when SQLite needs it or when the app already has it (read from Fly, since
+        local state may be gone after --reset): dropping an attached volume makes flyctl stop to ask."""
+        if "DATABASE_URL" not in ctx.forwarded_secrets() or ctx.state.get("sqlite_volume"):
+            return True
+        if self._has_volume is None:
+            self._has_volume = VOLUME_NAME in self._volumes(ctx)
+        return self._has_volume
+
+    def _volumes(self, ctx: DeployContext) -> set[str]:
+        result = self._run(ctx, fly_volumes_list_argv(ctx.app, self._cli(ctx)), check=False)
+        if result.returncode != 0:
+            said = f"{result.stdout}\n{result.stderr}".lower()
+            if any(marker in said for marker in MISSING_APP_MARKERS):
+                return set()
+            raise failure(
+                ctx, result, auth_markers=AUTH_MARKERS, login_hint=LOGIN_HINT, update_hint=UPDATE_HINT
+            )
+        return fly_volume_names(result.json())
 
     def _status_data(self, ctx: DeployContext, cli: str) -> dict[str, Any] | None:
         """``flyctl status --json``, or None when Fly does not know the app."""
@@ -451,6 +504,31 @@ class FlyAdapter(PlatformAdapter):
             self.render_config(ctx)
 
     # -- the interface
+
+    def existing_secrets(self, ctx: DeployContext) -> dict[str, str | None]:
+        result = self._run(ctx, fly_secrets_list_argv(ctx.app, self._cli(ctx)), check=False)
+        if result.returncode != 0:
+            said = f"{result.stdout}\n{result.stderr}".lower()
+            if any(marker in said for marker in MISSING_APP_MARKERS):
+                return {}
+            raise failure(
+                ctx, result, auth_markers=AUTH_MARKERS, login_hint=LOGIN_HINT, update_hint=UPDATE_HINT
+            )
+        data = result.json()
+        names = {
+            str(item.get("name") or item.get("Name"))
+            for item in (data if isinstance(data, list) else [])
+            if isinstance(item, Mapping) and (item.get("name") or item.get("Name"))
+        }
+        return {name: None for name in SECRET_VARIABLES if name in names}
+
+    def planned_resources(self, ctx: DeployContext) -> list[str]:
+        org = str(ctx.options.get("org") or ctx.state.get("org") or DEFAULT_ORG)
+        lines = [f"Fly.io app {ctx.app} in organization {org} (when missing)"]
+        if "DATABASE_URL" not in ctx.forwarded_secrets():
+            lines.append(f"volume {VOLUME_NAME} (1 GB, at {DATA_DIR}; created by the first deploy)")
+        lines.append("a release built on Fly.io's remote builder, on one machine")
+        return lines
 
     def check_prerequisites(self, ctx: DeployContext) -> None:
         cli = self._cli(ctx)

@@ -7,9 +7,12 @@ public endpoint health-checks ``/health``. Lightsail has no waiter and no rollba
 with ``get_container_services`` and a rollback redeploys the containers and endpoint of an earlier entry of
 ``get_container_service_deployments``.
 
-The forwarded variables (DATABASE_URL, AUTH_SECRET, PUBLIC_URL) go only into the deployment's container
-environment, which is what Lightsail stores for the running service; they never reach argv, deploy.json or
-the reporter. A rollback redeploys the earlier deployment's environment as Lightsail kept it.
+The forwarded variables (DATABASE_URL, AUTH_SECRET, PUBLIC_URL, the OFFLINE_*_TOKEN ones) go only into the
+deployment's container environment, which is what Lightsail stores for the running service; they never
+reach argv, deploy.json or the reporter. Each deployment replaces the whole environment, so the admin token
+the first deploy generated is read back from the current deployment and sent again. A rollback redeploys the
+earlier deployment's environment as Lightsail kept it. A container service has no persistent disk: without
+DATABASE_URL the deploy command refuses unless ``--ephemeral-data`` accepts that.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from .base import (
     NOT_DEPLOYED,
     PLATFORM_ERROR,
     PUSH_PLUGIN_MISSING,
+    SECRET_VARIABLES,
     DeployContext,
     DeployError,
     Deployment,
@@ -93,7 +97,6 @@ _HEALTH_CHECK = {
 # Service states in which Lightsail is still working and will settle by itself.
 _BUSY_STATES = frozenset({"PENDING", "DEPLOYING", "UPDATING"})
 _PUSHED = re.compile(r'Refer to this image as "(:[^"\s]+)"')
-_REGISTERED = re.compile(r'Image "([^"\s]+)" registered')
 
 
 # -- request shapes, as data ------------------------------------------------------------------------------------
@@ -117,12 +120,22 @@ def lightsail_push_argv(region: str, service: str, label: str, image: str) -> li
 
 
 def parse_pushed_image(output: str) -> str | None:
-    """``:service.label.n`` from the push command's output (``Refer to this image as ":svc.offline.3" ...``)."""
+    """``:service.label.n`` from the push command's output (``Refer to this image as ":svc.offline.3" ...``).
+    The ``Image "..." registered`` line names the *local* image, which is no reference a deployment takes."""
     match = _PUSHED.search(output)
-    if match:
-        return match.group(1)
-    match = _REGISTERED.search(output)
-    return f":{match.group(1)}" if match else None
+    return match.group(1) if match else None
+
+
+def newest_pushed_image(images: Any, service: str, label: str) -> str | None:
+    """The newest ``:service.label.n`` among ``get_container_images``' ``containerImages``."""
+    prefix = f":{service}.{label}."
+    best: tuple[int, str] | None = None
+    for entry in images or []:
+        name = str((entry or {}).get("image") or "")
+        number = name[len(prefix) :]
+        if name.startswith(prefix) and number.isdigit() and (best is None or int(number) > best[0]):
+            best = (int(number), name)
+    return best[1] if best else None
 
 
 def lightsail_deployment_request(
@@ -202,6 +215,7 @@ class LightsailAdapter(PlatformAdapter):
         "ap-southeast-2",
     )
     needs_container_engine = True
+    persistent_storage = False
 
     def __init__(self) -> None:
         self._session: AwsSession | None = None
@@ -244,6 +258,20 @@ class LightsailAdapter(PlatformAdapter):
         return service
 
     # -- deploy ---------------------------------------------------------------------------------------------
+
+    def existing_secrets(self, ctx: DeployContext) -> dict[str, str | None]:
+        service = self._get_service(ctx)
+        containers = ((service or {}).get("currentDeployment") or {}).get("containers") or {}
+        environment = (containers.get(CONTAINER_NAME) or {}).get("environment") or {}
+        return {name: str(environment[name]) for name in SECRET_VARIABLES if environment.get(name)}
+
+    def planned_resources(self, ctx: DeployContext) -> list[str]:
+        name = self._service_name(ctx)
+        return [
+            f"Lightsail container service {name} (power {INITIAL_POWER}, {INITIAL_SCALE} node; billed monthly; "
+            "when missing)",
+            "an image built here for linux/amd64 and pushed to the service, then a new deployment",
+        ]
 
     def check_prerequisites(self, ctx: DeployContext) -> None:
         """boto3 and valid credentials always; for a deploy (``ctx.engine`` set: an image will be built and
@@ -389,6 +417,11 @@ class LightsailAdapter(PlatformAdapter):
                 hint="Check the message above and that the service exists (`offline deploy status`).",
             )
         image = parse_pushed_image(output)
+        if image is None:  # an older plugin worded it differently: ask the service for its newest image
+            found = aws_call_or_none(
+                self._client(ctx), "get_container_images", ("NotFoundException",), serviceName=service
+            )
+            image = newest_pushed_image((found or {}).get("containerImages"), service, IMAGE_LABEL)
         if image is None:
             raise DeployError(
                 "`aws lightsail push-container-image` succeeded but did not name the pushed image.",

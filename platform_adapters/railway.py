@@ -10,9 +10,13 @@ links per directory in the user's CLI config), and names the service with ``--se
   another name on the first deploy) ``railway init --name <app>`` creates and links it (workspace from
   ``--workspace``, i.e. ``ctx.options["workspace"]``); a later run linked elsewhere is relinked with
   ``railway link --project``.
-  A missing service is created with ``railway add --service <app>``. Plain variables (PORT, and without
-  DATABASE_URL the SQLite path on a ``/data`` volume added with ``railway volume add``) go through
-  ``railway variables --set ... --skip-deploys``; DATABASE_URL, AUTH_SECRET and PUBLIC_URL each go through
+  A missing service is created with ``railway add --service <app>``. Without DATABASE_URL the SQLite file
+  lives on a ``/data`` volume: every deploy checks ``railway volume --service <id> list --json`` and adds
+  the missing volume with ``railway volume --service <id> add --mount-path /data`` (``railway volume``
+  takes the service *id*; it panics on a name), asking again once when the add fails; a volume that still
+  is not there stops the deploy instead of running SQLite on a throwaway disk. Plain variables (PORT, the
+  SQLite path) go through ``railway variables --set ... --skip-deploys``; the forwarded variables
+  (DATABASE_URL, AUTH_SECRET, PUBLIC_URL, the OFFLINE_*_TOKEN ones) each go through
   ``railway variables --set-from-stdin NAME --skip-deploys`` with the value on stdin, never in an argv.
   ``railway domain --json`` returns the public domain, generating one when the service has none.
 - deploy: ``railway up --detach --ci --service <app>`` uploads the deploy directory; Railway builds it.
@@ -43,6 +47,7 @@ from .base import (
     NO_PREVIOUS_DEPLOYMENT,
     NOT_AUTHENTICATED,
     PLATFORM_ERROR,
+    SECRET_VARIABLES,
     CommandResult,
     DeployContext,
     DeployError,
@@ -70,8 +75,11 @@ __all__ = [
     "railway_status_report",
     "railway_up_argv",
     "railway_variable_stdin_argv",
+    "railway_variables_list_argv",
     "railway_variables_set_argv",
     "railway_volume_add_argv",
+    "railway_volume_list_argv",
+    "railway_volume_mounts",
     "railway_whoami_argv",
     "render_railway_json",
 ]
@@ -139,9 +147,31 @@ def railway_add_service_argv(service: str) -> list[str]:
     return [CLI, "add", "--service", service]
 
 
-def railway_volume_add_argv(service: str, mount_path: str = DATA_DIR) -> list[str]:
-    # --service belongs to `railway volume` itself, so it goes before the subcommand.
-    return [CLI, "volume", "--service", service, "add", "--mount-path", mount_path]
+def railway_volume_add_argv(service_id: str, mount_path: str = DATA_DIR) -> list[str]:
+    # --service belongs to `railway volume` itself, so it goes before the subcommand; it is the service
+    # id (the CLI looks the name up by id and panics when given a name).
+    return [CLI, "volume", "--service", service_id, "add", "--mount-path", mount_path]
+
+
+def railway_volume_list_argv(service_id: str) -> list[str]:
+    return [CLI, "volume", "--service", service_id, "list", "--json"]
+
+
+def railway_variables_list_argv(service: str) -> list[str]:
+    """All variables of the service as one JSON object (values included: only the names are used)."""
+    return [CLI, "variables", "--service", service, "--json"]
+
+
+def railway_volume_mounts(data: Any, service_name: str) -> set[str]:
+    """Mount paths of the volumes ``railway volume list --json`` shows attached to ``service_name``."""
+    volumes = data.get("volumes") if isinstance(data, Mapping) else data
+    return {
+        str(volume.get("mountPath"))
+        for volume in volumes or []
+        if isinstance(volume, Mapping)
+        and volume.get("serviceName") == service_name
+        and volume.get("mountPath")
+    }
 
 
 def railway_variables_set_argv(service: str, values: Mapping[str, str]) -> list[str]:
@@ -545,7 +575,6 @@ class RailwayAdapter(PlatformAdapter):
                     hint=f"Run `railway link` in {ctx.deploy_dir}, then retry.",
                 )
         service = project_service(project, service_name, ctx.state.get("service_id"))
-        created = service is None
         if service is None:
             ctx.reporter.info(f"Creating the Railway service {service_name}")
             self._run(ctx, railway_add_service_argv(service_name))
@@ -565,11 +594,7 @@ class RailwayAdapter(PlatformAdapter):
             # Railway mounts the volume owned by root; the image starts as root, hands the folder to its
             # unprivileged user and drops to it (dockerfile_templates/zipapp_main.py.j2).
             plain["OFFLINE_SERVER_DB"] = SQLITE_PATH
-            if created:
-                ctx.reporter.info(
-                    f"No DATABASE_URL: adding a Railway volume at {DATA_DIR} for the SQLite file"
-                )
-                self._run(ctx, railway_volume_add_argv(service_name))
+            self._ensure_volume(ctx, str(service.get("id")), service_name)
         self._run(ctx, railway_variables_set_argv(service_name, plain))
         secrets = ctx.forwarded_secrets()
         if secrets:
@@ -586,6 +611,53 @@ class RailwayAdapter(PlatformAdapter):
         if environment and environment.get("id"):
             state["environment_id"] = str(environment["id"])
         return state
+
+    def _volume_mounts(self, ctx: DeployContext, service_id: str, service_name: str) -> set[str]:
+        result = self._run(ctx, railway_volume_list_argv(service_id))
+        return railway_volume_mounts(result.json(), service_name)
+
+    def _ensure_volume(self, ctx: DeployContext, service_id: str, service_name: str) -> None:
+        """The /data volume of the SQLite file, checked on every deploy: one that failed to be added last
+        time is added now, and one that cannot be added stops the deploy (never a silent throwaway disk)."""
+        if DATA_DIR in self._volume_mounts(ctx, service_id, service_name):
+            return
+        ctx.reporter.info(f"No DATABASE_URL: adding a Railway volume at {DATA_DIR} for the SQLite file")
+        problem = ""
+        for _attempt in range(2):
+            result = self._run(ctx, railway_volume_add_argv(service_id), check=False)
+            if DATA_DIR in self._volume_mounts(ctx, service_id, service_name):
+                return
+            problem = output_tail(result, ctx, 3)
+            ctx.reporter.warn(f"Railway did not add the volume ({problem}); trying once more")
+        raise DeployError(
+            f"Railway did not add the volume at {DATA_DIR} to service {service_name!r}, and without it the "
+            f"SQLite data would be erased by every redeploy:\n{problem}",
+            PLATFORM_ERROR,
+            {"service": service_name, "service_id": service_id},
+            hint=f"Add it with `railway volume --service {service_id} add --mount-path {DATA_DIR}` in "
+            f"{ctx.deploy_dir} (or set DATABASE_URL), then deploy again.",
+        )
+
+    def existing_secrets(self, ctx: DeployContext) -> dict[str, str | None]:
+        # The deploy directory stays linked after `offline deploy --reset`, so this also finds the token
+        # of a project deployed before the reset. Not linked, or no such service: nothing is set yet.
+        if not ctx.deploy_dir.is_dir():
+            return {}
+        result = self._run(ctx, railway_variables_list_argv(self._service(ctx)), check=False)
+        if result.returncode != 0:
+            return {}
+        data = result.json()
+        names = set(data) if isinstance(data, Mapping) else set()
+        return {name: None for name in SECRET_VARIABLES if name in names}
+
+    def planned_resources(self, ctx: DeployContext) -> list[str]:
+        lines = [
+            f"Railway project {ctx.app} and service {self._service(ctx)} (when missing), with a public domain"
+        ]
+        if self._sqlite(ctx):
+            lines.append(f"volume at {DATA_DIR} for the SQLite file (when missing)")
+        lines.append("a deployment built by Railway from the uploaded folder")
+        return lines
 
     def deploy(self, ctx: DeployContext) -> DeployOutcome:
         self._ensure_config(ctx)

@@ -132,8 +132,7 @@ def _show_admin_token(env: Environment, token: str, url: str | None) -> None:
     err.print(f"  [bold]{escape(token)}[/bold]", highlight=False, soft_wrap=True)
     target = url or "https://<your app>"
     err.print(
-        f"Use it: OFFLINE_ADMIN_TOKEN=<the token> offline status --url {escape(target)}  "
-        "(or pass --token)",
+        f"Use it: OFFLINE_ADMIN_TOKEN=<the token> offline status --url {escape(target)}  (or pass --token)",
         highlight=False,
     )
     err.print()
@@ -360,7 +359,8 @@ def _reset(env: Environment, folder: Path, services: Services, confirm: bool) ->
     env.err.print(f"Deleted {escape(str(folder / DEPLOY_DIR))} (deploy state and generated files).")
     if outcome.app:
         env.err.print(
-            f"The app {escape(outcome.app)} on {escape(outcome.platform or '?')} was left running; delete it "
+            f"The app {escape(outcome.app)} on {escape(platform_adapters.vendor_name(outcome.platform or '?'))} "
+            "was left running; delete it "
             "with the platform's own tools if you no longer need it. The next `offline deploy` starts from "
             "scratch."
         )
@@ -377,7 +377,9 @@ def _status_text(result: StatusResult) -> str:
         state += " (a rollout is in progress; it can take 2 to 5 minutes)"
     elif state == "RUNNING":
         state += " (healthy)" if report.healthy else " (not healthy)"
-    where = platform_adapters.vendor_name(result.platform) + (f", region {result.region}" if result.region else "")
+    where = platform_adapters.vendor_name(result.platform) + (
+        f", region {result.region}" if result.region else ""
+    )
     lines = [
         f"app:        {result.app} ({where})",
         f"state:      {state}",

@@ -476,7 +476,16 @@ def resolve_plan(request: DeployRequest, services: Services) -> Plan:
     version = check_python_version(request.python_version or (previous.python_version if previous else None))
     ephemeral = not adapter.persistent_storage and "DATABASE_URL" not in forwarded_environment(services.env)
     return Plan(
-        platform, adapter.title, app, region, options, version, adapter, previous, notes, ephemeral_data=ephemeral
+        platform,
+        adapter.title,
+        app,
+        region,
+        options,
+        version,
+        adapter,
+        previous,
+        notes,
+        ephemeral_data=ephemeral,
     )
 
 
@@ -584,7 +593,12 @@ def plan_lines(plan: Plan, ctx: DeployContext, secrets: SecretsPlan, *, has_clie
     for index, resource in enumerate(adapter.planned_resources(ctx)):
         lines.append(("creates:   " if index == 0 else "           ") + resource)
     names = [
-        name + (" (new, generated; shown once at the end)" if name == ADMIN_TOKEN and secrets.generated_admin_token else "")
+        name
+        + (
+            " (new, generated; shown once at the end)"
+            if name == ADMIN_TOKEN and secrets.generated_admin_token
+            else ""
+        )
         for name in secrets.to_set
     ]
     lines.append("secrets:   " + (", ".join(names) if names else "none"))
@@ -628,9 +642,9 @@ def run_deploy(request: DeployRequest, services: Services) -> DeployResult | Non
     reporter.step(f"Plan: {action} {entry.relative_to(project_dir)} to {plan.title}")
     for line in plan_lines(plan, ctx, secrets, has_client=has_client):
         reporter.info(line)
-    if services.interactive and not request.confirm:
-        if not services.prompter().confirm("Go ahead?", default=True):
-            return None
+    asks = services.interactive and not request.confirm
+    if asks and not services.prompter().confirm("Go ahead?", default=True):
+        return None
 
     state = plan.previous or DeployState(platform=plan.platform, app=plan.app)
     state.platform = plan.platform

@@ -102,6 +102,7 @@ def ecs(deploy_cli: Cli, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Ite
         "PATH": os.environ.get("PATH", ""),
         "HOME": str(tmp_path / "home"),
         "AWS_REGION": REGION,
+        "DATABASE_URL": ECS_DATABASE_URL,
     }
     with mock_aws():
         deploy_cli.overrides = {
@@ -115,6 +116,60 @@ def ecs(deploy_cli: Cli, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Ite
 
 
 ECS_FIRST = ("--platform", "cloud-a-orchestrated", "--app", "notes", "--confirm")
+ECS_DATABASE_URL = "postgresql://notes:pg-secret-pw@db.internal:5432/notes"
+
+
+def _task_environments(ecs: Cli) -> list[dict[str, str]]:
+    factory = ecs.overrides["client_factory"]
+    return [
+        {item["name"]: item["value"] for item in params["containerDefinitions"][0]["environment"]}
+        for params in factory.params("ecs", "register_task_definition")
+    ]
+
+
+def test_ecs_without_database_url_is_refused_naming_the_variable_and_the_flag(ecs: Cli) -> None:
+    del ecs.env["DATABASE_URL"]
+    run = ecs(*ECS_FIRST, "--json")
+    assert run.exit_code == 1
+    error = json.loads(run.stdout)["error"]
+    assert error["code"] == "EPHEMERAL_DATA"
+    assert "DATABASE_URL" in error["message"] and "--ephemeral-data" in error["hint"]
+    assert ecs.overrides["client_factory"].calls == []  # refused before anything on AWS
+    assert not (ecs.project / ".offline").exists()
+
+    accepted = ecs(*ECS_FIRST, "--ephemeral-data", "--json")
+    assert accepted.exit_code == 0, accepted.stderr
+    warnings = json.loads(accepted.stdout)["warnings"]
+    assert len(warnings) == 1 and "every redeploy or restart erases it" in warnings[0]
+    assert "warning:" in accepted.stderr and "--ephemeral-data" in accepted.stderr
+    assert "SQLite on the container's disk" in accepted.stderr  # the plan said so first
+
+
+def test_ecs_gets_a_generated_admin_token_shown_once_and_kept_by_later_deploys(ecs: Cli) -> None:
+    import boto3
+
+    ec2 = boto3.client("ec2", region_name="eu-west-1")
+    vpc = ec2.create_vpc(CidrBlock="10.10.0.0/16")["Vpc"]["VpcId"]
+    subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.10.1.0/24")["Subnet"]["SubnetId"]
+    group = ec2.create_security_group(GroupName="notes", Description="offline app", VpcId=vpc)["GroupId"]
+    # moto never completes an ECS rollout, so both deploys end in HEALTH_TIMEOUT after the service got the
+    # revision: the token must be shown all the same, since it is on the platform by then.
+    first = ecs(*ECS_FIRST, "--subnets", subnet, "--security-groups", group)
+    assert first.exit_code == 1 and "HEALTH_TIMEOUT" in first.stderr
+    token = _task_environments(ecs)[0]["OFFLINE_ADMIN_TOKEN"]
+    assert len(token) >= 40
+    assert first.stderr.count(token) == 1 and "Admin token" in first.stderr and token not in first.stdout
+
+    second = ecs("--confirm", "--json")
+    assert second.exit_code == 1 and json.loads(second.stdout)["error"]["code"] == "HEALTH_TIMEOUT"
+    assert [env["OFFLINE_ADMIN_TOKEN"] for env in _task_environments(ecs)] == [token, token]
+    assert token not in second.stderr and token not in second.stdout and "Admin token" not in second.stderr
+    assert "OFFLINE_ADMIN_TOKEN (already set on the platform)" not in second.stderr  # it is sent again
+    assert secret_scan_text(ecs.project, token) == []
+
+
+def secret_scan_text(root: Path, value: str) -> list[str]:
+    return [str(path) for path in root.rglob("*") if path.is_file() and value.encode() in path.read_bytes()]
 
 
 def test_first_ecs_deploy_without_network_settings_succeeds_with_the_create_command_as_next_step(
@@ -260,7 +315,7 @@ def test_reset_with_confirm_deletes_the_deploy_folder_and_runs_no_vendor_cli(
     assert fake_cli.world(DEPLOYED_TO[platform][1]) == vendor_world  # the app is left as it was
     assert not (deploy_cli.project / ".offline" / "deploy").exists()
     assert load_state(deploy_cli.project) is None
-    assert "The app notes on " + platform in run.stderr and "left running" in run.stderr
+    assert "The app notes on " + DEPLOYED_TO[platform][3] in run.stderr and "left running" in run.stderr
     assert run.stdout == ""
 
 
@@ -385,3 +440,87 @@ def test_a_vendor_error_that_echoes_secrets_is_shown_masked(deploy_cli: Cli, fak
     assert 'password authentication failed for user "notes" (password "***")' in run.stderr
     assert "AUTH_SECRET *** is not valid base64url" in run.stderr
     assert "hint:" in run.stderr
+
+
+# -- the admin token and the names a person types, over the fake vendor CLIs ----------------------------------------
+
+#: alias -> (neutral code, fake CLI, vendor world, the world's record of what was set)
+ALIASED: dict[str, tuple[str, str, str]] = {
+    "fly": ("host-a", "flyctl", "fly"),
+    "railway": ("host-b", "railway", "railway"),
+}
+
+
+def _token_on_platform(fake_cli: FakeCliEnv, vendor: str) -> bool:
+    world = fake_cli.world(vendor)
+    if vendor == "fly":
+        return "OFFLINE_ADMIN_TOKEN" in world.get("secrets", {}).get("notes", {})
+    return any("OFFLINE_ADMIN_TOKEN" in names for names in world.get("variables", {}).values())
+
+
+@pytest.mark.parametrize("alias", sorted(ALIASED))
+def test_the_first_deploy_sets_an_admin_token_shown_once_and_later_deploys_keep_it(
+    deploy_cli: Cli, fake_cli: FakeCliEnv, alias: str
+) -> None:
+    code, cli_name, vendor = ALIASED[alias]
+    fake_cli.install(cli_name)
+    fake_cli.set_world(vendor, {"apps": {}} if vendor == "fly" else {})
+    deploy_cli.env = fake_cli.env({"RAILWAY_API_TOKEN": "token-for-tests"} if vendor == "railway" else {})
+
+    first = deploy_cli("--platform", alias, "--app", "notes", "--confirm", "--json")
+    assert first.exit_code == 0, first.stderr
+    assert _token_on_platform(fake_cli, vendor)
+    after = first.stderr.split("Admin token", 1)[1].splitlines()
+    token = after[1].strip()
+    assert len(token) >= 40 and " " not in token
+    assert first.stderr.count(token) == 1 and token not in first.stdout
+    title = DEPLOYED_TO[code][3]
+    assert f"Deployed notes to {title}." in first.stderr and json.loads(first.stdout)["vendor"] == title
+    state = load_state(deploy_cli.project)
+    assert state is not None and state.platform == code  # deploy.json keeps the neutral code
+    # The value went to the platform on stdin only: in no argv, generated file or deploy.json.
+    assert token not in fake_cli.recorded_text()
+    assert secret_scan_text(deploy_cli.project, token) == []
+
+    fake_cli.clear_calls()
+    second = deploy_cli("--confirm")
+    assert second.exit_code == 0, second.stderr
+    assert (
+        "Admin token" not in second.stderr
+        and "OFFLINE_ADMIN_TOKEN (already set on the platform)" in second.stderr
+    )
+    assert not any("OFFLINE_ADMIN_TOKEN" in (fake_cli.stdin_of(call) or "") for call in fake_cli.calls())
+
+    status = deploy_cli("status")
+    assert status.exit_code == 0 and "admin:      protected" in status.stdout
+
+
+def test_an_admin_token_from_the_shell_is_used_and_never_printed(
+    deploy_cli: Cli, fake_cli: FakeCliEnv
+) -> None:
+    fake_cli.install("flyctl")
+    fake_cli.set_world("fly", {"apps": {}})
+    mine = "my-own-admin-token-0123456789abcdef"
+    deploy_cli.env = fake_cli.env({"OFFLINE_ADMIN_TOKEN": mine})
+    run = deploy_cli("--platform", "fly", "--app", "notes", "--confirm")
+    assert run.exit_code == 0, run.stderr
+    assert "Admin token" not in run.stderr and mine not in run.stderr + run.stdout
+    assert fake_cli.world("fly")["secrets"]["notes"]["OFFLINE_ADMIN_TOKEN"] == len(mine)
+
+
+def test_lightsail_without_database_url_is_refused_before_any_aws_call(deploy_cli: Cli) -> None:
+    deploy_cli.env = {"PATH": "", "AWS_REGION": "eu-west-1"}
+    run = deploy_cli("--platform", "lightsail", "--app", "notes", "--confirm")
+    assert run.exit_code == 1 and "EPHEMERAL_DATA" in run.stderr
+    assert "DATABASE_URL" in run.stderr and "--ephemeral-data" in run.stderr
+    assert not (deploy_cli.project / ".offline").exists()
+
+
+def test_every_platform_keeps_sqlite_data_or_refuses_without_database_url() -> None:
+    persistent = {code: load_adapter(code).persistent_storage for code in platform_adapters.implemented()}
+    assert persistent == {
+        "host-a": True,  # a Fly volume
+        "host-b": True,  # a Railway volume
+        "cloud-a-containers": False,  # refused without DATABASE_URL unless --ephemeral-data
+        "cloud-a-orchestrated": False,
+    }

@@ -65,6 +65,10 @@ BUILD = [
     "--yes",
 ]
 STATUS = ["flyctl", "status", "--json", "--app", APP]
+VOLUMES = ["flyctl", "volumes", "list", "--app", APP, "--json"]
+SECRETS_LIST = ["flyctl", "secrets", "list", "--app", APP, "--json"]
+# The server rate-limits by the address Fly's proxy reports (issue 22's server settings).
+PROXY_ENV = {"OFFLINE_TRUSTED_PROXIES": "*", "OFFLINE_CLIENT_IP_HEADER": "Fly-Client-IP"}
 RELEASES = ["flyctl", "releases", "--json", "--image", "--app", APP]
 
 
@@ -116,7 +120,7 @@ def test_fly_toml_parses_and_agrees_on_one_port() -> None:
     config = tomllib.loads(render_fly_toml(APP, "ams", 3100, sqlite_volume=False))
     assert config["app"] == APP and config["primary_region"] == "ams"
     assert config["build"] == {"dockerfile": "Dockerfile"}
-    assert config["env"] == {"PORT": "3100"}
+    assert config["env"] == {"PORT": "3100", **PROXY_ENV}
     service = config["http_service"]
     assert service["internal_port"] == 3100 and service["force_https"] is True
     assert service["min_machines_running"] == 1
@@ -130,7 +134,7 @@ def test_fly_toml_keeps_sqlite_on_a_volume_and_escapes_strings() -> None:
     config = tomllib.loads(render_fly_toml('we"ird\\name', "iad", 3001, sqlite_volume=True))
     assert config["app"] == 'we"ird\\name'
     assert config["mounts"] == {"source": "offline_data", "destination": "/data", "initial_size": "1gb"}
-    assert config["env"] == {"PORT": "3001", "OFFLINE_SERVER_DB": "/data/offline-server.db"}
+    assert config["env"] == {"PORT": "3001", "OFFLINE_SERVER_DB": "/data/offline-server.db", **PROXY_ENV}
 
 
 def test_secrets_stdin_survives_flyctls_import_parser() -> None:
@@ -225,9 +229,21 @@ def test_first_deploy_creates_the_app_stages_secrets_and_waits_for_checks(
     assert adapter.public_url(ctx) == f"https://{APP}.fly.dev"
     outcome, report = first_deploy(adapter, ctx)
 
-    assert flyctl.argvs() == [WHOAMI, APPS_LIST, CREATE, IMPORT, BUILD, STATUS, STATUS, STATUS, STATUS]
+    # DATABASE_URL is set, so Fly is asked whether the app has a volume to keep mounted (it has none).
+    assert flyctl.argvs() == [
+        WHOAMI,
+        APPS_LIST,
+        CREATE,
+        IMPORT,
+        VOLUMES,
+        BUILD,
+        STATUS,
+        STATUS,
+        STATUS,
+        STATUS,
+    ]
     calls = flyctl.calls()
-    assert calls[4]["cwd"] == str(ctx.deploy_dir)
+    assert calls[5]["cwd"] == str(ctx.deploy_dir)
     assert flyctl.stdin_of(calls[3]) == "".join(f"{k}={v}\n" for k, v in SECRETS.items())
     assert flyctl.world("fly")["secrets"] == {APP: {k: len(v) for k, v in SECRETS.items()}}
     assert outcome.url == f"https://{APP}.fly.dev" and outcome.deployment_id == "v1"
@@ -442,3 +458,38 @@ def test_secret_values_reach_fly_only_through_stdin(flyctl: FakeCliEnv, project_
 def reporter_events(ctx: DeployContext) -> list[tuple[str, str]]:
     assert isinstance(ctx.reporter, ListReporter)
     return ctx.reporter.events
+
+
+def test_existing_secrets_are_read_by_name_from_fly(flyctl: FakeCliEnv, project_dir: Path) -> None:
+    ctx = context(flyctl, project_dir)
+    assert FlyAdapter().existing_secrets(ctx) == {}  # no app yet: nothing set
+    flyctl.set_world(
+        "fly", {"apps": {APP: {"org": "personal"}}, "secrets": {APP: {"OFFLINE_ADMIN_TOKEN": 43, "OTHER": 3}}}
+    )
+    assert FlyAdapter().existing_secrets(ctx) == {"OFFLINE_ADMIN_TOKEN": None}
+    assert flyctl.argvs()[-1] == SECRETS_LIST
+
+
+def test_a_volume_on_fly_stays_mounted_after_reset_even_with_database_url(
+    flyctl: FakeCliEnv, project_dir: Path
+) -> None:
+    """`offline deploy --reset` forgets sqlite_volume; a deploy with DATABASE_URL must still keep [mounts],
+    because flyctl, without a terminal, refuses a config that drops an attached volume."""
+    flyctl.set_world("fly", {"apps": {}})
+    first = context(flyctl, project_dir)  # no DATABASE_URL: the volume is created
+    first_deploy(FlyAdapter(), first)
+    assert flyctl.world("fly")["volumes"][APP][0]["name"] == "offline_data"
+
+    # What the fake (like flyctl) does with a config without the mount: it refuses.
+    (first.deploy_dir / "fly.toml").write_text(render_fly_toml(APP, "iad", 3001, sqlite_volume=False))
+    refused = FlyAdapter()
+    with pytest.raises(DeployError) as caught:
+        refused.deploy(first)
+    assert "yes flag must be specified" in str(caught.value)
+
+    after_reset = context(flyctl, project_dir, env=SECRETS)  # empty state, DATABASE_URL set
+    _outcome, report = first_deploy(FlyAdapter(), after_reset)
+    assert report.state == "RUNNING"
+    shipped = flyctl.world("fly")["deploys"][-1]["config"]
+    assert shipped["mounts"]["source"] == "offline_data"
+    assert VOLUMES in flyctl.argvs()

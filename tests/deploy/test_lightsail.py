@@ -41,6 +41,7 @@ from platform_adapters.lightsail import (
     lightsail_deployment_request,
     lightsail_push_argv,
     lightsail_state,
+    newest_pushed_image,
     parse_pushed_image,
 )
 
@@ -239,7 +240,11 @@ def test_pushed_image_reference_is_parsed_from_the_push_output() -> None:
         'Image "svc.offline.7" registered.\nRefer to this image as ":svc.offline.7" in deployments.\n'
     )
     assert parse_pushed_image(output) == ":svc.offline.7"
-    assert parse_pushed_image('Image "svc.offline.2" registered.') == ":svc.offline.2"
+    # lightsailctl's "registered" line names the local image: no reference a deployment can use.
+    assert parse_pushed_image('Image "offline-svc:latest" registered.') is None
+    images = [{"image": ":svc.offline.2"}, {"image": ":svc.offline.10"}, {"image": ":other.offline.99"}]
+    assert newest_pushed_image(images, "svc", "offline") == ":svc.offline.10"
+    assert newest_pushed_image([], "svc", "offline") is None
     assert parse_pushed_image("Digest: sha256:0123") is None
 
 

@@ -297,11 +297,67 @@ def test_first_deploy_without_database_url_keeps_sqlite_on_a_volume(
         STATUS,
         ADD,
         STATUS,
-        ["railway", "volume", "--service", APP, "add", "--mount-path", "/data"],
+        VOLUME_LIST,
+        ["railway", "volume", "--service", "svc-2", "add", "--mount-path", "/data"],  # the id, not the name
+        VOLUME_LIST,
         ["railway", "variables", "--service", APP, *sqlite_vars, "--skip-deploys"],
         DOMAIN,
     ]
     assert railway.world("railway")["volumes"] == {"svc-2": "/data"}
+
+
+VOLUME_LIST = ["railway", "volume", "--service", "svc-2", "list", "--json"]
+
+
+def test_a_volume_missing_on_a_later_deploy_is_added_then_not_again(
+    railway: FakeCliEnv, project_dir: Path
+) -> None:
+    """A first deploy whose volume step failed must not leave SQLite on a throwaway disk for good: every
+    deploy checks the volume and adds it when missing (the old code only tried when it created the service)."""
+    ctx = context(railway, project_dir)
+    railway.set_world("railway", {})
+    adapter = RailwayAdapter()
+    ctx.state.update(adapter.provision(ctx))
+    railway.update_world("railway", lambda w: w.update(volumes={}))  # as if that first add had failed
+    railway.clear_calls()
+
+    RailwayAdapter().provision(ctx)
+    argvs = railway.argvs()
+    assert ["railway", "volume", "--service", "svc-2", "add", "--mount-path", "/data"] in argvs
+    assert railway.world("railway")["volumes"] == {"svc-2": "/data"}
+
+    railway.clear_calls()
+    RailwayAdapter().provision(ctx)
+    assert not any(argv[:2] == ["railway", "volume"] and "add" in argv for argv in railway.argvs())
+
+
+def test_a_volume_that_cannot_be_added_stops_the_deploy_after_one_retry(
+    railway: FakeCliEnv, project_dir: Path
+) -> None:
+    ctx = context(railway, project_dir)
+    railway.set_world("railway", {})
+    adapter = RailwayAdapter()
+    ctx.state.update(adapter.provision(ctx))
+    railway.update_world("railway", lambda w: w.update(volumes={}, volume_error="Failed to create volume"))
+    railway.clear_calls()
+    with pytest.raises(DeployError) as caught:
+        RailwayAdapter().provision(ctx)
+    adds = [argv for argv in railway.argvs() if argv[:2] == ["railway", "volume"] and "add" in argv]
+    assert len(adds) == 2
+    assert "did not add the volume at /data" in caught.value.message and "DATABASE_URL" in caught.value.hint
+    assert "Failed to create volume" in caught.value.message
+
+
+def test_the_fake_volume_command_panics_on_a_service_name_like_the_real_cli(
+    railway: FakeCliEnv, project_dir: Path
+) -> None:
+    ctx = context(railway, project_dir)
+    railway.set_world("railway", {})
+    RailwayAdapter().provision(ctx)
+    result = ctx.runner.run(
+        railway_volume_add_argv(APP), cwd=ctx.deploy_dir if ctx.deploy_dir.is_dir() else ctx.project_dir
+    )
+    assert result.returncode == 101 and "panicked" in result.stderr
 
 
 def test_redeploy_reuses_the_linked_project_and_service(railway: FakeCliEnv, project_dir: Path) -> None:

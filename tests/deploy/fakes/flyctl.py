@@ -9,9 +9,15 @@ The world file ``fly.json`` (all keys optional):
     status_script   {app: [[machine], ...]}     machines answered by successive `status` calls, one list
                                                 per call, before falling back to ``machines``
     logs            {app: [line]}
-    secrets         {app: {NAME: length}}       written by `secrets import --stage` (names, lengths only)
+    secrets         {app: {NAME: length}}       written by `secrets import --stage` (names, lengths only);
+                                                `secrets list --json` prints their names
+    volumes         {app: [volume]}             fly-go Volume JSON (id, name, state, attached_machine_id);
+                                                a deploy whose fly.toml has [mounts] creates and attaches one
     deploy_error    text: `deploy` fails with it
     deploys         [{app, image, config}]      written by `deploy`: what each deploy shipped
+
+Like flyctl, a deploy whose fly.toml has no [mounts] while a machine has a volume mounted asks whether to
+detach it, and without a terminal (always, here) fails: `--yes` does not answer that question.
 
 Shapes follow flyctl's ``--json`` output: `status` prints the app (ID, Name, Deployed, Status, Hostname,
 Version, Organization, Machines); `releases` prints fly-go Release objects; `apps create` fails with
@@ -129,6 +135,16 @@ def _apps(inv: Invocation, rest: list[str]) -> int:
 
 def _secrets(inv: Invocation, rest: list[str]) -> int:
     sub, rest = (rest[0], rest[1:]) if rest else ("", [])
+    if sub in ("list", "ls"):
+        parsed = parse(rest, boolean=["--json"], valued=["--app", "--config"], aliases=ALIASES)
+        app = _app_flag(inv, parsed)
+        if not inv.world.get("logged_in", True):
+            return fail(NOT_LOGGED_IN)
+        if app not in inv.world.get("apps", {}):
+            return fail(f'Error: Could not find App "{app}"')
+        names = sorted(inv.world.get("secrets", {}).get(app, {}))
+        emit([{"name": name, "digest": f"digest-{name.lower()}", "status": "Deployed"} for name in names])
+        return 0
     if sub != "import":
         raise UsageError(f'unknown command {sub!r} for "flyctl secrets"')
     parsed = parse(rest, boolean=["--stage", "--detach"], valued=["--app", "--config"], aliases=ALIASES)
@@ -183,6 +199,18 @@ def _deploy(inv: Invocation, rest: list[str]) -> int:
             return fail("Error: failed to fetch an image or build from source: no local docker daemon")
     if inv.world.get("deploy_error"):
         return fail(str(inv.world["deploy_error"]))
+    mounts = config.get("mounts")
+    mounts = mounts[0] if isinstance(mounts, list) and mounts else mounts
+    current = inv.world.setdefault("machines", {}).get(app) or []
+    if not mounts:
+        for item in current:
+            if item.get("config", {}).get("mounts"):
+                print(
+                    f"Warning! machine {item['id']} [app] has a volume mounted but app config does not specify "
+                    "a volume.\nThis usually indicates a misconfiguration.",
+                    file=sys.stderr,
+                )
+                return fail("Error: yes flag must be specified when not running interactively")
     releases: list[dict[str, Any]] = inv.world.setdefault("releases", {}).setdefault(app, [])
     version = max((int(r["Version"]) for r in releases), default=0) + 1
     image = image or f"registry.fly.io/{app}:deployment-{version:04d}"
@@ -192,6 +220,14 @@ def _deploy(inv: Invocation, rest: list[str]) -> int:
     for item in machines:
         item.setdefault("config", {}).setdefault("metadata", {})["fly_release_version"] = str(version)
         item["state"] = "started"
+        if mounts:
+            volumes = inv.world.setdefault("volumes", {}).setdefault(app, [])
+            volume = next((v for v in volumes if v["name"] == mounts["source"]), None)
+            if volume is None:
+                volume = {"id": f"vol_{len(volumes) + 1}", "name": mounts["source"], "state": "created"}
+                volumes.append(volume)
+            volume["attached_machine_id"] = item["id"]
+            item["config"]["mounts"] = [{"volume": volume["id"], "path": mounts["destination"]}]
         for check in item.get("checks", []):
             check["status"] = "passing"
     inv.world["machines"][app] = machines
@@ -258,8 +294,24 @@ def _logs(inv: Invocation, rest: list[str]) -> int:
     return 0
 
 
+def _volumes(inv: Invocation, rest: list[str]) -> int:
+    sub, rest = (rest[0], rest[1:]) if rest else ("", [])
+    if sub not in ("list", "ls"):
+        raise UsageError(f'unknown command {sub!r} for "flyctl volumes"')
+    parsed = parse(rest, boolean=["--json", "--all"], valued=["--app", "--config"], aliases=ALIASES)
+    app = _app_flag(inv, parsed)
+    if not inv.world.get("logged_in", True):
+        return fail(NOT_LOGGED_IN)
+    if app not in inv.world.get("apps", {}):
+        return fail(f'Error: Could not find App "{app}"')
+    emit(inv.world.get("volumes", {}).get(app, []))
+    return 0
+
+
 COMMANDS = {
     "auth": None,
+    "volumes": _volumes,
+    "volume": _volumes,
     "apps": _apps,
     "secrets": _secrets,
     "deploy": _deploy,

@@ -13,6 +13,7 @@ The world file ``railway.json`` (all keys optional):
     up_quiet      true: `up` prints no build-logs URL (so no deployment id)
     variables     {service_id: {NAME: {"value": plain value} | {"stdin_length": n}}} (secrets: lengths only)
     volumes       {service_id: mount path}
+    volume_error  text: `volume add` fails with it
     domains       {service_id: host}
     logs          {service_id: [{timestamp, message, level}]}
     uploads       [{service, files}]   what each `up` uploaded (relative paths)
@@ -189,17 +190,44 @@ def _volume(inv: Invocation, rest: list[str]) -> int:
         head += rest[:2]  # every flag of `railway volume` itself takes a value
         rest = rest[2:]
     top = parse(head, valued=["--service", "--environment", "--project"], aliases={"-s": "--service"})
-    if not rest or rest[0] not in ("add", "create", "new"):
-        raise UsageError("fake railway: only `volume add` is implemented")
-    sub = parse(rest[1:], valued=["--mount-path"], boolean=["--json"], aliases={"-m": "--mount-path"})
+    if not rest or rest[0] not in ("add", "create", "new", "list", "ls"):
+        raise UsageError("fake railway: only `volume add` and `volume list` are implemented")
     project, link = _project(inv)
-    service = _service(project, link, top.value("--service"))
+    volumes = inv.world.setdefault("volumes", {})
+    if rest[0] in ("list", "ls"):
+        parse(rest[1:], boolean=["--json"])
+        names = {service["id"]: service["name"] for service in project["services"]}
+        emit(
+            {
+                "project": project["name"],
+                "environment": "production",
+                "volumes": [
+                    {"id": f"vol-{sid}", "name": f"{names.get(sid, sid)}-volume", "mountPath": mount,
+                     "serviceName": names.get(sid), "status": "READY"}
+                    for sid, mount in sorted(volumes.items())
+                ],
+            }
+        )  # fmt: skip
+        return 0
+    sub = parse(rest[1:], valued=["--mount-path"], boolean=["--json"], aliases={"-m": "--mount-path"})
+    wanted = top.value("--service") or link.get("service")
+    if not any(service["id"] == wanted for service in project["services"]):
+        # `volume add` looks the service's name up by id and unwraps the answer: a name panics.
+        print(
+            "thread 'main' panicked at src/commands/volume.rs:834:10:\n"
+            "called `Option::unwrap()` on a `None` value",
+            file=sys.stderr,
+        )
+        return 101
+    service = _service(project, link, wanted)
+    if inv.world.get("volume_error"):
+        return fail(str(inv.world["volume_error"]))
     mount = sub.value("--mount-path")
     if not mount or not mount.startswith("/"):
         return fail("Mount path must start with `/`")
     volumes = inv.world.setdefault("volumes", {})
     if service["id"] in volumes:
-        return fail("Service already has a volume")
+        return fail(f"A volume is already mounted on service {service['name']} in environment production")
     volumes[service["id"]] = mount
     inv.save()
     print(f"Volume created and mounted at {mount}")
@@ -227,6 +255,8 @@ def _variables(inv: Invocation, rest: list[str]) -> int:
             return fail("Empty value provided via stdin")
         store[stdin_key] = {"stdin_length": len(secret)}
     inv.save()
+    if parsed.has("--json") and not parsed.values("--set") and stdin_key is None:
+        emit({key: item.get("value", "*" * item.get("stdin_length", 0)) for key, item in store.items()})
     return 0
 
 
