@@ -14,7 +14,8 @@ Message shapes (all JSON text):
   request; a record's id is ``recordId``); methods are listed in `WorkerBridge.METHODS`.
 - worker -> page: ``{"type": "reply", "id": 7, "ok": true, "result": ...}`` or ``"ok": false`` with
   ``"error": {"code", "message", "context"}``; ``{"type": "snapshot", "sub": 3, "records": [...]}``;
-  ``{"type": "status", "status": "connected", "pending": 0, "error": null}``; ``{"type": "log", ...}``;
+  ``{"type": "status", "status": "connected", "pending": 0, "error": null, "rejected": 0, "clockOffsetMs": 0,
+  "applyError": null}``; ``{"type": "log", ...}``;
   ``{"type": "ready", ...}`` once, after `start`.
 - WebAuthn, which a worker lacks (no ``navigator.credentials``), runs on the page: once ready, the page
   reports ``{"method": "pageInfo", "webauthn": true}``; a passkey ceremony then posts
@@ -131,6 +132,9 @@ class WorkerBridge:
             "unsubscribe",
             "call",
             "status",
+            "rejected",
+            "retry",
+            "discard",
             "connect",
             "disconnect",
             "network",
@@ -140,7 +144,7 @@ class WorkerBridge:
         }
     )
     # Methods that may write: the bridge persists the database before replying to them.
-    WRITES = frozenset({"insert", "insertMany", "update", "delete", "call", "persist"})
+    WRITES = frozenset({"insert", "insertMany", "update", "delete", "call", "persist", "retry", "discard"})
     # Methods that wait for something (the network, storage): served by `handle` on the event loop.
     ASYNC_METHODS = frozenset({"connect", "disconnect", "network", "persist"})
 
@@ -213,12 +217,18 @@ class WorkerBridge:
     def status_message(self) -> dict[str, Any]:
         sync = self.app.sync
         error = getattr(sync, "last_error", None)
-        return {
+        message: dict[str, Any] = {
             "type": "status",
             "status": sync.status,
             "pending": pending_count(self.app),
             "error": _error_json(error) if error is not None else None,
         }
+        describe = getattr(sync, "describe", None)
+        if describe is not None:  # refusals kept, the clock's offset, a received operation not applied
+            described = describe()
+            for key in ("rejected", "clockOffsetMs", "applyError"):
+                message[key] = described[key]
+        return message
 
     def publish_status(self, *, force: bool = False) -> None:
         if self.app._closed:
@@ -236,7 +246,14 @@ class WorkerBridge:
         await self.persist_now(force=True)
         self.post(self.ready_message())
         events = self.app.events
-        for event in ("sync:connected", "sync:disconnected", "sync:received", "sync:acknowledged"):
+        for event in (
+            "sync:connected",
+            "sync:disconnected",
+            "sync:received",
+            "sync:acknowledged",
+            "sync:rejected",
+            "sync:apply-failed",
+        ):
             self._event_offs.append(events.on(event, lambda _event: self._changed()))
         self._sync_wanted = connect
         if connect and hasattr(self.app.sync, "url"):
@@ -605,6 +622,20 @@ class WorkerBridge:
         message = self.status_message()
         del message["type"]
         return message
+
+    def _do_rejected(self, request: Mapping[str, Any]) -> Any:
+        return self._sync_with("rejected").rejected()
+
+    def _do_retry(self, request: Mapping[str, Any]) -> Any:
+        return self._sync_with("retry").retry(str(request.get("operationId")))
+
+    def _do_discard(self, request: Mapping[str, Any]) -> Any:
+        return self._sync_with("discard").discard(str(request.get("operationId")))
+
+    def _sync_with(self, method: str) -> Any:
+        if not hasattr(self.app.sync, method):
+            raise _bad("this app was built without a sync URL (BUILD_SYNC_URL)")
+        return self.app.sync
 
     async def _do_connect(self, request: Mapping[str, Any]) -> Any:
         if not hasattr(self.app.sync, "url"):

@@ -161,8 +161,12 @@ class App:
             self.node_id: str = node_id
             self._authoritative = set(json.loads(self.db.get_meta("authoritative_nodes") or "[]"))
             last = self.db.max_hlc()
+            # Server time minus this device's time, learnt at the last handshake: new operations are
+            # stamped by the server's clock, so a device whose clock is wrong is neither refused nor
+            # ordered minutes away from everyone else.
+            self._clock_offset = int(self.db.get_meta("clock_offset_ms") or 0)
             self.clock = HybridLogicalClock(
-                node_id, now=self._wall, last=parse_timestamp(last) if last else None
+                node_id, now=self._physical, last=parse_timestamp(last) if last else None
             )
             self._seq = self.db.own_sequence(node_id)
         # Records whose latest local operations are committed but not yet written to their row (see flush()).
@@ -180,6 +184,57 @@ class App:
         self.sync: Any = LocalOnlySync()
         if sync:
             self.sync = self._make_sync(sync)
+
+    def _physical(self) -> int:
+        return self._wall() + self._clock_offset
+
+    @property
+    def clock_offset_ms(self) -> int:
+        """Server time minus this device's time (0 until a server has said), applied to new timestamps."""
+        return self._clock_offset
+
+    def set_clock_offset(self, offset_ms: int) -> None:
+        """Adopt a new offset (kept across restarts, so writes made offline later are stamped right too)."""
+        offset_ms = int(offset_ms)
+        if offset_ms == self._clock_offset:
+            return
+        with self.db.lock, self.db.transaction():
+            self.db.set_meta("clock_offset_ms", str(offset_ms))
+            self._clock_offset = offset_ms
+
+    def reseed_clock(self, ceiling: int) -> None:
+        """Seed the clock again from the operation set, ignoring timestamps past ``ceiling`` (a wall time).
+
+        The clock never goes back behind what it issued; but what a fast clock issued before the server's
+        time was known is refused by the server and written again (`replication.restamp`): those stamps
+        must not drag the new ones along into the future, or the server would refuse them as well.
+        """
+        with self.db.lock:
+            row = self.db.conn.execute(
+                "SELECT max(hlc) FROM _offline_ops WHERE status != ? AND hlc <= ?",
+                (REJECTED, "%015d:99999:\U0010ffff" % ceiling),  # noqa: UP031
+            ).fetchone()
+            last = parse_timestamp(row[0]) if row and row[0] else None
+            self.clock = HybridLogicalClock(self.node_id, now=self._physical, last=last)
+
+    def _receive(self, remote: HLCTimestamp) -> None:
+        """Move the clock past a received timestamp, however far ahead of this device's clock it is.
+
+        The drift limit protects a server from a client's runaway clock; what a replica receives was
+        accepted by its server already, and refusing it here would only lose it (the receive rule moves
+        the local clock forward instead).
+        """
+        try:
+            self.clock.receive(remote)
+        except OfflineError as exc:
+            if exc.code != CLOCK_DRIFT:
+                raise
+            ahead = HLCTimestamp(remote.wall_time, remote.logical, self.node_id)
+            last = self.clock.last
+            self.clock = HybridLogicalClock(
+                self.node_id, now=self._physical, last=ahead if last is None or last < ahead else last
+            )
+            self.clock.now()  # after the remote one, as receive() leaves it
 
     def _make_sync(self, config: Mapping[str, Any]) -> Any:
         from offline.sync import create_sync_engine  # the sync layer is optional for local-only apps
@@ -610,8 +665,9 @@ class App:
     ) -> list[Operation]:
         """Merge remote operations (Operation objects or wire dicts). Idempotent; returns those newly applied.
 
-        Operations whose id does not match their content, for an unknown collection, or stamped more than
-        5 minutes ahead of this clock are refused with OfflineError and nothing of the batch is stored.
+        Operations whose id does not match their content or for an unknown collection are refused with
+        OfflineError and nothing of the batch is stored. One stamped ahead of this device's clock moves the
+        clock forward (the drift limit is the server's).
         ``verified=True`` skips recomputing the ids: the caller vouches that it checked every one of them
         (``protocol.decode_operation`` does).
         """
@@ -710,18 +766,8 @@ class App:
                 return []
             ordered = topological_sort(fresh.values())
             # Receiving the latest timestamp of the batch leaves the clock after every one of them, as
-            # receiving each in turn would; and if any is too far ahead, that one is.
-            latest = max(ordered, key=_timestamp_key)
-            try:
-                self.clock.receive(latest.timestamp)
-            except OfflineError as exc:
-                if exc.code == CLOCK_DRIFT:
-                    raise OfflineError(
-                        f"operation {latest.id} is stamped more than 5 minutes ahead of this clock",
-                        CLOCK_DRIFT,
-                        {**(exc.context or {}), "operationId": latest.id},
-                    ) from None
-                raise
+            # receiving each in turn would.
+            self._receive(max(ordered, key=_timestamp_key).timestamp)
             keys = list(dict.fromkeys((op.collection, op.record_id) for op in ordered))
             staged = self._batch.staged if self._batch is not None else {}
             texts = self.db.load_state_texts(keys, refold=False)

@@ -60,6 +60,12 @@ _INTERNAL = (
         collection TEXT NOT NULL, record_id TEXT NOT NULL, state TEXT NOT NULL,
         PRIMARY KEY (collection, record_id)
     ) WITHOUT ROWID""",
+    # Operations the server refused, kept with its reason and the record as this device had written it, so
+    # the user's data stays recoverable after the record shows the server's state (see replication.py).
+    """CREATE TABLE IF NOT EXISTS _offline_rejected (
+        operation_id TEXT PRIMARY KEY NOT NULL, collection TEXT NOT NULL, record_id TEXT NOT NULL,
+        type TEXT NOT NULL, code TEXT NOT NULL, message TEXT NOT NULL, data TEXT, rejected_at INTEGER NOT NULL
+    )""",
 )
 
 

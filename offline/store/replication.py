@@ -7,7 +7,9 @@ import json
 from collections.abc import Container, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from offline.core.operations import Operation, operation_from_text
+from offline.core.errors import INVALID_OPERATION, OfflineError
+from offline.core.frozen import thaw
+from offline.core.operations import Operation, decode_value, encode_value, operation_from_text
 
 from .database import ACKED, PENDING, REJECTED
 
@@ -129,28 +131,192 @@ def reject_operation(
     """Take a refused operation out of this replica's operation set and refold its record without it.
 
     The operation stays in the log (status REJECTED) so it is never resent; every replica then holds the same
-    set, and so the same records, as the server that refused it. ``place``: its (node id, sequence number)
-    when the caller knows it (the log is searched by id otherwise).
+    set, and so the same records, as the server that refused it. What the device had written is kept in the
+    rejected list (`rejected`, with the server's code and message) until `retry` or `discard`. ``place``: its
+    (node id, sequence number) when the caller knows it (the log is searched by id otherwise).
     """
     app.flush()
     with app.db.lock, app.db.transaction():
-        op = app.db.find_operation(op_id, *place) if place is not None else None
-        if op is None:
-            op = app.db.load_operation(op_id)
+        op = _find(app, op_id, place)
         if op is None:
             return None
+        entry = _rejection(app, op, code, message)
+        _take_out(app, [op])
+        app.db.conn.execute(
+            "INSERT OR REPLACE INTO _offline_rejected (operation_id, collection, record_id, type, code, message, "
+            "data, rejected_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                op.id,
+                op.collection,
+                op.record_id,
+                op.type,
+                code,
+                message,
+                None if entry["data"] is None else _encode(entry["data"]),
+                entry["rejectedAt"],
+            ),
+        )
+    if app.events.has_listeners("sync:rejected"):
+        app.events.emit("sync:rejected", operation=op, **entry)
+    app.subscriptions.notify({op.collection}, op)
+    return op
+
+
+def restamp(app: App, op_id: str, *, place: tuple[str, int] | None = None, ceiling: int) -> Operation | None:
+    """Write again, under a new timestamp, a local operation the server refused for its clock.
+
+    The device stamped it before it knew the server's time (its clock runs fast). The refused operation
+    leaves the operation set (status REJECTED) and its write is made again (same type, data and previous
+    data, so its effect is the same) with the clock corrected and reseeded below ``ceiling`` (see
+    `App.reseed_clock`); several refused in a row are written again in the order the caller gives, which is
+    the order they were sent in. Returns the new operation (None when the refused one is not held here).
+    """
+    from .app import Write
+
+    app.flush()
+    with app.batch():
+        op = _find(app, op_id, place)
+        if op is None or op.node_id != app.node_id or _status(app, op) != PENDING:
+            return None  # not ours, or taken care of already (the same refusal delivered twice)
+        _take_out(app, [op])
+        app.reseed_clock(ceiling)
+        if op.collection not in app.codecs:
+            return None
+        write = Write(op.collection, op.record_id, op.type, _plain(op.data), _plain(op.previous_data))
+        (new, _), *_ = app.commit_local([write])
+    return new
+
+
+def rejected(app: App) -> list[dict[str, Any]]:
+    """Every operation the server refused and the user has not retried or discarded, oldest first."""
+    with app.db.lock:
+        rows = app.db.conn.execute(
+            "SELECT operation_id, collection, record_id, code, message, data, rejected_at "
+            "FROM _offline_rejected ORDER BY rejected_at, rowid"
+        ).fetchall()
+    return [
+        {
+            "operationId": str(op_id),
+            "collection": str(collection),
+            "recordId": str(record_id),
+            "code": str(code),
+            "message": str(message),
+            "data": None if data is None else decode_value(json.loads(data)),
+            "rejectedAt": int(at),
+        }
+        for op_id, collection, record_id, code, message, data, at in rows
+    ]
+
+
+def rejected_count(app: App) -> int:
+    with app.db.lock:
+        return int(app.db.conn.execute("SELECT count(*) FROM _offline_rejected").fetchone()[0])
+
+
+def discard(app: App, op_id: str) -> bool:
+    """Forget a refused operation (the record keeps the server's state); False when none has this id."""
+    with app.db.lock, app.db.transaction():
+        cursor = app.db.conn.execute("DELETE FROM _offline_rejected WHERE operation_id = ?", (op_id,))
+    return cursor.rowcount > 0
+
+
+def retry(app: App, op_id: str) -> dict[str, Any] | None:
+    """Write a refused operation's record again, as the device had written it, as a new local operation.
+
+    A refused delete deletes the record again; otherwise the record is inserted again when it is gone, or
+    its fields that differ are updated. The entry leaves the rejected list; if the server refuses the new
+    operation too, it comes back under the new operation's id. Returns the record written (None after a
+    delete). Raises OfflineError when no refused operation has this id.
+    """
+    with app.db.lock:
+        row = app.db.conn.execute(
+            "SELECT collection, record_id, type, data FROM _offline_rejected WHERE operation_id = ?", (op_id,)
+        ).fetchone()
+    if row is None:
+        raise OfflineError(
+            f"no refused operation has id {op_id!r} (see app.sync.rejected())",
+            INVALID_OPERATION,
+            {"field": "operationId", "operationId": op_id},
+        )
+    collection, record_id, kind, data = str(row[0]), str(row[1]), str(row[2]), row[3]
+    handle = app.collection(collection)
+    written: dict[str, Any] | None = None
+    with app.batch():
+        current = handle.find_by_id(record_id)
+        if kind == "delete" or data is None:
+            if current is not None:
+                handle.delete(record_id)
+        else:
+            record = decode_value(json.loads(data))
+            fields = handle.fields
+            if current is None:
+                written = handle.insert(
+                    {k: v for k, v in record.items() if k == "id" or (k in fields and not fields[k].is_auto)}
+                )
+            else:
+                changes = {
+                    k: v
+                    for k, v in record.items()
+                    if k in fields and not fields[k].is_auto and current.get(k) != v
+                }
+                written = handle.update(record_id, changes) if changes else current
+        app.db.conn.execute("DELETE FROM _offline_rejected WHERE operation_id = ?", (op_id,))
+    return written
+
+
+def _find(app: App, op_id: str, place: tuple[str, int] | None) -> Operation | None:
+    op = app.db.find_operation(op_id, *place) if place is not None else None
+    return op if op is not None else app.db.load_operation(op_id)
+
+
+def _status(app: App, op: Operation) -> int | None:
+    row = app.db.conn.execute(
+        "SELECT status FROM _offline_ops WHERE node_id = ? AND sequence_number = ? AND id = ?",
+        (op.node_id, op.sequence_number, op.id),
+    ).fetchone()
+    return None if row is None else int(row[0])
+
+
+def _take_out(app: App, ops: list[Operation]) -> None:
+    """Mark ``ops`` refused and refold their records without them (inside the caller's transaction)."""
+    for op in ops:
         app.db.conn.execute(
             "UPDATE _offline_ops SET status = ? WHERE node_id = ? AND sequence_number = ?",
             (REJECTED, op.node_id, op.sequence_number),
         )
-        if op.collection in app.codecs:
-            kept = app.db.record_operations(op.collection, op.record_id)  # the rejected one no longer counts
-            new_state, record = app.engine.fold(op.collection, op.record_id, kept)
-            app._persist(op.collection, op.record_id, new_state, record)
-    if app.events.has_listeners("sync:rejected"):
-        app.events.emit("sync:rejected", operation=op, code=code, message=message)
-    app.subscriptions.notify({op.collection}, op)
-    return op
+    for collection, record_id in dict.fromkeys((op.collection, op.record_id) for op in ops):
+        if collection in app.codecs:
+            kept = app.db.record_operations(collection, record_id)  # the rejected ones no longer count
+            new_state, record = app.engine.fold(collection, record_id, kept)
+            app._persist(collection, record_id, new_state, record)
+
+
+def _rejection(app: App, op: Operation, code: str, message: str) -> dict[str, Any]:
+    """The rejected-list entry of ``op``: its record as this device has it (with the refused write), or the
+    operation's own data for a collection this replica does not hold; None for a delete."""
+    data: dict[str, Any] | None = None
+    if op.type != "delete":
+        current = (
+            app.collection(op.collection).find_by_id(op.record_id) if op.collection in app.codecs else None
+        )
+        data = dict(current) if current is not None else _plain(op.data)
+    return {
+        "operationId": op.id,
+        "collection": op.collection,
+        "recordId": op.record_id,
+        "code": code,
+        "message": message,
+        "data": data,
+        "rejectedAt": app._physical(),
+    }
+
+
+def _plain(value: Any) -> Any:
+    return None if value is None else thaw(value)
+
+
+def _encode(value: Any) -> str:
+    return json.dumps(encode_value(value), separators=(",", ":"), sort_keys=True, default=str)
 
 
 def forget_records(app: App, collection: str, record_ids: Iterable[str]) -> list[str]:

@@ -11,13 +11,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import json
 import logging
 import random
 import time
 from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from offline.core.errors import SYNC_ERROR, OfflineError
+from offline.core.hlc import MAX_DRIFT_MS
 from offline.core.operations import Operation, operation_from_text
 from offline.core.scopes import build_scope_map
 from offline.merge.values import operation_text
@@ -42,6 +44,16 @@ ERROR = "error"  # refused for good (authentication, schema); see last_error
 
 class SyncFatal(OfflineError):
     """The server refused this client in a way retrying cannot fix."""
+
+
+class ApplyFailed(ConnectionLost):
+    """A received operation could not be stored here: its batch is not acknowledged, the session ends and
+    the next one receives it again (see `SyncEngine.apply_error`)."""
+
+
+# Restamped operations are stamped at most this far ahead of the server's time (the server refuses past
+# MAX_DRIFT_MS): the margin covers the error of the offset, measured over one round trip.
+_RESTAMP_MARGIN_MS = 60_000
 
 
 class SyncEngine:
@@ -100,6 +112,11 @@ class SyncEngine:
         self._ack_rtt = 0.0  # smoothed time from sending a batch to its acknowledgement
         self.connections = 0
         self._accepted = False  # whether the current session's handshake was accepted
+        # Whether a handshake has told the server's time (then the app's clock offset is current).
+        self._offset_known = False
+        #: The received operation that could not be stored, while it is not (a dict: operationId,
+        #: collection, recordId, code, message); nothing after it is acknowledged meanwhile.
+        self.apply_error: dict[str, Any] | None = None
         # Per collection, the record filter the server accepted for this session (what it may see).
         self._scope_filters: dict[str, dict[str, Any]] = {}
         # Operations (and their texts) of frames that end no batch (no watermark), held to be applied with the
@@ -165,17 +182,25 @@ class SyncEngine:
             if (
                 synced
                 and self.status == CONNECTED
+                and self.apply_error is None
                 and not self._in_flight
                 and replication.pending_count(self.app) == 0
             ):
                 return
             remaining = deadline - time.monotonic()
             if remaining < 0:
+                failed = self.apply_error
+                unapplied = (
+                    ""
+                    if failed is None
+                    else f"; received operation {failed['operationId']} could not be applied: "
+                    f"{failed['code']}: {failed['message']}"
+                )
                 raise OfflineError(
                     f"not in sync with {self.url} after {timeout} s (status {self.status}, "
-                    f"{replication.pending_count(self.app)} operations waiting)",
+                    f"{replication.pending_count(self.app)} operations waiting{unapplied})",
                     SYNC_ERROR,
-                    {"url": self.url, "status": self.status},
+                    {"url": self.url, "status": self.status, "applyError": failed},
                 )
             progress = self._progress
             if progress is None:
@@ -190,6 +215,37 @@ class SyncEngine:
     @property
     def pending(self) -> int:
         return replication.pending_count(self.app)
+
+    @property
+    def clock_offset_ms(self) -> int:
+        """Server time minus this device's time, from the last handshake (0 before the first)."""
+        return self.app.clock_offset_ms
+
+    def rejected(self) -> list[dict[str, Any]]:
+        """The operations the server refused, with its code and message and the record as this device
+        wrote it: ``{operationId, collection, recordId, code, message, data, rejectedAt}``."""
+        return replication.rejected(self.app)
+
+    def retry(self, operation_id: str) -> dict[str, Any] | None:
+        """Write a refused operation's data again, as a new operation; returns the record written."""
+        return replication.retry(self.app, operation_id)
+
+    def discard(self, operation_id: str) -> bool:
+        """Forget a refused operation (the record keeps the server's state)."""
+        return replication.discard(self.app, operation_id)
+
+    def describe(self) -> dict[str, Any]:
+        """The sync status as data: state, operations waiting, refusals kept, clock offset, and what could
+        not be applied or went wrong last."""
+        error = self.last_error
+        return {
+            "status": self.status,
+            "pending": self.pending,
+            "rejected": replication.rejected_count(self.app),
+            "clockOffsetMs": self.clock_offset_ms,
+            "applyError": None if self.apply_error is None else dict(self.apply_error),
+            "error": None if error is None else {"code": error.code, "message": error.message},
+        }
 
     # -- local writes ---------------------------------------------------------------------------------------
 
@@ -258,8 +314,10 @@ class SyncEngine:
                 await conn.close(1011, "client error")
             if self._synced is not None:
                 self._synced.clear()
-            if self._accepted:
-                attempt = 0  # a session was established: the backoff starts over (drops hours apart)
+            if self._accepted and self.apply_error is None:
+                # A session was established: the backoff starts over (drops hours apart). Not when it ended
+                # on an operation this replica cannot store: the next session meets it again at once.
+                attempt = 0
             if not self._stopping:
                 await self._backoff(attempt, "reconnecting")
                 attempt += 1
@@ -329,8 +387,10 @@ class SyncEngine:
             auth_token=await self._session_token(),
             sync_scope=build_scope_map(app.schema, self.scope) if self.scope else None,
         )
+        asked_at = app._wall()
         await conn.send(p.encode(hello))
         reply = p.decode(await asyncio.wait_for(conn.recv(), self.handshake_timeout))
+        answered_at = app._wall()
         if isinstance(reply, p.ErrorMessage):
             if reply.retriable:
                 raise ConnectionLost(f"{reply.code}: {reply.message}")
@@ -353,6 +413,9 @@ class SyncEngine:
         self._accepted = True
         self._auth_retry_used = False
         self.server_node_id = reply.node_id
+        # The server read its clock about halfway through the round trip.
+        app.set_clock_offset(reply.server_time - (asked_at + answered_at) // 2)
+        self._offset_known = True
         self._scope_filters = {
             name: dict(filt)
             for name, filt in (reply.accepted_scope or {}).items()
@@ -538,16 +601,7 @@ class SyncEngine:
                     app.events.emit("sync:acknowledged", sequenceNumber=message.last_sequence_number)
                 self._signal()  # a slot for another batch opened; wait_until_synced may be done
             elif isinstance(message, p.OperationRejected):
-                log.warning(
-                    "server refused operation %s: %s %s", message.operation_id, message.code, message.message
-                )
-                replication.reject_operation(
-                    app,
-                    message.operation_id,
-                    message.code,
-                    message.message,
-                    place=self._places.get(message.operation_id),
-                )
+                self._refused(message)
             elif isinstance(message, p.HandshakeResponse) and message.message_id == self._handshake_reply:
                 continue  # the same reply delivered twice: a duplicate is ignored, never a reason to reconnect
             elif isinstance(message, p.ErrorMessage):
@@ -558,6 +612,31 @@ class SyncEngine:
                 raise p.ProtocolError(
                     p.PROTOCOL_VIOLATION, f"unexpected {type(message).__name__} from the server"
                 )
+
+    def _refused(self, message: p.OperationRejected) -> None:
+        """One of the operations sent was refused: written again when only its timestamp was at fault,
+        else taken out of the operation set and kept in the rejected list."""
+        app = self.app
+        place = self._places.get(message.operation_id)
+        if (
+            message.code == p.CLOCK_DRIFT
+            and self._offset_known
+            and (place is None or place[0] == app.node_id)
+        ):
+            # Stamped before this device knew the server's time (its clock is fast): the write is made
+            # again under the corrected clock, in the order refusals come (the order it was sent in).
+            ceiling = app._physical() + MAX_DRIFT_MS - _RESTAMP_MARGIN_MS
+            again = replication.restamp(app, message.operation_id, place=place, ceiling=ceiling)
+            if again is not None:
+                log.info(
+                    "sync: operation %s was stamped ahead of the server's clock; sent again as %s",
+                    message.operation_id,
+                    again.id,
+                )
+                self._signal()
+                return
+        log.warning("server refused operation %s: %s %s", message.operation_id, message.code, message.message)
+        replication.reject_operation(app, message.operation_id, message.code, message.message, place=place)
 
     def _forget(self, ids: list[str]) -> None:
         self._sent.difference_update(ids)
@@ -628,9 +707,8 @@ class SyncEngine:
         for index, raw in enumerate(raw_ops):
             try:
                 op, wire = p.decode_operation_text(raw, text=None if texts is None else texts[index])
-            except p.ProtocolError as exc:  # never let one bad operation stall the stream
-                log.warning("ignoring an operation from the server: %s", exc)
-                continue
+            except p.ProtocolError as exc:  # never acknowledge what was not stored
+                self._unapplied(_describe_raw(raw), exc.code, exc.message)
             ops.append(op)
             wires.append(wire)
         count = len(ops)
@@ -647,15 +725,40 @@ class SyncEngine:
             # it stores the texts as they are.
             applied = app.apply_verified(ops, wires, watermark=watermark)
         except OfflineError:
+            if app._closed:  # closed under the session: nothing is wrong with the operations
+                raise
+            # Isolate what this replica cannot take: everything before it is stored, and nothing is
+            # acknowledged nor the watermark moved past it (the next session receives it again).
             applied = []
-            for op, wire in zip(ops, wires, strict=True):  # isolate what this replica cannot take
+            for op, wire in zip(ops, wires, strict=True):
                 try:
                     applied.extend(app.apply_verified([op], [wire]))
                 except OfflineError as exc:
-                    log.warning("could not apply operation %s: %s", op.id, exc)
+                    self._unapplied(_describe(op), exc.code, exc.message)
             if watermark is not None:
                 app.apply_verified([], None, watermark=watermark)
+        if watermark is not None:
+            self.apply_error = None
         return applied, ops, count
+
+    def _unapplied(self, what: dict[str, Any], code: str, message: str) -> NoReturn:
+        """Record (status, event) that a received operation cannot be stored here, and end the session
+        without acknowledging it."""
+        failure = {**what, "code": code, "message": message}
+        log.error(
+            "sync: could not apply operation %s (%s/%s) from the server: %s: %s; it is not acknowledged "
+            "and is received again on the next connection",
+            failure["operationId"],
+            failure["collection"],
+            failure["recordId"],
+            code,
+            message,
+        )
+        self.apply_error = failure
+        if self.app.events.has_listeners("sync:apply-failed"):
+            self.app.events.emit("sync:apply-failed", **failure)
+        self._signal()
+        raise ApplyFailed(f"{code}: operation {failure['operationId']} could not be applied: {message}")
 
     async def _acknowledge(
         self, conn: Any, message_id: str, ops: list[Operation], watermark: int | None
@@ -685,6 +788,22 @@ class SyncEngine:
                 log.info(
                     "sync: %d %s record(s) left this device's scope and were removed", len(gone), collection
                 )
+
+
+def _describe(op: Operation) -> dict[str, Any]:
+    return {"operationId": op.id, "collection": op.collection, "recordId": op.record_id}
+
+
+def _describe_raw(raw: Any) -> dict[str, Any]:
+    """`_describe` of an operation that did not decode (whatever of it can be read)."""
+    if isinstance(raw, str):
+        with contextlib.suppress(ValueError):
+            raw = json.loads(raw)
+    fields = raw if isinstance(raw, Mapping) else {}
+    return {
+        name: str(fields.get(key, "?"))[:200]
+        for name, key in (("operationId", "id"), ("collection", "collection"), ("recordId", "recordId"))
+    }
 
 
 # Batches at least this large are decoded and applied with the cyclic garbage collector held off.
