@@ -284,11 +284,20 @@ def _take_out(app: App, ops: list[Operation]) -> None:
             "UPDATE _offline_ops SET status = ? WHERE node_id = ? AND sequence_number = ?",
             (REJECTED, op.node_id, op.sequence_number),
         )
+    conn = app.db.conn
     for collection, record_id in dict.fromkeys((op.collection, op.record_id) for op in ops):
-        if collection in app.codecs:
-            kept = app.db.record_operations(collection, record_id)  # the rejected ones no longer count
+        if collection not in app.codecs:
+            continue
+        app._rows.pop((collection, record_id), None)
+        kept = app.db.record_operations(collection, record_id)  # the rejected ones no longer count
+        if kept:
             new_state, record = app.engine.fold(collection, record_id, kept)
             app._persist(collection, record_id, new_state, record)
+        else:  # never existed as far as anyone else knows: no tombstone, its id may be written again
+            conn.execute(
+                "DELETE FROM _offline_state WHERE collection = ? AND record_id = ?", (collection, record_id)
+            )
+            conn.execute(app.codecs[collection].delete_sql, (record_id,))
 
 
 def _rejection(app: App, op: Operation, code: str, message: str) -> dict[str, Any]:
