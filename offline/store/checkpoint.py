@@ -8,7 +8,11 @@ does it in parallel: the writer's commits only append, and tell the thread to lo
 whether the log holds 4 MiB with some not yet copied back (read from the WAL index, see `_due`). A
 PASSIVE checkpoint never waits for or blocks the
 writer; the writer reuses the log from its start once a checkpoint has copied all of it, as it does after
-its own checkpoints. Nothing about durability changes: the checkpointing connection syncs as the writer's
+its own checkpoints. Under sustained writes on a busy machine the thread can fall behind (it is not
+scheduled, or the writer appends while it copies, so the log is never all copied and never starts over):
+when the log's frames in use reach twice the threshold, the writer itself checkpoints between two commits
+with RESTART, which waits for the copy to finish and starts the log over, so the log stays bounded however
+the thread fares. Nothing about durability changes: the checkpointing connection syncs as the writer's
 ``synchronous`` setting says, and a commit is durable once it is in the log either way.
 """
 
@@ -25,6 +29,8 @@ import weakref
 
 # The log size that asks for a checkpoint: SQLite's own default (1,000 pages of 4 KiB).
 CHECKPOINT_BYTES = 1000 * 4096
+# The log size at which the writer stops relying on the thread and checkpoints itself (see the docstring).
+BLOCKING_CHECKPOINT_BYTES = 2 * CHECKPOINT_BYTES
 log = logging.getLogger("offline.store")
 
 # iVersion of the WAL-index header SQLite writes (every version since 3.7.0).
@@ -50,16 +56,29 @@ class Checkpointer:
         self._wake = threading.Event()
         self._closing = False
         self._next_look = 0.0
-        self.checkpoints = 0  # how many ran (tests read it)
+        self.checkpoints = 0  # how many ran on the thread (tests read it)
+        self.blocking_checkpoints = 0  # how many the writer ran because the thread fell behind
         self._thread = threading.Thread(target=self._run, name="offline-checkpoint", daemon=True)
         self._thread.start()
 
-    def committed(self) -> None:
-        """Called after a commit: wakes the thread to look at the log, at most every ``_LOOK_EVERY_S``."""
+    def committed(self, writer: sqlite3.Connection | None = None) -> None:
+        """Called after a commit: wakes the thread to look at the log, at most every ``_LOOK_EVERY_S``.
+
+        With the ``writer``'s connection (outside any transaction), also checkpoints on it, blocking, when
+        the log has grown to ``BLOCKING_CHECKPOINT_BYTES`` without being copied back.
+        """
         now = time.monotonic()
         if now >= self._next_look:
             self._next_look = now + _LOOK_EVERY_S
             self._wake.set()
+            if writer is not None and self._log_bytes() >= BLOCKING_CHECKPOINT_BYTES:
+                try:
+                    # RESTART: copy everything (waiting for the thread's checkpoint to end) and make the
+                    # next commit start the log over. Busy (a reader holds an old snapshot): next look.
+                    writer.execute("PRAGMA wal_checkpoint(RESTART)").fetchone()
+                    self.blocking_checkpoints += 1
+                except sqlite3.Error:
+                    log.debug("blocking checkpoint failed; retried at the next look", exc_info=True)
 
     def _run(self) -> None:
         try:
@@ -91,19 +110,28 @@ class Checkpointer:
         The log file's size would not do: it stays as large as the log ever was, and every look would
         checkpoint (and sync) again. Without a readable index: the file's size, at most once a second.
         """
+        size = self._log_bytes()
+        if size >= 0:
+            return size >= CHECKPOINT_BYTES
+        if time.monotonic() - self._checkpointed_at < 1.0:
+            return False
+        return os.path.getsize(self._log) >= CHECKPOINT_BYTES
+
+    def _log_bytes(self) -> int:
+        """Bytes of the log's frames in use when some are not copied back yet (else 0), read from the WAL
+        index (see `_due`); -1 when it cannot be read."""
         try:
             with open(self._index, "rb") as index:
                 header = index.read(100)
             version, page, last = struct.unpack_from("=I10xHI", header)
             (copied,) = struct.unpack_from("=I", header, 96)
-            if version == _WAL_INDEX_VERSION:
-                size = 65536 if page == 1 else int(page)
-                return int(last) * size >= CHECKPOINT_BYTES and int(last) > int(copied)
         except (OSError, struct.error):
-            pass
-        if time.monotonic() - self._checkpointed_at < 1.0:
-            return False
-        return os.path.getsize(self._log) >= CHECKPOINT_BYTES
+            return -1
+        if version != _WAL_INDEX_VERSION:
+            return -1
+        if int(last) <= int(copied):
+            return 0
+        return int(last) * (65536 if page == 1 else int(page))
 
     @property
     def running(self) -> bool:

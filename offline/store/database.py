@@ -148,7 +148,7 @@ class _Transaction:
                 db.conn.execute("ROLLBACK")
                 raise storage_error("the local database could not commit a write", error) from error
             if db._checkpointer is not None:
-                db._checkpointer.committed()
+                db._checkpointer.committed(db.conn)
         finally:
             db.lock.release()
 
@@ -273,7 +273,7 @@ class LocalDatabase:
         else:
             write_rows(self.conn, self._INSERT_OP_HEAD, rows)
         if self._depth == 0 and self._checkpointer is not None:  # committed on its own
-            self._checkpointer.committed()
+            self._checkpointer.committed(self.conn)
 
     @staticmethod
     def op_row(op: Operation, *, local: bool, status: int, delivery: int | None = None) -> tuple[Any, ...]:

@@ -61,6 +61,30 @@ def test_a_file_database_checkpoints_on_its_thread_not_in_commits(tmp_path: Path
         reopened.close()
 
 
+def test_the_writer_checkpoints_itself_when_the_thread_falls_behind(tmp_path: Path) -> None:
+    """Writes that never pause, with the thread gone (as when the machine is too busy to schedule it): the
+    writer's blocking checkpoints between commits keep the log bounded."""
+    path = str(tmp_path / "local.db")
+    db = LocalDatabase(path)
+    try:
+        checkpointer = _checkpointer(db)
+        checkpointer.stop()
+        deadline = time.monotonic() + 10
+        while checkpointer.running and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not checkpointer.running
+        blob = "y" * 250_000
+        for index in range(80):  # 20 MB
+            with db.transaction():
+                db.set_meta(f"blob-{index % 50}", blob + str(index))
+            # Every commit looks (looks are spaced in time, and this test must not depend on the speed).
+            checkpointer._next_look = 0.0
+        assert checkpointer.blocking_checkpoints >= 1
+        assert os.path.getsize(path + "-wal") < 3 * checkpoint.CHECKPOINT_BYTES
+    finally:
+        db.close()
+
+
 def test_memory_databases_keep_sqlite_checkpointing() -> None:
     db = LocalDatabase(":memory:")
     try:
