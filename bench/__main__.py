@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from bench import backup, browser, cli_startup, core, load, machine, sign_in, store, sync
+from bench import backup, browser, cli_startup, core, load, machine, sign_in, store, sync, trust_boundary
 
 SUITES = {
     "machine": machine.run,  # first: the others are read against it
@@ -15,6 +15,7 @@ SUITES = {
     "cli": cli_startup.run,
     "sync": sync.run,
     "load": load.run,
+    "trust_boundary": trust_boundary.run,
     "browser": browser.run,
     "sign_in": sign_in.run,
     "backup": backup.run,
