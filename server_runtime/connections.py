@@ -25,6 +25,7 @@ log = logging.getLogger("offline.server.sync")
 SHUTDOWN = "shutdown"
 RESYNC = "resync"
 STALLED = "stalled"
+SILENT = "silent"
 
 
 class TokenBucket:
@@ -53,10 +54,11 @@ class Connection:
         "abort",
         "address",
         "bucket",
+        "heard",
         "leaving",
-        "pending",
         "sending_since",
         "session",
+        "since",
         "stop",
         "task",
     )
@@ -64,7 +66,8 @@ class Connection:
     def __init__(self, limits: ConnectionLimits, abort: Callable[[], None] | None, address: str = "") -> None:
         self.abort = abort  # drops the TCP connection at once (None when the ASGI server offers no way)
         self.address = address  # the client's (see server_runtime.client_address)
-        self.pending = True  # until its handshake is accepted
+        self.since = time.monotonic()
+        self.heard = False  # a first frame arrived
         self.bucket = TokenBucket(limits.operations_per_second, limits.operations_burst)
         self.session: Session | None = None
         self.sending_since = 0.0  # monotonic start of the send in progress; 0 when none
@@ -92,7 +95,10 @@ class ConnectionGuard:
         self.connections: set[Connection] = set()
         self.draining = False
         self.counts: Counter[str] = Counter()  # refusals and forced endings by reason, for metrics
-        self.pending: Counter[str] = Counter()  # connections not yet past their handshake, by client address
+        # Connections not yet past their handshake, by client address, and those not heard from at all, each
+        # oldest first (dicts keep insertion order).
+        self.pending: dict[str, dict[Connection, None]] = {}
+        self.silent: dict[Connection, None] = {}
         self._empty = asyncio.Event()
         self._watchdog: asyncio.Task[None] | None = None
 
@@ -102,38 +108,65 @@ class ConnectionGuard:
     def admit(self, abort: Callable[[], None] | None, address: str = "") -> Connection | str:
         """A slot for a new connection from ``address``, or why there is none: the process holds
         ``max_connections`` already, or that address has ``max_pending_per_address`` connections still
-        handshaking (so one address cannot hold every slot with sockets that never say hello)."""
-        if len(self.connections) >= self.limits.max_connections:
+        handshaking (so one address cannot hold every slot with sockets that never say hello). Either way a
+        connection that has said nothing for ``silent_grace`` seconds gives way to the new one first."""
+        now = time.monotonic()
+        if len(self.connections) >= self.limits.max_connections and not self._evict_silent(self.silent, now):
             self.counts["refused_overloaded"] += 1
             return (
                 f"this server holds its maximum of {self.limits.max_connections} sync connections; "
                 "retry later (with backoff)"
             )
-        if self.pending[address] >= self.limits.max_pending_per_address:
+        waiting = self.pending.get(address)
+        if (
+            waiting is not None
+            and len(waiting) >= self.limits.max_pending_per_address
+            and not self._evict_silent(waiting, now)
+        ):
             self.counts["refused_pending_per_address"] += 1
             return (
                 f"{self.limits.max_pending_per_address} sync connections from this address are still "
                 "handshaking; retry later (with backoff)"
             )
         conn = Connection(self.limits, abort, address)
-        self.pending[address] += 1
+        self.pending.setdefault(address, {})[conn] = None
+        self.silent[conn] = None
         self.connections.add(conn)
         self._empty.clear()
         if self._watchdog is None or self._watchdog.done():
             self._watchdog = asyncio.create_task(self._watch(), name="offline-sync-watchdog")
         return conn
 
+    def _evict_silent(self, group: dict[Connection, None], now: float) -> bool:
+        """Ask the oldest connection of ``group`` that has sent nothing for ``silent_grace`` to leave; whether
+        there was one."""
+        for conn in group:
+            if conn.heard or conn.leaving is not None:
+                continue
+            if now - conn.since < self.limits.silent_grace:
+                return False  # the rest are younger still
+            self.counts["cut_silent"] += 1
+            conn.ask_to_leave(SILENT)
+            self.heard(conn)
+            self.established(conn)
+            return True
+        return False
+
+    def heard(self, conn: Connection) -> None:
+        """``conn`` sent its first frame."""
+        conn.heard = True
+        self.silent.pop(conn, None)
+
     def established(self, conn: Connection) -> None:
-        """``conn`` completed its handshake: it no longer counts against its address's pending limit."""
-        if conn.pending:
-            conn.pending = False
-            left = self.pending[conn.address] - 1
-            if left > 0:
-                self.pending[conn.address] = left
-            else:
+        """``conn`` completed its handshake (or is leaving): no longer counted against its address."""
+        waiting = self.pending.get(conn.address)
+        if waiting is not None and conn in waiting:
+            del waiting[conn]
+            if not waiting:
                 del self.pending[conn.address]  # no entry per address ever seen
 
     def release(self, conn: Connection) -> None:
+        self.heard(conn)
         self.established(conn)
         self.connections.discard(conn)
         if not self.connections:

@@ -1,8 +1,11 @@
 """The WebSocket sync endpoint: one `Session` per connection, driven by `SyncService`.
 
 Admission and limits (see ``server_runtime.limits``): the ``Origin`` allow-list is checked before the upgrade
-(HTTP 403); a process at ``max_connections`` answers ``error OVERLOADED`` and closes with 1013; a server
-shutting down answers ``error SERVER_SHUTDOWN``. Once a session runs, its writes pass a per-session rate
+(HTTP 403); a process at ``max_connections``, or a client address with ``max_pending_per_address``
+connections still handshaking, answers ``error OVERLOADED`` and closes with 1013 (unless a connection silent
+for ``silent_grace`` can give way); a server shutting down answers ``error SERVER_SHUTDOWN``. A connection
+must send its handshake within ``handshake_timeout``. A client that vanishes is one log line, within a budget
+(see ``server_runtime.log_budget``). Once a session runs, its writes pass a per-session rate
 (waited out, never refused), and the `ConnectionGuard` may ask it to leave: on shutdown after the batches in
 hand are stored and acknowledged (``SERVER_SHUTDOWN``, close 1012), or when it falls too far behind
 (``RESYNC_REQUIRED``, close 1013). Both codes are retriable: the client reconnects and resumes from its
@@ -25,7 +28,7 @@ from offline.core.errors import OfflineError
 from offline.sync import protocol as p
 
 from .client_address import client_address
-from .connections import RESYNC, SHUTDOWN, Connection, ConnectionGuard
+from .connections import RESYNC, SHUTDOWN, SILENT, Connection, ConnectionGuard
 from .limits import OriginPolicy
 from .log_budget import LogBudget, is_disconnect
 from .sync import Refusal, Session, SyncService
@@ -185,11 +188,12 @@ async def _session(
     )
     if first not in done:
         first.cancel()
-        if stop in done:
+        if stop in done and conn.leaving != SILENT:
             await refuse(p.SERVER_SHUTDOWN, "the server is shutting down; reconnect shortly", True, TRY_AGAIN)
         else:
             await refuse(p.PROTOCOL_VIOLATION, "no handshake received in time", True)
         return
+    guard.heard(conn)
     try:
         frame = first.result()
     except (_Closed, WebSocketDisconnect):

@@ -26,6 +26,7 @@ from typing import Any
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .client_address import POLICY_KEY, ProxyPolicy
+from .connection_gate import ConnectionGate
 
 __all__ = ["BACKUP_IMPORT_PATH", "BODY_TOO_LARGE", "TRANSPORT_KEY", "RequestLimits", "TransportInScope"]
 
@@ -41,13 +42,16 @@ class TransportInScope:
     """Outermost ASGI wrapper (under uvicorn, whose ``send`` is bound to the connection's cycle): puts the
     connection's transport in the scope, where middleware behind Starlette's own wrappers can reach it."""
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, gate: ConnectionGate | None = None) -> None:
         self.app = app
+        self.gate = gate
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         transport = getattr(getattr(send, "__self__", None), "transport", None)
         if transport is not None:
             scope[TRANSPORT_KEY] = transport
+            if self.gate is not None:
+                self.gate.headed(transport)  # its request head arrived in time
         await self.app(scope, receive, send)
 
 

@@ -28,6 +28,7 @@ from starlette.types import Send as ASGISend
 from starlette.websockets import WebSocket
 
 from .client_address import ProxyPolicy
+from .connection_gate import ConnectionGate
 from .connections import ConnectionGuard, GuardCollector
 from .endpoint import ABORT_KEY, sync_endpoint
 from .limits import OriginPolicy, resolve_limits
@@ -178,8 +179,18 @@ class ProductionServer:
         self._warn_open_sync()  # before the dashboard log handler: its live history starts empty
         install_transport_warning_budget()  # asyncio's warning per write to a reset peer, bounded
         self.operational.install()
+        from uvicorn.protocols.http.auto import AutoHTTPProtocol
+
+        # Connections that never finish their request head: bounded per address and in time.
+        gate = ConnectionGate(
+            self.proxies,
+            self.limits.max_pending_per_address,
+            self.sync.limits.handshake_timeout,
+            self.limits.silent_grace,
+        )
         config = uvicorn.Config(
-            TransportInScope(self.app),
+            TransportInScope(self.app, gate),
+            http=gate.protocol(AutoHTTPProtocol),
             log_level="warning",
             lifespan="off",  # started above, so start() fails loudly instead of inside uvicorn
             ws_max_size=self.sync.limits.max_message_bytes + 1024,

@@ -108,8 +108,13 @@ def test_server_from_environment_reads_both_settings(tmp_path: Path) -> None:
 
 @contextlib.contextmanager
 def pending_limited(folder: Path, **env: str) -> Iterator[ServerProcess]:
-    # Two silent connections per address, held for a minute: long enough for any busy machine.
-    base = {"OFFLINE_MAX_PENDING_PER_ADDRESS": "2", "OFFLINE_HANDSHAKE_TIMEOUT": "60"}
+    # Two silent connections per address, held for a minute (and never evicted for a newer one): long enough
+    # for any busy machine.
+    base = {
+        "OFFLINE_MAX_PENDING_PER_ADDRESS": "2",
+        "OFFLINE_HANDSHAKE_TIMEOUT": "60",
+        "OFFLINE_SILENT_GRACE": "60",
+    }
     server = start_server(folder, store="memory", env={**base, **env})
     try:
         yield server

@@ -199,14 +199,17 @@ def upgrade_request(host: str, port: int, path: str = "/offline-sync") -> bytes:
 @dataclass
 class SilentFlood:
     """``count`` WebSockets from ``source`` that complete the upgrade and then say nothing, held open (never
-    closed by this side) until `close`. ``upgraded``: how many got their 101; ``refused``: how many of those
-    the server then told to go away (an error frame before any handshake) or closed."""
+    closed by this side) until `close`. ``upgraded``: how many got their 101; ``failed``: how many did not
+    (refused, reset, or not a 101)."""
 
     host: str
     port: int
     count: int
     source: str = "127.0.0.2"
     concurrency: int = 200
+    # None: a complete WebSocket upgrade; bytes: send only these (a request head never finished) and wait
+    # for nothing.
+    partial: bytes | None = None
     upgraded: int = 0
     failed: int = 0
     writers: list[asyncio.StreamWriter] = field(default_factory=list)
@@ -226,6 +229,9 @@ class SilentFlood:
                     return
                 self.writers.append(writer)
                 self.readers.append(reader)
+                if self.partial is not None:
+                    writer.write(self.partial)
+                    return
                 try:
                     writer.write(upgrade_request(self.host, self.port))
                     head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 60)

@@ -1,0 +1,124 @@
+"""TCP connections that have not sent a complete request head yet: a bounded number per peer address, for a
+bounded time. uvicorn has no deadline of its own for a request head, so a peer opening connections and
+sending nothing (or a byte now and then) would hold a file descriptor each, until the process can accept no
+more. Here each new connection must reach the application (its HTTP request or WebSocket upgrade complete)
+within ``handshake_timeout`` or it is dropped, and one address may have about ``max_pending_per_address``
+such connections at once (see `ConnectionGate.opened`). Trusted proxies (``OFFLINE_TRUSTED_PROXIES``) carry
+every client's connections, so their count is not limited; the deadline still applies.
+
+The protocol class wraps uvicorn's own (whichever HTTP implementation it picked); the application side
+reports each head's arrival through `TransportInScope` (see ``server_runtime.request_limits``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Any
+
+from .client_address import ProxyPolicy
+from .log_budget import LogBudget
+
+__all__ = ["ConnectionGate"]
+
+log = logging.getLogger("offline.server")
+
+
+class ConnectionGate:
+    def __init__(
+        self, policy: ProxyPolicy, max_per_address: int, deadline: float, grace: float = 1.0
+    ) -> None:
+        self.policy = policy
+        self.max_per_address = max_per_address
+        self.deadline = deadline
+        self.grace = grace
+        # Per counted address, its waiting transports (oldest first) and when each arrived.
+        self.pending: dict[str, dict[Any, float]] = {}
+        # transport -> (its counted address or None, the deadline's timer)
+        self._waiting: dict[Any, tuple[str | None, asyncio.TimerHandle]] = {}
+        self.refused = 0
+        self.expired = 0
+        self._refusals = LogBudget(log, "dropped connections", period=30.0, burst=1)
+
+    def opened(self, transport: Any) -> None:
+        """A new TCP connection: counted against its peer's address and given its deadline, or dropped.
+
+        At the address's limit, its oldest waiting connection gives way when it has waited ``grace`` seconds
+        (a real client sends its request at once); a burst of newer ones is let in up to four times the
+        limit (connections accepted together wait for the event loop together), and past that the newcomer
+        is dropped."""
+        peer = transport.get_extra_info("peername")
+        host = str(peer[0]) if isinstance(peer, tuple) and peer else None
+        address = None if host is None or self.policy.trusts_peer(host) else host
+        now = time.monotonic()
+        if address is not None:
+            waiting = self.pending.setdefault(address, {})
+            if len(waiting) >= self.max_per_address:
+                oldest, since = next(iter(waiting.items()))
+                if now - since >= self.grace:
+                    self._drop(oldest, address)
+                elif len(waiting) >= 4 * self.max_per_address:
+                    self._drop(transport, address)
+                    return
+            self.pending.setdefault(address, {})[transport] = now  # (the drop above may have emptied it)
+        timer = asyncio.get_running_loop().call_later(self.deadline, self._expire, transport)
+        self._waiting[transport] = (address, timer)
+
+    def _drop(self, transport: Any, address: str) -> None:
+        self.refused += 1
+        self._refusals.log(
+            logging.WARNING,
+            "dropped a connection from %s: %d of its connections have not sent a request yet",
+            address,
+            len(self.pending.get(address, ())),
+        )
+        self._release(transport)
+        with contextlib.suppress(Exception):
+            transport.abort()
+
+    def headed(self, transport: Any) -> None:
+        """The connection's request (or upgrade) reached the application: no longer waited for."""
+        self._release(transport)
+
+    def lost(self, transport: Any) -> None:
+        self._release(transport)
+
+    def _release(self, transport: Any) -> None:
+        entry = self._waiting.pop(transport, None)
+        if entry is None:
+            return
+        address, timer = entry
+        timer.cancel()
+        if address is not None:
+            waiting = self.pending.get(address)
+            if waiting is not None:
+                waiting.pop(transport, None)
+                if not waiting:
+                    del self.pending[address]
+
+    def _expire(self, transport: Any) -> None:
+        if transport in self._waiting:
+            self.expired += 1
+            self._release(transport)
+            with contextlib.suppress(Exception):
+                transport.abort()
+
+    def protocol(self, base: type[asyncio.Protocol]) -> type[asyncio.Protocol]:
+        """``base`` (uvicorn's HTTP protocol) reporting its connections to this gate."""
+        gate = self
+
+        class GatedProtocol(base):  # type: ignore[valid-type,misc]
+            def connection_made(self, transport: asyncio.BaseTransport) -> None:
+                self._gate_transport = transport
+                super().connection_made(transport)
+                if not transport.is_closing():
+                    gate.opened(transport)
+
+            def connection_lost(self, exc: Exception | None) -> None:
+                gate.lost(getattr(self, "_gate_transport", None))
+                super().connection_lost(exc)
+
+        GatedProtocol.__name__ = GatedProtocol.__qualname__ = f"Gated{base.__name__}"
+        return GatedProtocol
