@@ -264,6 +264,8 @@ class SyncService:
         self.listeners: list[Callable[[str, dict[str, Any]], None]] = []
         # Node id -> the principal it is registered to (registrations never change: a read one is kept).
         self._node_owners: dict[str, str] = {}
+        # Node id -> the highest sequence number stored of it: a new operation above it takes a free place.
+        self._tails: dict[str, int] = {}
         # Whether the listeners want an "operation" event (a wire dict) for every stored operation now; the
         # operational surface, which only forwards them to live event streams, says no while none is open.
         self.wants_operation_events: Callable[[], bool] = lambda: True
@@ -301,7 +303,8 @@ class SyncService:
             gc.collect()
             gc.freeze()
         self.watermark = await self.store.max_delivery()
-        self._seq = (await self.store.version_vector()).get(node_id, 0)
+        self._tails = await self.store.version_vector()
+        self._seq = self._tails.get(node_id, 0)
         self.participating = participating_collections(schema)
         unknown = sorted(set(self.rules) - set(schema.collections))
         if unknown:  # a misspelt name would leave the collection without its rule
@@ -408,9 +411,32 @@ class SyncService:
             self.cache.put(row)
         self._remember(missed)
         self.watermark = max(self.watermark, missed[-1].delivery)
-        for stored in missed:
-            if stored.operation.node_id == self.node_id:
-                self._seq = max(self._seq, stored.operation.sequence_number)
+        self._note_places(missed)
+        self._seq = max(self._seq, self._tails.get(self.node_id, 0))
+
+    def _note_places(self, stored: list[StoredOperation]) -> None:
+        tails = self._tails
+        for item in stored:
+            op = item.operation
+            if op.sequence_number > tails.get(op.node_id, 0):
+                tails[op.node_id] = op.sequence_number
+
+    async def _held_places(
+        self, writer: Any, group: list[_Request], known: set[str]
+    ) -> dict[tuple[str, int], str]:
+        """The stored operations at the places (node id, sequence number) of the group's new operations that
+        are not above their node's highest stored one (a resent batch, a peer's forgery): rarely any."""
+        tails = self._tails
+        wanted = [
+            (op.node_id, op.sequence_number)
+            for request in group
+            for op in request.ops
+            if op.sequence_number <= tails.get(op.node_id, 0) and op.id not in known
+        ]
+        if not wanted:
+            return {}
+        held: dict[tuple[str, int], str] = await writer.held_places(wanted)
+        return held
 
     # -- scope ------------------------------------------------------------------------------------------------------
 
@@ -541,10 +567,11 @@ class SyncService:
             async with self._lock, self.store.writer(optimistic=True) as writer:
                 await self._catch_up(writer)
                 known = await writer.known_operations([op for r in group for op in r.ops])
+                places = await self._held_places(writer, group, known)
                 view = StagedView(self.cache)
                 taken: set[str] = set()  # accepted earlier in this group
                 for index, request in enumerate(group):
-                    self._judge_batch(request, outcomes[index], index, view, known, taken, accepted)
+                    self._judge_batch(request, outcomes[index], index, view, known, taken, accepted, places)
                 # Each state is encoded once, for the store and the cache alike.
                 rows = [
                     row
@@ -576,6 +603,7 @@ class SyncService:
         if stored:
             self._remember(stored)
             self.watermark = max(self.watermark, stored[-1].delivery)
+            self._note_places(stored)
         for results in outcomes:
             self.counters["accepted"] += sum(1 for v in results.values() if isinstance(v, int) and v)
             self.counters["duplicates"] += sum(1 for v in results.values() if v is None)
@@ -607,13 +635,25 @@ class SyncService:
         known: set[str],
         taken: set[str],
         accepted: list[tuple[int, Operation, dict[str, Any] | None]],
+        places: dict[tuple[str, int], str],
     ) -> None:
-        """Judge one client batch into ``view`` (after the batches before it in the group)."""
+        """Judge one client batch into ``view`` (after the batches before it in the group). ``places``: the
+        operation ids at (node id, sequence number) places taken in the store or by this group so far."""
         session = request.session
         deleted: list[tuple[str, str, dict[str, Any]]] = []
         for op in topological_sort(request.ops):
             if op.id in known or op.id in results or op.id in taken:
                 results.setdefault(op.id, None)
+                continue
+            place = (op.node_id, op.sequence_number)
+            holder = places.get(place)
+            if holder is not None and holder != op.id:
+                # Every replica refuses a batch holding two operations of one node under one number: stored,
+                # this one would stop every client it is relayed to from syncing.
+                results[op.id] = Refusal(
+                    p.INVALID_OPERATION,
+                    f"sequenceNumber {op.sequence_number} of node {op.node_id} is taken by another operation",
+                )
                 continue
             refusal, actions, trial = self._judge(session, op, view)
             if refusal is not None or trial is None:
@@ -631,6 +671,7 @@ class SyncService:
                 )
             )
             taken.add(op.id)
+            places[place] = op.id
             results[op.id] = 0
             for action in actions:  # Tier 2: the server writes the losers' side as its own operations
                 accepted.append((-1, *self._server_write(view, action)))
@@ -656,7 +697,8 @@ class SyncService:
             self.node_id = node_id
             self.clock = HybridLogicalClock(node_id, now=self._now)
             self.engine = MergeEngine(self.schema, authoritative_nodes=(node_id,))
-            self._seq = (await self.store.version_vector()).get(node_id, 0)
+            self._tails = await self.store.version_vector()
+            self._seq = self._tails.get(node_id, 0)
         await self._register_server_node(node_id)
 
     def _deleted_values(self, view: StagedView, collection: str, record_id: str) -> dict[str, Any] | None:

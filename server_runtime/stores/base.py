@@ -196,6 +196,11 @@ class StoreWriter(abc.ABC):
         """The stored rows of ``keys`` (keys without a row are absent from the result)."""
 
     @abc.abstractmethod
+    async def held_places(self, places: Iterable[tuple[str, int]]) -> dict[tuple[str, int], str]:
+        """The ids of the stored operations at these (node id, sequence number) places (free ones absent).
+        A node never numbers two operations alike: clients refuse a batch that does."""
+
+    @abc.abstractmethod
     async def append(self, ops: Sequence[tuple[Operation, Mapping[str, Any] | None]]) -> list[int | None]:
         """Store ``(operation, scope)`` pairs in order, stamping each new one with the next delivery sequence.
 

@@ -58,6 +58,7 @@ class MemoryServerStore(ServerStore):
         self._rows: dict[RecordKey, _Row] = {}
         self._meta: dict[str, str] = {}
         self._vector: dict[str, int] = {}
+        self._places: dict[tuple[str, int], str] = {}  # (node id, sequence number) -> operation id
         self._nodes: dict[str, str] = {}  # node id -> principal
         self._lock = asyncio.Lock()
 
@@ -87,6 +88,7 @@ class MemoryServerStore(ServerStore):
         for op in writer.ops:
             self._ops.append(op)
             self._ids.add(op.operation.id)
+            self._places.setdefault((op.operation.node_id, op.operation.sequence_number), op.operation.id)
             node = op.operation.node_id
             if op.operation.sequence_number > self._vector.get(node, -1):
                 self._vector[node] = op.operation.sequence_number
@@ -189,6 +191,16 @@ class _MemoryWriter(StoreWriter):
             value = self.rows.get(key) or self.store._rows.get(key)
             if value is not None:
                 out[key] = _row(key, value, self.store._refold_state)
+        return out
+
+    async def held_places(self, places: Iterable[tuple[str, int]]) -> dict[tuple[str, int], str]:
+        self._check()
+        own = {(o.operation.node_id, o.operation.sequence_number): o.operation.id for o in reversed(self.ops)}
+        out: dict[tuple[str, int], str] = {}
+        for place in places:
+            found = self.store._places.get(place) or own.get(place)
+            if found is not None:
+                out[place] = found
         return out
 
     async def append(self, ops: Sequence[tuple[Operation, Mapping[str, Any] | None]]) -> list[int | None]:

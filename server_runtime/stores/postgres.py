@@ -512,6 +512,21 @@ class _PostgresWriter(StoreWriter):
         with self.store._errors("reading records"):
             return await _load_rows(self.conn, keys, self.store._refold_state)
 
+    async def held_places(self, places: Iterable[tuple[str, int]]) -> dict[tuple[str, int], str]:
+        self._check()
+        wanted = list(dict.fromkeys(places))
+        if not wanted:
+            return {}
+        with self.store._errors("reading sequence numbers"):
+            rows = await self.conn.fetch(
+                "SELECT o.node_id, o.sequence_number, o.id FROM offline_operations o"
+                " JOIN unnest($1::text[], $2::bigint[]) AS w(node_id, sequence_number)"
+                " USING (node_id, sequence_number)",
+                [n for n, _ in wanted],
+                [s for _, s in wanted],
+            )
+        return {(str(r[0]), int(r[1])): str(r[2]) for r in rows}
+
     async def append(self, ops: Sequence[tuple[Operation, Mapping[str, Any] | None]]) -> list[int | None]:
         self._check()
         _codec.check_appends(ops)

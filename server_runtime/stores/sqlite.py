@@ -761,6 +761,22 @@ class _SQLiteWriter(StoreWriter):
                 )
         return out
 
+    async def held_places(self, places: Iterable[tuple[str, int]]) -> dict[tuple[str, int], str]:
+        self._check()
+        wanted = list(dict.fromkeys(places))
+        if not wanted:
+            return {}
+        # One search of the (node_id, sequence_number) index each, the places as rows of a VALUES list.
+        statements = row_statements(
+            "WITH wanted (n, s) AS (",
+            wanted,
+            ") SELECT o.node_id, o.sequence_number, o.id FROM wanted JOIN offline_operations AS o"
+            " ON o.node_id = wanted.n AND o.sequence_number = wanted.s",
+        )
+        with self.store._errors("reading sequence numbers"):
+            results = await self._read([("fetch", sql, values) for sql, values in statements])
+        return {(str(n), int(s)): str(i) for rows in results for n, s, i in rows or ()}
+
     async def append(self, ops: Sequence[tuple[Operation, Mapping[str, Any] | None]]) -> list[int | None]:
         self._check()
         _codec.check_appends(ops)

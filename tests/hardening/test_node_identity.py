@@ -218,6 +218,47 @@ async def _clash_after_restart(server: ServerProcess) -> None:
         assert bob.closed is None
 
 
+def test_a_node_never_numbers_two_operations_alike(tmp_path: Path) -> None:
+    """Every client refuses a relay batch holding two operations of one node under one sequence number (a
+    forgery): stored, such a pair would stop every client it is relayed to from syncing, for good."""
+    server = serve(tmp_path / "server")
+    try:
+        asyncio.run(_reused_numbers(server))
+    finally:
+        server.terminate()
+
+
+async def _reused_numbers(server: ServerProcess) -> None:
+    [(_, token), (_, bob_token)] = await users(server.http_url, "ada@example.com", "bob@example.com")
+    phone, laptop = Writer(), Writer()
+    async with session(server.sync_url, token, phone) as ada:
+        first = phone.op("boards", {"name": "one"})
+        await push(ada, first)
+        # The same number again, with other content: in its own batch, and twice in one batch.
+        phone.sequence -= 1
+        again = phone.op("boards", {"name": "two"})
+        assert again["sequenceNumber"] == first["sequenceNumber"]
+        assert_names(await ada.refused(again), again, p.INVALID_OPERATION)
+        twins = [
+            phone.op("boards", {"name": "three"}),
+            phone.op("boards", {"name": "four"}, sequence_number=phone.sequence),
+        ]
+        await asyncio.wait_for(await ada.send_batch(twins), TIMEOUT)
+        assert [r.operation_id for r in ada.rejections if r.operation_id in {t["id"] for t in twins}] == [
+            twins[1]["id"]
+        ]
+        # A resent operation is a duplicate, not a clash.
+        await push(ada, first)
+    # Nor may another device of the same user reuse the phone's numbers.
+    async with session(server.sync_url, token, laptop) as ada_laptop:
+        phone.sequence = 0
+        clash = phone.op("boards", {"name": "from the laptop"})
+        assert_names(await ada_laptop.refused(clash), clash, p.INVALID_OPERATION)
+    async with session(server.sync_url, bob_token) as bob:
+        await wait_for(lambda: len(bob.received) == 2, lambda: f"bob's resync: {bob.received}")
+        assert [op["id"] for op in bob.received] == [first["id"], twins[0]["id"]]
+
+
 def test_a_deleted_record_stays_in_its_owners_scope(tmp_path: Path) -> None:
     server = serve(tmp_path / "server")
     try:

@@ -477,6 +477,53 @@ def test_meta(backend: Backend) -> None:
     backend.run(test)
 
 
+def test_node_registry(backend: Backend) -> None:
+    async def test(store: ServerStore) -> None:
+        assert await store.node_principals(["phone", "laptop"]) == {}
+        assert await store.claim_node("phone", "user:ada") == "user:ada"
+        # The first principal keeps it: a later claim only learns whose it is.
+        assert await store.claim_node("phone", "user:bob") == "user:ada"
+        assert await store.claim_node("laptop", "user:bob") == "user:bob"
+        assert await store.node_principals(["phone", "laptop", "tablet"]) == {
+            "phone": "user:ada",
+            "laptop": "user:bob",
+        }
+        with pytest.raises(TypeError):
+            await store.claim_node("", "user:ada")
+        with pytest.raises(TypeError):
+            await store.claim_node("tablet", "")
+
+    backend.run(test)
+
+
+def test_held_places(backend: Backend) -> None:
+    async def test(store: ServerStore) -> None:
+        first, second = make_op("node-a", 1, "r1"), make_op("node-a", 2, "r2")
+        await append(store, first)
+        async with store.writer() as writer:
+            await writer.append([(second, None)])
+            # The writer's own appends count too.
+            assert await writer.held_places([("node-a", 1), ("node-a", 2), ("node-a", 3), ("node-b", 1)]) == {
+                ("node-a", 1): first.id,
+                ("node-a", 2): second.id,
+            }
+            assert await writer.held_places([]) == {}
+
+    backend.run(test)
+
+
+def test_postgres_node_claims_race_between_processes(postgres_backend: Backend) -> None:
+    async def main() -> None:
+        async with postgres_backend.opened() as a, postgres_backend.opened() as b:
+            for i in range(20):
+                node = f"node-{i}"
+                owners = await asyncio.gather(a.claim_node(node, "user:ada"), b.claim_node(node, "user:bob"))
+                assert owners[0] == owners[1] in ("user:ada", "user:bob")
+                assert await a.node_principals([node]) == {node: owners[0]}
+
+    asyncio.run(main())
+
+
 # ------------------------------------------------------------------------------------ transactions
 
 
