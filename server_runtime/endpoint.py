@@ -30,6 +30,7 @@ from offline.sync import protocol as p
 from .client_address import client_address
 from .connections import RESYNC, SHUTDOWN, SILENT, Connection, ConnectionGuard
 from .limits import OriginPolicy
+from .live_sessions import EXPIRED, REVOKED
 from .log_budget import LogBudget, is_disconnect
 from .sync import Refusal, Session, SyncService
 
@@ -259,6 +260,8 @@ async def _session(
     guard.established(conn)
     conn.session = session
     service.sessions.add(session)
+    # Revoking the auth session or the token expiring asks this session to leave (see live_sessions).
+    live = service.live.add(claims, conn.ask_to_leave)
     service.emit("connection", {"nodeId": session.node_id, "state": "connected"})
     relay = asyncio.create_task(service.relay(session), name=f"relay-{session.node_id}")
     # Batches of this session being stored, oldest first. The next frame is read while they are: a batch
@@ -278,6 +281,8 @@ async def _session(
                 if receive is not None:
                     receive.cancel()  # the frame, if one arrives, stays queued; its sender resends it anyway
                     receive = None
+                if conn.leaving in (REVOKED, EXPIRED):
+                    await _stop_task(relay)  # its credentials are gone: nothing more is relayed to it
                 await _settle(storing)  # the batches in hand are stored and acknowledged first
                 reason = await _farewell(websocket, send, relay, conn)
                 break
@@ -375,6 +380,7 @@ async def _session(
             task.cancel()
         conn.session = None
         service.sessions.discard(session)
+        service.live.discard(live)
         await _stop_task(relay)
         service.emit("connection", {"nodeId": session.node_id, "state": "disconnected", "reason": reason})
 
@@ -391,7 +397,14 @@ async def _farewell(websocket: WebSocket, send: Send, relay: asyncio.Task[None],
     """End a session the guard asked to leave: stop relaying, say why, close (or cut a peer not reading)."""
     await _stop_task(relay)
     session = conn.session
-    if conn.leaving == RESYNC:
+    retriable = True
+    if conn.leaving == REVOKED:
+        code, close_code, retriable = p.SESSION_REVOKED, POLICY, False
+        message = "this session was signed out or revoked; sign in again"
+    elif conn.leaving == EXPIRED:
+        code, close_code = p.TOKEN_EXPIRED, POLICY
+        message = "the access token expired; refresh it and reconnect"
+    elif conn.leaving == RESYNC:
         pending = len(session.unacked) if session is not None else 0
         code, close_code = p.RESYNC_REQUIRED, TRY_AGAIN
         message = (
@@ -403,11 +416,11 @@ async def _farewell(websocket: WebSocket, send: Send, relay: asyncio.Task[None],
         message = "the server is restarting; reconnect shortly (unacknowledged operations are resent then)"
     try:
         async with asyncio.timeout(_FAREWELL_TIMEOUT):
-            await send(p.encode(p.ErrorMessage(p.new_message_id(), code, message, True)))
+            await send(p.encode(p.ErrorMessage(p.new_message_id(), code, message, retriable)))
             await websocket.close(close_code, code)
     except (TimeoutError, OSError, WebSocketDisconnect, RuntimeError):
         conn.cut()
-    return RESYNC if conn.leaving == RESYNC else SHUTDOWN
+    return conn.leaving if conn.leaving in (RESYNC, REVOKED, EXPIRED) else SHUTDOWN
 
 
 async def _stop_task(task: asyncio.Task[Any]) -> None:

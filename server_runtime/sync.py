@@ -39,6 +39,7 @@ from offline.merge.relations import complete_actions, plan_record_delete
 from offline.merge.values import operation_text
 from offline.sync import protocol as p
 
+from .live_sessions import LiveSessions
 from .records import RecordCache, StagedView, one_operation_state
 from .stores._codec import decode_optional
 from .stores.base import RecordRow, ServerStore, StoredOperation, StoredRecordRow, WriteConflict
@@ -243,6 +244,8 @@ class SyncService:
         self.limits = limits or SyncLimits()
         self._now = now or (lambda: time.time_ns() // 1_000_000)
         self.sessions: set[Session] = set()
+        # Auth session id -> its live sync sessions, ended when it is revoked or its token expires.
+        self.live = LiveSessions(auth)
         self.started = False
         self._lock = asyncio.Lock()
         self._queue: list[_Request] = []  # batches waiting for the next group commit
@@ -319,6 +322,7 @@ class SyncService:
         min_version = min(schema.migrations) - 1 if schema.migrations else schema.version
         self.supported_schema = (max(1, min_version), schema.version)
         await self.store.listen(self._on_remote_commit)
+        self.live.start()
         self.started = True
 
     async def _create_node_id(self) -> str:
@@ -381,6 +385,7 @@ class SyncService:
 
     async def stop(self) -> None:
         self.started = False
+        await self.live.stop()
         for session in list(self.sessions):
             session.wake.set()
 

@@ -376,6 +376,22 @@ class SyncEngine:
             return False
         return result is not None
 
+    async def _refresh_after_expiry(self) -> None:
+        """The server ended the session because its access token expired (TOKEN_EXPIRED): refresh it before
+        reconnecting, whatever this machine's clock says about it. A refused refresh (the session was revoked
+        meanwhile) is left to the reconnect's token check, which then stops syncing with AUTH_FAILED; an
+        unreachable auth server is retried with the reconnect."""
+        client = self.auth_client
+        refresh = getattr(client, "refresh_access_token", None) or getattr(client, "refresh", None)
+        if refresh is None:
+            return
+        try:
+            result = refresh()
+            if asyncio.iscoroutine(result):
+                await result
+        except OfflineError as exc:
+            log.info("sync: refreshing the expired access token failed (%s)", exc.code)
+
     async def _session(self, conn: Any) -> None:
         app = self.app
         hello = p.Handshake(
@@ -605,6 +621,8 @@ class SyncEngine:
             elif isinstance(message, p.HandshakeResponse) and message.message_id == self._handshake_reply:
                 continue  # the same reply delivered twice: a duplicate is ignored, never a reason to reconnect
             elif isinstance(message, p.ErrorMessage):
+                if message.code == p.TOKEN_EXPIRED:
+                    await self._refresh_after_expiry()
                 if message.retriable:
                     raise ConnectionLost(f"{message.code}: {message.message}")
                 raise SyncFatal(message.message, message.code, {"url": self.url})

@@ -58,6 +58,8 @@ __all__ = [
     "SCHEMA_MISMATCH",
     "SCOPE_VIOLATION",
     "SERVER_SHUTDOWN",
+    "SESSION_REVOKED",
+    "TOKEN_EXPIRED",
     "UNKNOWN_MESSAGE_TYPE",
     "Acknowledgment",
     "ErrorMessage",
@@ -110,6 +112,10 @@ OVERLOADED: Final = "OVERLOADED"
 SERVER_SHUTDOWN: Final = "SERVER_SHUTDOWN"
 RESYNC_REQUIRED: Final = "RESYNC_REQUIRED"
 INTERNAL_ERROR: Final = "INTERNAL_ERROR"
+#: A live session ended by the server: its auth session was revoked (only new credentials help) ...
+SESSION_REVOKED: Final = "SESSION_REVOKED"
+#: ... or its access token expired (refresh, then reconnect).
+TOKEN_EXPIRED: Final = "TOKEN_EXPIRED"
 
 # One operation is refused: sent as an `operation-rejected` message.
 SCOPE_VIOLATION: Final = "SCOPE_VIOLATION"
@@ -135,6 +141,8 @@ CONNECTION_ERROR_CODES: Final = frozenset(
         SERVER_SHUTDOWN,
         RESYNC_REQUIRED,
         INTERNAL_ERROR,
+        SESSION_REVOKED,
+        TOKEN_EXPIRED,
     }
 )
 OPERATION_ERROR_CODES: Final = frozenset(
@@ -150,7 +158,9 @@ OPERATION_ERROR_CODES: Final = frozenset(
     }
 )
 #: Codes after which the same request may succeed later (reconnect / resend).
-RETRIABLE_CODES: Final = frozenset({OVERLOADED, SERVER_SHUTDOWN, INTERNAL_ERROR, RESYNC_REQUIRED})
+RETRIABLE_CODES: Final = frozenset(
+    {OVERLOADED, SERVER_SHUTDOWN, INTERNAL_ERROR, RESYNC_REQUIRED, TOKEN_EXPIRED}
+)
 
 
 class ProtocolError(OfflineError):

@@ -25,7 +25,9 @@ from starlette.routing import BaseRoute, Route, Router
 from offline.core.errors import OfflineError
 from offline.core.uuid7 import generate_uuid_v7
 
+from ..live_sessions import SessionBinding
 from . import oauth as _oauth
+from . import sessions as _sessions
 from .linking import LinkRoutes
 from .mfa import MfaRoutes
 from .orgs import OrgRoutes, current_org_claims, org_claims, roles_from
@@ -134,6 +136,9 @@ class AuthRoutes:
                 {"field": "totp_issuer"},
             )
         self.server_store: ServerStore | None = None
+        # Told the ids of sessions revoked through these routes, after the revocation commits (live sync
+        # sessions of theirs are then ended; see server_runtime.live_sessions).
+        self._revocation_listeners: list[Callable[[list[str]], None]] = []
         self._next_purge = 0.0
         self._provider = SyncAuthProvider(self)
         key = secret.encode("utf-8") if isinstance(secret, str) else bytes(secret)
@@ -184,6 +189,29 @@ class AuthRoutes:
     def close(self) -> None:
         """Release the password-hashing threads (they are started again on demand)."""
         self.passwords.close()
+
+    def subscribe_revocations(self, listener: Callable[[list[str]], None]) -> None:
+        if listener not in self._revocation_listeners:
+            self._revocation_listeners.append(listener)
+
+    def unsubscribe_revocations(self, listener: Callable[[list[str]], None]) -> None:
+        with contextlib.suppress(ValueError):
+            self._revocation_listeners.remove(listener)
+
+    def _announce_revoked(self, session_ids: list[str]) -> None:
+        if not session_ids:
+            return
+        for listener in list(self._revocation_listeners):
+            try:
+                listener(session_ids)
+            except Exception:
+                log.exception("a revocation listener failed")
+
+    async def ended_sessions(self, session_ids: Sequence[str]) -> set[str]:
+        """The ids among ``session_ids`` whose sessions are revoked or gone (read from the store, so
+        revocations by other server processes sharing it count too)."""
+        async with self._store().reader() as tx:
+            return await _sessions.ended_sessions(tx, session_ids)
 
     def _store(self) -> AuthStore:
         if self.server_store is None:
@@ -441,6 +469,7 @@ class AuthRoutes:
                     outcome = "ok"
         if outcome == "reused":
             assert row is not None
+            self._announce_revoked([row.session_id])
             log.warning(
                 "refresh token reuse detected: session %s of user %s revoked", row.session_id, row.user_id
             )
@@ -479,6 +508,7 @@ class AuthRoutes:
             revoked = [sid for sid in sorted(sessions) if await tx.revoke_session(sid, now, "signed out")]
         for sid in revoked:
             log.info("session %s signed out", sid)
+        self._announce_revoked(revoked)
         return Response(status_code=204, headers={"Cache-Control": "no-store"})
 
     async def revoke(self, request: Request) -> Response:
@@ -490,10 +520,13 @@ class AuthRoutes:
         now = self._ms()
         async with self._store().transaction() as tx:
             if everything:
+                ended = await _sessions.live_session_ids(tx, str(claims["sub"]))
                 count = await tx.revoke_user_sessions(str(claims["sub"]), now, "revoked by the user")
             else:
+                ended = [str(claims["sid"])]
                 count = int(await tx.revoke_session(str(claims["sid"]), now, "revoked by the user"))
         log.info("user %s revoked %d session(s)", claims["sub"], count)
+        self._announce_revoked(ended)
         return Response(status_code=204, headers={"Cache-Control": "no-store"})
 
     async def me(self, request: Request) -> Response:
@@ -651,6 +684,21 @@ class SyncAuthProvider:
 
     async def __call__(self, token: str | None) -> dict[str, Any] | None:
         return await self.authenticate(token)
+
+    # What the sync core needs to end live sessions (server_runtime.live_sessions).
+
+    def session_binding(self, claims: Mapping[str, Any]) -> SessionBinding:
+        """The auth session a connection's token belongs to (``sid``) and when the token expires (``exp``)."""
+        return SessionBinding(str(claims["sid"]), float(claims["exp"]))
+
+    async def ended_sessions(self, session_ids: Sequence[str]) -> set[str]:
+        return await self.routes.ended_sessions(session_ids)
+
+    def subscribe_revocations(self, listener: Callable[[list[str]], None]) -> None:
+        self.routes.subscribe_revocations(listener)
+
+    def unsubscribe_revocations(self, listener: Callable[[list[str]], None]) -> None:
+        self.routes.unsubscribe_revocations(listener)
 
 
 def create_auth_routes(

@@ -12,21 +12,14 @@ from typing import Any
 
 import httpx
 
+from tests.hardening.support import SCHEMA_SOURCE
 from tests.support.servers import ServerProcess, write_entry
 
 from .conftest import PASSWORD, SECRET
 
-ENTRY = """
-from offline import define_schema, t
-
-schema = define_schema(
-    {
-        "version": 1,
-        "collections": {"todos": {"fields": {"ownerId": t.string(), "title": t.string()}}},
-        "sync": {"todos": {"where": {"ownerId": "userId"}}},
-    }
-)
-"""
+# todos: each user's own (ownerId <- the token's subject); boards: shared by everyone. The protocol-level
+# clients of tests.hardening.support speak this schema.
+ENTRY = SCHEMA_SOURCE
 
 TIMEOUT = 60.0
 

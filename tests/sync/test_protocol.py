@@ -334,7 +334,8 @@ def test_protocol_error() -> None:
     for code in RETRIABLE_CODES:
         assert ProtocolError(code, "x").retriable is True
     assert ProtocolError(MALFORMED_MESSAGE, "x", True).retriable is True
-    assert {P.OVERLOADED, P.SERVER_SHUTDOWN, P.INTERNAL_ERROR, P.RESYNC_REQUIRED} == RETRIABLE_CODES
+    retriable = {P.OVERLOADED, P.SERVER_SHUTDOWN, P.INTERNAL_ERROR, P.RESYNC_REQUIRED, P.TOKEN_EXPIRED}
+    assert retriable == RETRIABLE_CODES
     assert P.CONNECTION_ERROR_CODES.isdisjoint(P.OPERATION_ERROR_CODES)
     assert ProtocolError(P.OVERLOADED, "x").context == {"field": None}
 
