@@ -7,7 +7,8 @@ the address comes from the client-address header (``OFFLINE_CLIENT_IP_HEADER``, 
 on Fly.io ``Fly-Client-IP``, which holds a single address). Each proxy appends the address it saw to
 ``X-Forwarded-For``, so only the right end of the list is trustworthy: the client is the right-most address
 that is not itself a trusted proxy. A header missing or not an address leaves the last trusted hop as the
-client, never a value the client chose.
+client, never a value the client chose. An IPv6 client is named by its /64 network (``2001:db8:1:2::/64``):
+an attacker rotating addresses inside its prefix stays one client for every limit.
 
 `client_address` takes a request, a WebSocket or an ASGI scope; the server's middleware (see
 ``server_runtime.http_limits``) puts its `ProxyPolicy` in the scope, so every route asks the same function.
@@ -29,6 +30,7 @@ __all__ = [
     "TRUSTED_PROXIES_ENV",
     "ProxyPolicy",
     "client_address",
+    "limit_key",
 ]
 
 TRUSTED_PROXIES_ENV = "OFFLINE_TRUSTED_PROXIES"
@@ -58,6 +60,20 @@ def _parse_address(text: str) -> _Address | None:
     if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
         return address.ipv4_mapped  # the same client whether it came in over v4 or a dual-stack socket
     return address
+
+
+def _identity(address: _Address) -> str:
+    """How limits tell clients apart: an IPv4 address, or an IPv6 address's /64 (one subscriber's prefix,
+    whose 2**64 addresses are one client's to rotate through)."""
+    if isinstance(address, ipaddress.IPv6Address):
+        return str(ipaddress.IPv6Network((address, 64), strict=False))
+    return str(address)
+
+
+def limit_key(host: str) -> str:
+    """`_identity` of a peer address as the transport gives it (unparsable: unchanged)."""
+    address = _parse_address(host)
+    return _identity(address) if address is not None else host
 
 
 class ProxyPolicy:
@@ -108,7 +124,7 @@ class ProxyPolicy:
     def address(self, peer: str | None, headers: Iterable[tuple[bytes, bytes]]) -> str:
         """The client's address for a connection from ``peer`` carrying these (raw ASGI) headers."""
         peer_address = _parse_address(peer) if peer else None
-        client = str(peer_address) if peer_address is not None else (peer or UNKNOWN)
+        client = _identity(peer_address) if peer_address is not None else (peer or UNKNOWN)
         if not self.enabled or peer is None or not self.trusts_peer(peer):
             return client
         # Repeated headers read as one list, in order (RFC 9110 5.3).
@@ -118,7 +134,7 @@ class ProxyPolicy:
             address = _parse_address(hop)
             if address is None:
                 break  # not written by a proxy we trust: stop at the last hop we can vouch for
-            client = str(address)
+            client = _identity(address)
             # "*" trusts the peer only: hops named in the header are trusted when listed explicitly.
             if not self._listed(address):
                 break

@@ -18,10 +18,10 @@ import logging
 import time
 from typing import Any
 
-from .client_address import ProxyPolicy
+from .client_address import ProxyPolicy, limit_key
 from .log_budget import LogBudget
 
-__all__ = ["ConnectionGate"]
+__all__ = ["ConnectionGate", "GateCollector"]
 
 log = logging.getLogger("offline.server")
 
@@ -51,7 +51,7 @@ class ConnectionGate:
         is dropped."""
         peer = transport.get_extra_info("peername")
         host = str(peer[0]) if isinstance(peer, tuple) and peer else None
-        address = None if host is None or self.policy.trusts_peer(host) else host
+        address = None if host is None or self.policy.trusts_peer(host) else limit_key(host)
         now = time.monotonic()
         if address is not None:
             waiting = self.pending.setdefault(address, {})
@@ -122,3 +122,27 @@ class ConnectionGate:
 
         GatedProtocol.__name__ = GatedProtocol.__qualname__ = f"Gated{base.__name__}"
         return GatedProtocol
+
+
+class GateCollector:
+    """Prometheus view of the gate (registered on the server's own registry)."""
+
+    def __init__(self, gate: ConnectionGate) -> None:
+        self.gate = gate
+
+    def collect(self) -> Any:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        yield GaugeMetricFamily(
+            "offline_http_connections_waiting",
+            "TCP connections that have not sent a complete request yet",
+            value=len(self.gate._waiting),
+        )
+        dropped = CounterMetricFamily(
+            "offline_http_connections_dropped",
+            "TCP connections dropped before their request: too many from one address, or past the deadline",
+            labels=["reason"],
+        )
+        dropped.add_metric(["per_address"], self.gate.refused)
+        dropped.add_metric(["deadline"], self.gate.expired)
+        yield dropped

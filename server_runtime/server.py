@@ -28,7 +28,7 @@ from starlette.types import Send as ASGISend
 from starlette.websockets import WebSocket
 
 from .client_address import ProxyPolicy
-from .connection_gate import ConnectionGate
+from .connection_gate import ConnectionGate, GateCollector
 from .connections import ConnectionGuard, GuardCollector
 from .endpoint import ABORT_KEY, sync_endpoint
 from .limits import OriginPolicy, resolve_limits
@@ -73,6 +73,13 @@ class ProductionServer:
         # Whose forwarding headers count (none unless configured): see server_runtime.client_address.
         self.proxies = ProxyPolicy.resolve(trusted_proxies, client_ip_header)
         self.guard = ConnectionGuard(self.limits)
+        # TCP connections that never finish their request head: bounded per address and in time.
+        self.gate = ConnectionGate(
+            self.proxies,
+            self.limits.max_pending_per_address,
+            sync_limits.handshake_timeout,
+            self.limits.silent_grace,
+        )
         self.sync = SyncService(
             store, auth=options.get("auth"), limits=sync_limits, rules=options.get("rules")
         )
@@ -96,6 +103,7 @@ class ProductionServer:
 
         ops = self.operational = Operational(self)
         ops.registry.register(GuardCollector(self.guard))  # type: ignore[arg-type]
+        ops.registry.register(GateCollector(self.gate))  # type: ignore[arg-type]
         # Log lines reach stdout and the live event stream: neither may carry a configured secret.
         self.redactor = SecretRedactor(
             [*secrets_from_environment(os.environ), *(str(v) for v in self.operational_auth.values() if v)]
@@ -181,16 +189,9 @@ class ProductionServer:
         self.operational.install()
         from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
-        # Connections that never finish their request head: bounded per address and in time.
-        gate = ConnectionGate(
-            self.proxies,
-            self.limits.max_pending_per_address,
-            self.sync.limits.handshake_timeout,
-            self.limits.silent_grace,
-        )
         config = uvicorn.Config(
-            TransportInScope(self.app, gate),
-            http=gate.protocol(AutoHTTPProtocol),
+            TransportInScope(self.app, self.gate),
+            http=self.gate.protocol(AutoHTTPProtocol),
             log_level="warning",
             lifespan="off",  # started above, so start() fails loudly instead of inside uvicorn
             ws_max_size=self.sync.limits.max_message_bytes + 1024,

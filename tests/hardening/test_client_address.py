@@ -42,7 +42,7 @@ def test_from_a_trusted_proxy_the_right_most_untrusted_hop_is_the_client() -> No
     assert client_address(scope("192.0.2.7", chain, policy=policy)) == "203.0.113.9"
     # Repeated headers are one list; ports and brackets are tolerated.
     split = (("X-Forwarded-For", "198.51.100.1"), ("X-Forwarded-For", "[2001:db8::1]:443"))
-    assert client_address(scope("10.9.9.9", *split, policy=policy)) == "2001:db8::1"
+    assert client_address(scope("10.9.9.9", *split, policy=policy)) == "2001:db8::/64"
     # An untrusted peer's header is ignored, whatever it says.
     assert client_address(scope("203.0.113.50", chain, policy=policy)) == "203.0.113.50"
     # Garbage where an address should be: the last hop vouched for (the proxy) is the client.
@@ -55,6 +55,14 @@ def test_from_a_trusted_proxy_the_right_most_untrusted_hop_is_the_client() -> No
     assert client_address(scope("10.0.0.1", ("X-Forwarded-For", "10.0.0.3, 10.0.0.2"), policy=policy)) == (
         "10.0.0.3"
     )
+
+
+def test_an_ipv6_client_is_its_64_prefix() -> None:
+    # Rotating through one's own /64 (2**64 addresses) does not make a new client.
+    for peer in ("2001:db8:1:2::1", "2001:db8:1:2:ffff:1:2:3", "[2001:db8:1:2::9]"):
+        assert client_address(scope(peer)) == "2001:db8:1:2::/64"
+    assert client_address(scope("2001:db8:1:3::1")) == "2001:db8:1:3::/64"
+    assert client_address(scope("::ffff:192.0.2.1")) == "192.0.2.1"  # a v4 client on a dual-stack socket
 
 
 def test_star_trusts_every_peer_but_only_the_address_it_appended() -> None:

@@ -62,14 +62,15 @@ def test_a_client_connects_while_another_address_holds_5000_silent_sockets(tmp_p
         server.terminate()
 
 
-def _metrics(server: object) -> str:
+def _metrics(server: object, token: str | None = "admin-token-for-tests-0123456789") -> str:
     import urllib.request
 
     from tests.support.servers import ServerProcess
 
     assert isinstance(server, ServerProcess)
     request = urllib.request.Request(server.http_url + "/__offline/metrics")
-    request.add_header("Authorization", "Bearer admin-token-for-tests-0123456789")
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
     with urllib.request.urlopen(request, timeout=30) as response:
         return str(response.read().decode())
 
@@ -110,6 +111,14 @@ def test_connections_that_never_finish_a_request_are_bounded_per_address_and_dro
             while (still := await flood.still_open()) > 0:
                 assert asyncio.get_running_loop().time() < deadline, f"{still} silent connections still open"
                 await asyncio.sleep(0.2)
+            # The server counts both kinds of drop, and waits for nothing any more.
+            metrics = await asyncio.to_thread(_metrics, server, None)
+            assert "offline_http_connections_waiting 0.0" in metrics
+            for reason in ("per_address", "deadline"):
+                line = f'offline_http_connections_dropped_total{{reason="{reason}"}}'
+                assert any(
+                    row.startswith(line) and float(row.split()[-1]) > 0 for row in metrics.splitlines()
+                )
         finally:
             await flood.close()
 
