@@ -350,18 +350,24 @@ class SyncService:
 
     async def bind_node(self, node_id: str, claims: Mapping[str, Any] | None) -> bool:
         """May a session with these claims speak as ``node_id``? Registers the node id to the claims'
-        principal when it is new (the first principal to use a node id keeps it, for good). Never the
-        server's own node id."""
+        principal when it is new: the first principal to use a node id keeps it, except that a signed-in
+        user takes over a node of the anonymous principal (a server that had no sign-in before, whose devices
+        then sign in). Never the server's own node id."""
         if node_id == self.node_id:
             return False
         principal = principal_of(claims)
         owner = self._node_owners.get(node_id)
-        if owner is None:
+        if owner is None or self._may_change(owner):
             owner = (await self.store.node_principals([node_id])).get(node_id)
-            if owner is None:
-                owner = await self.store.claim_node(node_id, principal)
+            if owner is None or (owner == ANONYMOUS_PRINCIPAL and principal != ANONYMOUS_PRINCIPAL):
+                owner = await self.store.claim_node(node_id, principal, replacing=ANONYMOUS_PRINCIPAL)
             self._node_owners[node_id] = owner
         return owner == principal
+
+    def _may_change(self, owner: str) -> bool:
+        """Whether a registration read earlier may have changed since (in another process): only an
+        anonymous one, and only on a server with sign-in."""
+        return owner == ANONYMOUS_PRINCIPAL and self.auth is not None
 
     async def _learn_owners(self, group: list[_Request]) -> None:
         """Read the registrations of the nodes whose operations sessions send besides their own."""
@@ -371,7 +377,8 @@ class SyncService:
             for request in group
             if request.session is not None
             for op in request.ops
-            if op.node_id != request.session.node_id and op.node_id not in owners
+            if op.node_id != request.session.node_id
+            and (op.node_id not in owners or self._may_change(owners[op.node_id]))
         }
         if unknown:
             self._node_owners.update(await self.store.node_principals(unknown))

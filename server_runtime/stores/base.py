@@ -347,11 +347,10 @@ class ServerStore(abc.ABC):
     # ------------------------------------------------------------------------------------- node registry
 
     @abc.abstractmethod
-    async def claim_node(self, node_id: str, principal: str) -> str:
-        """Register ``node_id`` to ``principal`` unless it is registered already; the principal it is
-        registered to afterwards (``principal`` when it was free). Atomic across processes sharing the store
-        (insert-if-absent, then read): two claiming at once both get the same answer. A registration is
-        permanent: the sync core trusts it once read."""
+    async def claim_node(self, node_id: str, principal: str, *, replacing: str | None = None) -> str:
+        """Register ``node_id`` to ``principal`` unless it is registered already (to a principal other than
+        ``replacing``, which it is taken from); the principal it is registered to afterwards. Atomic across
+        processes sharing the store (insert-if-absent, then read): two claiming at once get the same answer."""
 
     @abc.abstractmethod
     async def node_principals(self, node_ids: Iterable[str]) -> dict[str, str]:

@@ -149,9 +149,11 @@ class MemoryServerStore(ServerStore):
         for op in list(self._ops):
             yield op.stored()
 
-    async def claim_node(self, node_id: str, principal: str) -> str:
+    async def claim_node(self, node_id: str, principal: str, *, replacing: str | None = None) -> str:
         self._check_open()
         _codec.check_node_claim(node_id, principal)
+        if replacing is not None and self._nodes.get(node_id) == replacing:
+            self._nodes[node_id] = principal
         return self._nodes.setdefault(node_id, principal)
 
     async def node_principals(self, node_ids: Iterable[str]) -> dict[str, str]:

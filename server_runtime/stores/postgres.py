@@ -362,18 +362,20 @@ class PostgresServerStore(ServerStore):
                 return
             after = page[-1].delivery
 
-    # -------------------------------------------------------------------------------------- notifications
+    # ------------------------------------------------------------------------------------- node registry
 
-    async def claim_node(self, node_id: str, principal: str) -> str:
+    async def claim_node(self, node_id: str, principal: str, *, replacing: str | None = None) -> str:
         _codec.check_node_claim(node_id, principal)
         # Not under the write lock: the primary key decides between processes claiming at once (the loser's
         # insert waits for the winner's commit, then does nothing), and a handshake need not queue behind
         # the write pipeline.
         async with self._reading("registering a node") as conn:
             await conn.execute(
-                "INSERT INTO offline_nodes (node_id, principal) VALUES ($1, $2) ON CONFLICT (node_id) DO NOTHING",
+                "INSERT INTO offline_nodes (node_id, principal) VALUES ($1, $2) ON CONFLICT (node_id)"
+                " DO UPDATE SET principal = excluded.principal WHERE offline_nodes.principal = $3",
                 node_id,
                 principal,
+                replacing,
             )
             owner = await conn.fetchval("SELECT principal FROM offline_nodes WHERE node_id = $1", node_id)
         return str(owner)
@@ -387,6 +389,8 @@ class PostgresServerStore(ServerStore):
                 "SELECT node_id, principal FROM offline_nodes WHERE node_id = ANY($1::text[])", wanted
             )
         return {str(r["node_id"]): str(r["principal"]) for r in rows}
+
+    # -------------------------------------------------------------------------------------- notifications
 
     async def listen(self, callback: NotifyCallback) -> None:
         """Call ``callback(max_delivery)`` after every commit of another store object on this database+schema.

@@ -572,7 +572,7 @@ class SQLiteServerStore(ServerStore):
                 return
             after = page[-1].delivery
 
-    async def claim_node(self, node_id: str, principal: str) -> str:
+    async def claim_node(self, node_id: str, principal: str, *, replacing: str | None = None) -> str:
         _codec.check_node_claim(node_id, principal)
         async with self.writer() as writer:
             assert isinstance(writer, _SQLiteWriter)
@@ -581,8 +581,9 @@ class SQLiteServerStore(ServerStore):
                     [
                         (
                             "execute",
-                            "INSERT OR IGNORE INTO offline_nodes (node_id, principal) VALUES (?, ?)",
-                            (node_id, principal),
+                            "INSERT INTO offline_nodes (node_id, principal) VALUES (?, ?) ON CONFLICT (node_id)"
+                            " DO UPDATE SET principal = excluded.principal WHERE offline_nodes.principal IS ?",
+                            (node_id, principal, replacing),
                         ),
                         ("fetch", "SELECT principal FROM offline_nodes WHERE node_id = ?", (node_id,)),
                     ]

@@ -62,7 +62,7 @@ async def users(http_url: str, *emails: str) -> list[tuple[str, str]]:
 
 @asynccontextmanager
 async def session(
-    url: str, token: str, writer: Writer | None = None, after: int = 0
+    url: str, token: str | None, writer: Writer | None = None, after: int = 0
 ) -> AsyncIterator[RawClient]:
     client = RawClient(url, token=token, writer=writer or Writer())
     await client.open(after)
@@ -298,6 +298,40 @@ async def _deleted_takeover(server: ServerProcess) -> None:
     async with session(server.sync_url, ada_token) as ada_again:
         await wait_for(lambda: len(ada_again.received) == 2, lambda: f"ada's resync: {ada_again.received}")
         assert [op["id"] for op in ada_again.received] == [todo["id"], delete["id"]]
+
+
+def test_turning_sign_in_on_keeps_every_device(tmp_path: Path) -> None:
+    """A server that ran without sign-in registered its devices to the one anonymous principal; once
+    ``AUTH_SECRET`` is set, the first user to sign in on a device takes its node id over, and keeps it."""
+    folder, db = tmp_path / "server", tmp_path / "server.db"
+    folder.mkdir()
+    write_entry(folder, SCHEMA_SOURCE)
+    phone = Writer()
+    server = start_server(folder, db=str(db))
+    try:
+
+        async def without_sign_in() -> None:
+            async with session(server.sync_url, None, phone) as device:
+                await push(device, phone.op("boards", {"name": "before sign-in"}))
+
+        asyncio.run(without_sign_in())
+    finally:
+        assert server.terminate() == 0
+    server = serve(folder, db=str(db))
+    try:
+
+        async def with_sign_in() -> None:
+            [(_, ada_token), (_, bob_token)] = await users(
+                server.http_url, "ada@example.com", "bob@example.com"
+            )
+            async with session(server.sync_url, ada_token, phone) as device:
+                await push(device, phone.op("boards", {"name": "after sign-in"}))
+            reply = await handshake_reply(server.sync_url, phone.node, bob_token)
+            assert isinstance(reply, p.ErrorMessage) and reply.code == p.AUTH_FAILED, reply
+
+        asyncio.run(with_sign_in())
+    finally:
+        server.terminate()
 
 
 def test_node_ids_are_bound_across_processes_sharing_postgres(postgres_url: str, tmp_path: Path) -> None:

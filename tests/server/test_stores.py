@@ -484,14 +484,19 @@ def test_node_registry(backend: Backend) -> None:
         # The first principal keeps it: a later claim only learns whose it is.
         assert await store.claim_node("phone", "user:bob") == "user:ada"
         assert await store.claim_node("laptop", "user:bob") == "user:bob"
-        assert await store.node_principals(["phone", "laptop", "tablet"]) == {
+        assert await store.node_principals(["phone", "laptop", "desk"]) == {
             "phone": "user:ada",
             "laptop": "user:bob",
         }
+        # A registration of ``replacing``'s is taken over; any other stays.
+        assert await store.claim_node("tablet", "anonymous") == "anonymous"
+        assert await store.claim_node("tablet", "user:bob", replacing="anonymous") == "user:bob"
+        assert await store.claim_node("tablet", "user:ada", replacing="anonymous") == "user:bob"
+        assert await store.claim_node("watch", "user:ada", replacing="anonymous") == "user:ada"
         with pytest.raises(TypeError):
             await store.claim_node("", "user:ada")
         with pytest.raises(TypeError):
-            await store.claim_node("tablet", "")
+            await store.claim_node("desk", "")
 
     backend.run(test)
 
