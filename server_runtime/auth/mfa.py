@@ -102,11 +102,14 @@ class MfaRoutes:
             headers=_NO_STORE,
         )
 
-    def _check_limit(self, user_id: str) -> None:
+    def _reserve(self, user_id: str) -> float:
+        """Count this code before it is checked (no await in between), so concurrent guesses cannot all pass
+        the limit; returns the stamp to take back when the code turns out right or was never checked."""
         retry = self.limiter.retry_after(user_id)
         if retry is not None:
             log.warning("second factor refused for user %s: too many wrong codes", user_id)
             raise self.core._rate_limited(retry, "wrong codes")
+        return self.limiter.hit(user_id)
 
     async def _accept(self, tx: AuthTx, user_id: str, code: str | None, recovery: str | None) -> bool:
         """True when the code (TOTP, unused step) or the recovery code (unspent) is good; spends it."""
@@ -140,7 +143,7 @@ class MfaRoutes:
         if pending is None or pending.kind != "mfa" or pending.expires_at <= now or pending.user_id is None:
             raise _invalid_token()
         user_id = pending.user_id
-        self._check_limit(user_id)
+        stamp = self._reserve(user_id)
         outcome = "wrong"
         try:
             async with self.core._store().transaction() as tx:
@@ -151,9 +154,12 @@ class MfaRoutes:
                     pair = await self.core._open_session(tx, user)
                     outcome = "ok"
         except _Spent:
+            self.limiter.unhit(user_id, stamp)
             raise _invalid_token() from None
+        except BaseException:
+            self.limiter.unhit(user_id, stamp)  # not checked (storage trouble): not a wrong code
+            raise
         if outcome != "ok":
-            self.limiter.hit(user_id)
             log.info("second factor failed for user %s", user_id)
             raise _wrong_code()
         self.limiter.reset(user_id)
@@ -210,27 +216,31 @@ class MfaRoutes:
         user_id = str(claims["sub"])
         body = await read_body(request)
         code = string_field(body, "code", limit=64)
-        self._check_limit(user_id)
+        stamp = self._reserve(user_id)
         codes = new_recovery_codes()
         outcome = "wrong"
-        async with self.core._store().transaction() as tx:
-            row = await tx.totp(user_id)
-            if row is None or row.enabled_at is not None:
-                outcome = "not-pending"
-            else:
-                step = self._step(row, code)
-                now = self.core._ms()
-                if step is not None and await tx.advance_totp(user_id, step, now):
-                    await tx.replace_recovery_codes(user_id, [hash_recovery_code(c) for c in codes], now)
-                    outcome = "ok"
+        try:
+            async with self.core._store().transaction() as tx:
+                row = await tx.totp(user_id)
+                if row is None or row.enabled_at is not None:
+                    outcome = "not-pending"
+                else:
+                    step = self._step(row, code)
+                    now = self.core._ms()
+                    if step is not None and await tx.advance_totp(user_id, step, now):
+                        await tx.replace_recovery_codes(user_id, [hash_recovery_code(c) for c in codes], now)
+                        outcome = "ok"
+        except BaseException:
+            self.limiter.unhit(user_id, stamp)
+            raise
         if outcome == "not-pending":
+            self.limiter.unhit(user_id, stamp)
             raise AuthError(
                 409,
                 "MFA_NOT_PENDING",
                 "there is no TOTP enrolment waiting for a code; start with /mfa/totp/enroll",
             )
         if outcome != "ok":
-            self.limiter.hit(user_id)
             raise _wrong_code()
         self.limiter.reset(user_id)
         log.info("user %s enabled TOTP", user_id)
@@ -240,23 +250,28 @@ class MfaRoutes:
         claims = await self.core._claims(request)
         user_id = str(claims["sub"])
         body = await read_body(request, required=False)
-        self._check_limit(user_id)
+        stamp = self._reserve(user_id)
         outcome = "ok"
-        async with self.core._store().transaction() as tx:
-            row = await tx.totp(user_id)
-            if row is None:
-                outcome = "off"
-            elif row.enabled_at is not None:
-                # An access token alone (a stolen one, say) must not switch the second factor off.
-                code, recovery = _second_factor(body)
-                if not await self._accept(tx, user_id, code, recovery):
-                    outcome = "wrong"
-            if outcome == "ok":
-                await tx.delete_totp(user_id)
+        try:
+            async with self.core._store().transaction() as tx:
+                row = await tx.totp(user_id)
+                if row is None:
+                    outcome = "off"
+                elif row.enabled_at is not None:
+                    # An access token alone (a stolen one, say) must not switch the second factor off.
+                    code, recovery = _second_factor(body)
+                    if not await self._accept(tx, user_id, code, recovery):
+                        outcome = "wrong"
+                if outcome == "ok":
+                    await tx.delete_totp(user_id)
+        except BaseException:
+            self.limiter.unhit(user_id, stamp)
+            raise
+        if outcome != "wrong":
+            self.limiter.unhit(user_id, stamp)
         if outcome == "off":
             raise AuthError(409, "MFA_NOT_ENABLED", "TOTP is not enabled for this account")
         if outcome == "wrong":
-            self.limiter.hit(user_id)
             raise _wrong_code()
         log.info("user %s disabled TOTP", user_id)
         return Response(status_code=204, headers=_NO_STORE)

@@ -188,3 +188,26 @@ def test_sealed_totp_secret_and_hashed_recovery_codes_in_the_store(tmp_path: Pat
     assert sealed.startswith("v1:") and secret not in sealed
     assert len(hashes) == 10 and not set(hashes) & set(recovery)
     assert all(len(h) == 64 for h in hashes)
+
+
+def test_concurrent_wrong_codes_get_at_most_the_limit(tmp_path: Path) -> None:
+    clock = Clock()
+
+    async def scenario() -> None:
+        routes = routes_with(clock, rate_limits={"mfa_attempts": 4})
+        store = create_sqlite_server_store(str(tmp_path / "server.db"))
+        async with serve_with(store, routes) as server, http(server) as client:
+            token = (await sign_up(client, "burst@example.com"))["accessToken"]
+            secret = (await post(client, "/auth/mfa/totp/enroll", token)).json()["secret"]
+            confirmed = await post(client, "/auth/mfa/totp/verify", token, {"code": code_at(secret, clock)})
+            assert confirmed.status_code == 200, confirmed.text
+            step_token = (await sign_in(client, "burst@example.com")).json()["mfaToken"]
+            wrong = {"mfaToken": step_token, "code": wrong_code(secret, clock)}
+            answers = await asyncio.gather(
+                *(post(client, "/auth/mfa/challenge", None, wrong) for _ in range(30))
+            )
+            codes = [error_code(a) for a in answers]
+            # Each code is counted before it is checked: 30 at once get no more tries than 4 in turn.
+            assert codes.count("INVALID_MFA_CODE") == 4 and codes.count("RATE_LIMITED") == 26, codes
+
+    asyncio.run(scenario())
