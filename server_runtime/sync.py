@@ -14,6 +14,7 @@ import asyncio
 import bisect
 import contextlib
 import gc
+import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -31,20 +32,24 @@ from offline.core.scopes import (
     extract_scope_values_from_claims,
     participating_collections,
 )
-from offline.core.uuid7 import generate_uuid_v7
+from offline.core.server_nodes import is_server_node_id, new_server_node_id
 from offline.core.version_vector import topological_sort
-from offline.merge.constraints import Action, check_write
+from offline.merge.constraints import Action
 from offline.merge.engine import Conflict, MergeEngine, RecordState
-from offline.merge.relations import complete_actions, plan_record_delete
+from offline.merge.relations import plan_record_delete
 from offline.merge.values import operation_text
 from offline.sync import protocol as p
 
+from .judging import follow_up_timestamp, forged_authority, judge_write
 from .live_sessions import LiveSessions
 from .records import RecordCache, StagedView, one_operation_state
 from .stores._codec import decode_optional
 from .stores.base import RecordRow, ServerStore, StoredOperation, StoredRecordRow, WriteConflict
 
 log = logging.getLogger("offline.server.sync")
+
+#: Store meta key: the plain node ids this database's server wrote under before it took a marked one.
+LEGACY_NODE_IDS = "legacy_server_node_ids"
 
 # Records loaded at start from which the process exempts its objects from garbage collection (see start()).
 _FREEZE_AT = 10_000
@@ -291,12 +296,15 @@ class SyncService:
             return
         schema = self.schema
         node_id = await self.store.get_meta("server_node_id")
-        if node_id is None:
+        if not is_server_node_id(node_id):
             node_id = await self._create_node_id()
         self.node_id: str = node_id
         await self._register_server_node(node_id)
         self.clock = HybridLogicalClock(node_id, now=self._now)
-        self.engine = MergeEngine(schema, authoritative_nodes=(node_id,))
+        self.legacy_node_ids: tuple[str, ...] = tuple(
+            json.loads(await self.store.get_meta(LEGACY_NODE_IDS) or "[]")
+        )
+        self.engine = MergeEngine(schema, authoritative_nodes=(node_id, *self.legacy_node_ids))
         self.cache = RecordCache(schema, self._refold)
         async for row in self.store.load_all_rows():
             self.cache.put(row)
@@ -326,16 +334,23 @@ class SyncService:
         self.started = True
 
     async def _create_node_id(self) -> str:
-        """Give a new database its server node id, once: processes starting together must agree on it."""
-        candidate = generate_uuid_v7()
+        """Give a database its (marked) server node id, once: processes starting together must agree on it.
+
+        A database of a server from before the marker (offline.core.server_nodes) moves to a marked id; its
+        old id stays authoritative here (meta LEGACY_NODE_IDS) for the operations written under it.
+        Clients see a new server id and resync their delivery watermark from 0 once.
+        """
+        candidate = new_server_node_id()
         if self.store.kind != "postgresql":  # one process owns a memory or SQLite store
+            await self._retire_node_id(self.store, await self.store.get_meta("server_node_id"))
             await self.store.set_meta("server_node_id", candidate)
             return candidate
         # Decide under the cross-process write lock; a process that got there first has committed its id.
         async with self.store.writer() as writer:
             existing = await self.store.get_meta("server_node_id")
-            if existing is not None:
-                return existing
+            if is_server_node_id(existing):
+                return str(existing)
+            await self._retire_node_id(writer, existing)
             await writer.set_meta("server_node_id", candidate)
         return candidate
 
@@ -352,8 +367,8 @@ class SyncService:
         """May a session with these claims speak as ``node_id``? Registers the node id to the claims'
         principal when it is new: the first principal to use a node id keeps it, except that a signed-in
         user takes over a node of the anonymous principal (a server that had no sign-in before, whose devices
-        then sign in). Never the server's own node id."""
-        if node_id == self.node_id:
+        then sign in). Never the server's own node id, nor any server's (a marked id, offline.core.server_nodes)."""
+        if node_id == self.node_id or is_server_node_id(node_id) or node_id in self.legacy_node_ids:
             return False
         principal = principal_of(claims)
         owner = self._node_owners.get(node_id)
@@ -389,6 +404,13 @@ class SyncService:
         if node_id == session.node_id:
             return True
         return node_id != self.node_id and self._node_owners.get(node_id) == session.principal
+
+    async def _retire_node_id(self, target: Any, old: str | None) -> None:
+        if old is None:
+            return
+        legacy = json.loads(await self.store.get_meta(LEGACY_NODE_IDS) or "[]")
+        if old not in legacy:
+            await target.set_meta(LEGACY_NODE_IDS, json.dumps([*legacy, old]))
 
     async def stop(self) -> None:
         self.started = False
@@ -708,7 +730,7 @@ class SyncService:
             await self.store.set_meta("server_node_id", node_id)
             self.node_id = node_id
             self.clock = HybridLogicalClock(node_id, now=self._now)
-            self.engine = MergeEngine(self.schema, authoritative_nodes=(node_id,))
+            self.engine = MergeEngine(self.schema, authoritative_nodes=(node_id, *self.legacy_node_ids))
             self._tails = await self.store.version_vector()
             self._seq = self._tails.get(node_id, 0)
         await self._register_server_node(node_id)
@@ -757,7 +779,7 @@ class SyncService:
                 "record_id": action.record_id,
                 "data": action.changes if action.type != "delete" else None,
                 "previous_data": action.previous if action.type == "update" else None,
-                "timestamp": self.clock.now(),
+                "timestamp": follow_up_timestamp(self.clock, state),
                 "sequence_number": self._seq,
                 "causal_deps": state.heads(),
                 "schema_version": self.schema.version,
@@ -775,6 +797,9 @@ class SyncService:
         result (new state, record, conflicts), which `commit` keeps instead of applying the op again."""
         schema = self.schema
         if session is not None:
+            forged = forged_authority(op, (self.node_id, *self.legacy_node_ids))
+            if forged is not None:
+                return Refusal(p.NODE_ID_MISMATCH, forged), [], None
             if not self._may_speak_for(session, op.node_id):
                 return (
                     Refusal(p.NODE_ID_MISMATCH, "this session may not send operations of node " + op.node_id),
@@ -920,9 +945,8 @@ class SyncService:
                 if before is not None:
                     plan_record_delete(view, op.collection, op.record_id)  # raises for 'restrict'/refusals
                 return None, [], trial
-            if after is not None and collection.constraints:
-                actions = complete_actions(view, check_write(view, op.collection, after, before)).actions
-                return None, actions, trial
+            actions = judge_write(view, op, after, before, constrained=bool(collection.constraints))
+            return None, actions, trial
         except OfflineError as exc:
             return Refusal(p.CONSTRAINT_VIOLATION, exc.message), [], None
         return None, [], trial

@@ -4,7 +4,8 @@ DESIGN.md section 3's rule is the whole design: *a record's state is a determini
 operations held*. Every register below is a commutative, idempotent fold over writes:
 
 - lww / state machines: the write with the highest (HLC, id) key wins.
-- server-authoritative: the highest write from a server node wins, else lww.
+- server-authoritative: the highest write from a server node (a marked node id, or a declared one) wins,
+  else lww.
 - counter: the latest insert's value plus the exact (Fraction) sum of every update's delta, so float
   rounding cannot depend on arrival order.
 - max / min: the extreme of all written values.
@@ -35,6 +36,7 @@ from offline.core.fields import MAX_SAFE_INTEGER, FieldDescriptor
 from offline.core.frozen import FrozenDict, thaw
 from offline.core.operations import Operation
 from offline.core.schema import CollectionDefinition, SchemaDefinition
+from offline.core.server_nodes import is_server_node_id
 from offline.core.state_machine import (
     StateMachineConstraint,
     build_state_machine_constraints,
@@ -635,7 +637,9 @@ class MergeEngine:
                 if "k" not in reg or key > reg["k"]:
                     reg.update(k=key, v=value)
             else:
-                is_server = op.node_id in self.authoritative_nodes()
+                # Marked server ids (offline.core.server_nodes) are authoritative for every replica,
+                # whatever it was told; the declared nodes cover servers from before the marker.
+                is_server = is_server_node_id(op.node_id) or op.node_id in self.authoritative_nodes()
                 slot = "a" if is_server else "c"
                 current = reg.get(slot)
                 if current is None or key > current[0]:

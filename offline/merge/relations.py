@@ -17,7 +17,7 @@ against the final plan, so a child that the same delete removes anyway does not 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from offline.core.errors import CONSTRAINT_VIOLATION, OfflineError
@@ -195,6 +195,77 @@ def complete_actions(lookup: RecordLookup, decision: Decision) -> Decision:
     settled = _settle(lookup, decision.actions, None, constraints=True)
     settled.violations[:0] = decision.violations
     return settled
+
+
+def plan_child_write(
+    lookup: RecordLookup,
+    collection: str,
+    record: Mapping[str, Any],
+    *,
+    created: bool,
+    parent_deleted: Callable[[str, str], bool],
+) -> list[Action]:
+    """What a write leaving ``collection/record`` alive implies for the relations it is the child of.
+
+    A parent's delete wins over a concurrent write to its children, whatever order they arrive in: a child
+    that references a deleted parent (``parent_deleted(collection, id)``: the replica holds the parent and
+    it no longer exists) is treated as if the delete had come after it. 'cascade' deletes the child and
+    'set-null' drops the reference, by the returned follow-up actions; 'restrict', and 'cascade' for a child
+    the write creates (``created``: an insert or a revival into a deleted parent has nothing to keep), refuse
+    the write (CONSTRAINT_VIOLATION). 'no-action' leaves the reference dangling, as documented. A parent the
+    replica has never held is not judged (it may arrive later).
+    """
+    actions: list[Action] = []
+    cleared: dict[str, Any] = {}
+    previous: dict[str, Any] = {}
+    for relation in lookup.schema.relations.values():
+        if relation.from_ != collection or relation.on_delete == "no-action":
+            continue
+        value = record.get(relation.field)
+        if value is None:
+            continue
+        ids = value if isinstance(value, list) else [value]
+        gone = [v for v in ids if isinstance(v, str) and parent_deleted(relation.to, v)]
+        if not gone:
+            continue
+        if relation.on_delete == "restrict" or (relation.on_delete == "cascade" and created):
+            raise OfflineError(
+                f"{collection} {record['id']!r} references {relation.to} {gone[0]!r}, which was deleted "
+                f"(relation {relation.name!r}, onDelete {relation.on_delete!r}); the delete wins",
+                CONSTRAINT_VIOLATION,
+                {
+                    "relation": relation.name,
+                    "collection": collection,
+                    "recordId": record["id"],
+                    "field": relation.field,
+                    "parent": {"collection": relation.to, "id": gone[0]},
+                    "onDelete": relation.on_delete,
+                },
+            )
+        if relation.on_delete == "cascade":
+            return [Action("delete", collection, record["id"])]
+        kept = [v for v in ids if v not in gone] if isinstance(value, list) else None
+        cleared[relation.field] = kept
+        previous[relation.field] = value
+    if cleared:
+        actions.append(Action("update", collection, record["id"], cleared, previous))
+    return actions
+
+
+def orphans(
+    lookup: RecordLookup, collection: str, record: Mapping[str, Any], gone: Callable[[str, str], bool]
+) -> list[tuple[str, str]]:
+    """(relation name, parent id) of each reference of ``record`` (alive, in ``collection``) to a parent that
+    ``gone`` says was deleted, for relations whose onDelete promises no dangling children."""
+    out = []
+    for relation in lookup.schema.relations.values():
+        if relation.from_ != collection or relation.on_delete == "no-action":
+            continue
+        value = record.get(relation.field)
+        for parent in value if isinstance(value, list) else [value]:
+            if isinstance(parent, str) and gone(relation.to, parent):
+                out.append((relation.name, parent))
+    return out
 
 
 def as_mapping(action: Action) -> Mapping[str, Any]:

@@ -34,6 +34,7 @@ from offline.core.operations import (
     verify_operation,
 )
 from offline.core.schema import SchemaDefinition
+from offline.core.server_nodes import is_server_node_id
 from offline.core.uuid7 import generate_uuid_v7
 from offline.core.version_vector import topological_sort
 from offline.merge.constraints import Violation
@@ -286,7 +287,8 @@ class App:
 
     def set_authoritative_nodes(self, nodes: Iterable[str]) -> None:
         """Declare the server node(s) whose writes win for 'server-authoritative' fields; refolds if changed."""
-        new = set(nodes) | self._authoritative
+        # Marked server ids are authoritative everywhere already (offline.core.server_nodes): nothing to refold.
+        new = {n for n in nodes if not is_server_node_id(n)} | self._authoritative
         if new == self._authoritative:
             return
         with self.db.transaction():

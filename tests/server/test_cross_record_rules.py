@@ -1,0 +1,390 @@
+"""Cross-record rules under concurrency, through the server's write pipeline (server_runtime/judging.py).
+
+Three clients write offline and reach the server in a random order: a parent's delete wins over concurrent
+child inserts and updates whatever order they arrive in, so once everything is exchanged every replica holds
+the same records and none holds an orphan, for each `onDelete` value; unique and capacity constraints hold
+on every replica. Clients are real apps; they push their pending operations through `SyncService.commit`
+(the pipeline WebSocket sessions use) and take refusals, acknowledgements and the server's operations the
+way the sync client does (`offline.store.replication`). Every store kind: memory, SQLite, PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from offline import App, OfflineError, create_app, define_schema, t
+from offline.core.schema import SchemaDefinition
+from offline.store import replication
+from server_runtime.stores import ServerStore
+from server_runtime.sync import Refusal, Session, SyncService
+
+from .test_stores import Backend, backend
+
+__all__ = ["backend"]
+
+PROJECTS = 2
+CLIENTS = 3
+
+
+def relations_schema(on_delete: str) -> SchemaDefinition:
+    """projects <- tasks.projectId <- comments.taskId, both relations with ``on_delete``."""
+    return define_schema(
+        {
+            "version": 1,
+            "collections": {
+                "projects": {"fields": {"name": t.string()}},
+                "tasks": {"fields": {"title": t.string(), "projectId": t.string().optional()}},
+                "comments": {"fields": {"body": t.string(), "taskId": t.string().optional()}},
+            },
+            "relations": {
+                "taskProject": {
+                    "from": "tasks",
+                    "to": "projects",
+                    "type": "many-to-one",
+                    "field": "projectId",
+                    "onDelete": on_delete,
+                },
+                "commentTask": {
+                    "from": "comments",
+                    "to": "tasks",
+                    "type": "many-to-one",
+                    "field": "taskId",
+                    "onDelete": on_delete,
+                },
+            },
+        }
+    )
+
+
+def constraints_schema(policy: str) -> SchemaDefinition:
+    """Unique handles; at most two seats of a room (capacity), both with ``policy``."""
+    return define_schema(
+        {
+            "version": 1,
+            "collections": {
+                "users": {
+                    "fields": {"handle": t.string().optional(), "rank": t.number().default(0)},
+                    "constraints": {
+                        "uniqueHandle": {
+                            "type": "unique",
+                            "fields": ["handle"],
+                            "onConflict": policy,
+                            "priorityField": "rank",
+                        }
+                    },
+                },
+                "seats": {
+                    "fields": {"room": t.string().optional(), "rank": t.number().default(0)},
+                    "constraints": {
+                        "roomSize": {
+                            "type": "capacity",
+                            "fields": ["room"],
+                            "limit": 2,
+                            "onConflict": policy,
+                            "priorityField": "rank",
+                        }
+                    },
+                },
+            },
+        }
+    )
+
+
+def skewed(ms: int) -> Callable[[], int]:
+    return lambda: time.time_ns() // 1_000_000 + ms
+
+
+class Cluster:
+    """Three client apps and one sync core; the test decides who pushes and who pulls, and when."""
+
+    def __init__(self, service: SyncService, apps: list[App], base: int) -> None:
+        self.service = service
+        self.apps = apps
+        self.cursors = [base] * len(apps)
+        self.sessions = [
+            Session(app.node_id, {name: {} for name in app.schema.collections}, None, _no_send)
+            for app in apps
+        ]
+
+    async def push(self, i: int) -> None:
+        app = self.apps[i]
+        ops = replication.pending_operations(app)
+        if not ops:
+            return
+        results = await self.service.commit(self.sessions[i], ops)
+        acked = []
+        for op in ops:
+            outcome = results.get(op.id)
+            if isinstance(outcome, Refusal):
+                replication.reject_operation(app, op.id, outcome.code, outcome.message)
+            else:
+                acked.append(op.sequence_number)
+        replication.mark_acknowledged(app, acked)
+
+    async def pull(self, i: int) -> None:
+        app = self.apps[i]
+        stored = await self.service.store.operations_since(self.cursors[i])
+        if stored:
+            app.apply([s.operation for s in stored if s.operation.node_id != app.node_id])
+            self.cursors[i] = stored[-1].delivery
+
+    async def settle(self) -> None:
+        for _ in range(4):
+            for i in range(len(self.apps)):
+                await self.push(i)
+            for i in range(len(self.apps)):
+                await self.pull(i)
+
+    def server_records(self, collection: str, ids: set[str]) -> list[dict[str, Any]]:
+        found = self.service.cache.find_records(collection, {})
+        return sorted((r for r in found if r["id"] in ids), key=lambda r: r["id"])
+
+
+async def _no_send(text: str) -> None:
+    return None
+
+
+def local(app: App, collection: str) -> list[dict[str, Any]]:
+    return sorted(app.collection(collection).fetch(), key=lambda r: r["id"])
+
+
+def orphans(records: dict[str, list[dict[str, Any]]]) -> list[str]:
+    projects = {r["id"] for r in records["projects"]}
+    tasks = {r["id"] for r in records["tasks"]}
+    bad = [
+        f"task {r['id']} -> {r['projectId']}"
+        for r in records["tasks"]
+        if r["projectId"] not in {None, *projects}
+    ]
+    bad += [
+        f"comment {r['id']} -> {r['taskId']}"
+        for r in records["comments"]
+        if r["taskId"] not in {None, *tasks}
+    ]
+    return bad
+
+
+@pytest.fixture
+def loop() -> Iterator[asyncio.AbstractEventLoop]:
+    loop = asyncio.new_event_loop()
+    yield loop
+    loop.close()
+
+
+async def open_service(backend: Backend, schema: SchemaDefinition) -> tuple[ServerStore, SyncService]:
+    store = await backend.open()
+    await store.set_schema(schema)
+    service = SyncService(store)
+    await service.start()
+    return store, service
+
+
+ACTIONS = (
+    "delete-project",
+    "rename-project",
+    "insert-task",
+    "update-task",
+    "move-task",
+    "delete-task",
+    "insert-comment",
+    "update-comment",
+    "push",
+    "pull",
+)
+
+steps_strategy = st.lists(
+    st.tuples(st.integers(0, CLIENTS - 1), st.sampled_from(ACTIONS), st.integers(0, 7)),
+    min_size=3,
+    max_size=24,
+)
+skews_strategy = st.lists(st.integers(0, 90_000), min_size=CLIENTS, max_size=CLIENTS)
+
+
+def act(app: App, action: str, pick: int) -> None:
+    """One local write of ``action`` on the ``pick``-th record the client holds (nothing when none)."""
+    projects, tasks, comments = (local(app, c) for c in ("projects", "tasks", "comments"))
+
+    def choose(records: list[dict[str, Any]]) -> dict[str, Any] | None:
+        return records[pick % len(records)] if records else None
+
+    try:
+        if action == "delete-project" and (p := choose(projects)):
+            app.projects.delete(p["id"])
+        elif action == "rename-project" and (p := choose(projects)):
+            app.projects.update(p["id"], {"name": f"renamed {pick}"})
+        elif action == "insert-task" and (p := choose(projects)):
+            app.tasks.insert({"title": f"new {pick}", "projectId": p["id"]})
+        elif action == "update-task" and (task := choose(tasks)):
+            app.tasks.update(task["id"], {"title": f"edited {pick}"})
+        elif action == "move-task" and (task := choose(tasks)) and projects:
+            app.tasks.update(task["id"], {"projectId": projects[(pick + 1) % len(projects)]["id"]})
+        elif action == "delete-task" and (task := choose(tasks)):
+            app.tasks.delete(task["id"])
+        elif action == "insert-comment" and (task := choose(tasks)):
+            app.comments.insert({"body": f"note {pick}", "taskId": task["id"]})
+        elif action == "update-comment" and (comment := choose(comments)):
+            app.comments.update(comment["id"], {"body": f"changed {pick}"})
+    except OfflineError as exc:
+        assert exc.code == "CONSTRAINT_VIOLATION"  # 'restrict' refusing a local delete
+
+
+@pytest.mark.parametrize("on_delete", ["cascade", "set-null", "restrict"])
+def test_no_replica_holds_an_orphan_whatever_the_delivery_order(
+    backend: Backend, on_delete: str, loop: asyncio.AbstractEventLoop
+) -> None:
+    schema = relations_schema(on_delete)
+    store, service = loop.run_until_complete(open_service(backend, schema))
+
+    @settings(
+        max_examples=12,
+        deadline=None,
+        database=None,
+        suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+    )
+    @given(steps=steps_strategy, skews=skews_strategy)
+    def run(steps: list[tuple[int, str, int]], skews: list[int]) -> None:
+        apps = [create_app(schema, path=":memory:", now=skewed(ms)) for ms in skews]
+        try:
+            loop.run_until_complete(scenario(apps, steps))
+        finally:
+            for app in apps:
+                app.close()
+
+    async def scenario(apps: list[App], steps: list[tuple[int, str, int]]) -> None:
+        cluster = Cluster(service, apps, await store.max_delivery())
+        seeder = apps[0]
+        for n in range(PROJECTS):
+            project = seeder.projects.insert({"name": f"p{n}"})
+            for m in range(2):
+                task = seeder.tasks.insert({"title": f"t{n}{m}", "projectId": project["id"]})
+                seeder.comments.insert({"body": "hello", "taskId": task["id"]})
+        await cluster.settle()
+        for client, action, pick in steps:
+            if action == "push":
+                await cluster.push(client)
+            elif action == "pull":
+                await cluster.pull(client)
+            else:
+                act(apps[client], action, pick)
+        await cluster.settle()
+
+        ids = {
+            name: {op.record_id for app in apps for op in app.operations() if op.collection == name}
+            for name in schema.collections
+        }
+        server = {name: cluster.server_records(name, ids[name]) for name in schema.collections}
+        assert orphans(server) == []
+        for app in apps:
+            replica = {name: local(app, name) for name in schema.collections}
+            assert replica == server
+            assert replication.pending_count(app) == 0
+
+    try:
+        run()
+    finally:
+        loop.run_until_complete(service.stop())
+        loop.run_until_complete(store.close())
+
+
+def write_constrained(app: App, action: str, pick: int, tag: str) -> None:
+    handle = f"{tag}h{pick % 3}"
+    room = f"{tag}r{pick % 2}"
+    users, seats = local(app, "users"), local(app, "seats")
+    try:
+        if action == "insert-user":
+            app.users.insert({"handle": handle, "rank": pick})
+        elif action == "claim-handle" and users:
+            app.users.update(users[pick % len(users)]["id"], {"handle": handle})
+        elif action == "insert-seat":
+            app.seats.insert({"room": room, "rank": pick})
+        elif action == "move-seat" and seats:
+            app.seats.update(seats[pick % len(seats)]["id"], {"room": room})
+        elif action == "touch-user" and users:
+            app.users.update(users[pick % len(users)]["id"], {"rank": pick})
+        elif action == "delete-user" and users:
+            app.users.delete(users[pick % len(users)]["id"])
+    except OfflineError as exc:
+        assert exc.code == "CONSTRAINT_VIOLATION"  # the local store judges its own writes too
+
+
+CONSTRAINED_ACTIONS = (
+    "insert-user",
+    "claim-handle",
+    "insert-seat",
+    "move-seat",
+    "touch-user",
+    "delete-user",
+    "push",
+    "pull",
+)
+
+
+@pytest.mark.parametrize("policy", ["first-write-wins", "last-write-wins", "priority-field"])
+def test_unique_and_capacity_hold_on_every_replica(
+    backend: Backend, policy: str, loop: asyncio.AbstractEventLoop
+) -> None:
+    schema = constraints_schema(policy)
+    store, service = loop.run_until_complete(open_service(backend, schema))
+
+    @settings(
+        max_examples=10,
+        deadline=None,
+        database=None,
+        suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+    )
+    @given(
+        steps=st.lists(
+            st.tuples(st.integers(0, CLIENTS - 1), st.sampled_from(CONSTRAINED_ACTIONS), st.integers(0, 7)),
+            min_size=3,
+            max_size=24,
+        ),
+        skews=skews_strategy,
+    )
+    def run(steps: list[tuple[int, str, int]], skews: list[int]) -> None:
+        apps = [create_app(schema, path=":memory:", now=skewed(ms)) for ms in skews]
+        try:
+            loop.run_until_complete(scenario(apps, steps))
+        finally:
+            for app in apps:
+                app.close()
+
+    counter = itertools.count()
+
+    async def scenario(apps: list[App], steps: list[tuple[int, str, int]]) -> None:
+        # Each example writes its own handles and rooms (the store is shared by the examples).
+        tag = f"x{next(counter)}-"
+        cluster = Cluster(service, apps, await store.max_delivery())
+        for client, action, pick in steps:
+            if action == "push":
+                await cluster.push(client)
+            elif action == "pull":
+                await cluster.pull(client)
+            else:
+                write_constrained(apps[client], action, pick, tag)
+        await cluster.settle()
+
+        ids = {
+            name: {op.record_id for app in apps for op in app.operations() if op.collection == name}
+            for name in schema.collections
+        }
+        server = {name: cluster.server_records(name, ids[name]) for name in schema.collections}
+        for replica in [server, *({n: local(app, n) for n in schema.collections} for app in apps)]:
+            assert replica == server
+            handles = [u["handle"] for u in replica["users"] if u["handle"] is not None]
+            assert len(handles) == len(set(handles)), handles
+            rooms = [s["room"] for s in replica["seats"] if s["room"] is not None]
+            assert all(rooms.count(room) <= 2 for room in rooms), rooms
+
+    try:
+        run()
+    finally:
+        loop.run_until_complete(service.stop())
+        loop.run_until_complete(store.close())
