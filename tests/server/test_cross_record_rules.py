@@ -244,7 +244,7 @@ def test_no_replica_holds_an_orphan_whatever_the_delivery_order(
     store, service = loop.run_until_complete(open_service(backend, schema))
 
     @settings(
-        max_examples=12,
+        max_examples=25,
         deadline=None,
         database=None,
         suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
@@ -335,7 +335,7 @@ def test_unique_and_capacity_hold_on_every_replica(
     store, service = loop.run_until_complete(open_service(backend, schema))
 
     @settings(
-        max_examples=10,
+        max_examples=25,
         deadline=None,
         database=None,
         suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
@@ -388,3 +388,119 @@ def test_unique_and_capacity_hold_on_every_replica(
     finally:
         loop.run_until_complete(service.stop())
         loop.run_until_complete(store.close())
+
+
+# -- the reported cases, one by one ---------------------------------------------------------------------------
+
+
+def started(schema: SchemaDefinition) -> tuple[SyncService, list[App], Cluster]:
+    """A sync core on a memory store and three clients; the last one's clock runs a minute ahead."""
+    from server_runtime.stores import MemoryServerStore
+
+    async def start() -> SyncService:
+        store = MemoryServerStore()
+        await store.set_schema(schema)
+        service = SyncService(store)
+        await service.start()
+        return service
+
+    service = asyncio.run(start())
+    apps = [create_app(schema, path=":memory:", now=skewed(ms)) for ms in (0, 0, 60_000)]
+    return service, apps, Cluster(service, apps, 0)
+
+
+def everywhere(cluster: Cluster, collection: str) -> list[list[dict[str, Any]]]:
+    ids = {op.record_id for app in cluster.apps for op in app.operations() if op.collection == collection}
+    return [cluster.server_records(collection, ids), *(local(app, collection) for app in cluster.apps)]
+
+
+def test_a_later_edit_of_a_cascaded_task_does_not_leave_it_orphaned() -> None:
+    _service, (deleter, _, editor), cluster = started(relations_schema("cascade"))
+
+    async def scenario() -> None:
+        project = deleter.projects.insert({"name": "p"})
+        task = deleter.tasks.insert({"title": "t", "projectId": project["id"]})
+        await cluster.settle()
+        deleter.projects.delete(project["id"])  # cascades to the task, locally
+        editor.tasks.update(task["id"], {"title": "edited later"})  # a minute later by its clock
+        await cluster.push(0)  # the delete first, then the edit: the edit would revive the task
+        await cluster.push(2)
+        await cluster.settle()
+        for records in everywhere(cluster, "tasks"):
+            assert records == []
+        # The other order: the edit is stored first, then the delete arrives.
+        project = deleter.projects.insert({"name": "q"})
+        task = deleter.tasks.insert({"title": "u", "projectId": project["id"]})
+        await cluster.settle()
+        editor.tasks.update(task["id"], {"title": "edited first"})
+        deleter.projects.delete(project["id"])
+        await cluster.push(2)
+        await cluster.push(0)
+        await cluster.settle()
+        for records in everywhere(cluster, "tasks"):
+            assert records == []
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("on_delete", ["cascade", "restrict"])
+def test_an_insert_into_a_deleted_parent_is_refused(on_delete: str) -> None:
+    service, (deleter, inserter, _), cluster = started(relations_schema(on_delete))
+
+    async def scenario() -> None:
+        project = deleter.projects.insert({"name": "p"})
+        await cluster.settle()
+        deleter.projects.delete(project["id"])
+        inserter.tasks.insert({"title": "late", "projectId": project["id"]})
+        await cluster.push(0)
+        sent = replication.pending_operations(inserter)
+        results = await service.commit(cluster.sessions[1], sent)
+        refusal = results[sent[0].id]
+        assert isinstance(refusal, Refusal)
+        assert refusal.code == "CONSTRAINT_VIOLATION"
+        assert "taskProject" in refusal.message and project["id"] in refusal.message
+        replication.reject_operation(inserter, sent[0].id, refusal.code, refusal.message)
+        await cluster.settle()
+        for records in everywhere(cluster, "tasks"):
+            assert records == []
+
+    asyncio.run(scenario())
+
+
+def test_a_comment_for_a_task_the_cascade_deleted_is_not_kept() -> None:
+    _service, (deleter, commenter, _), cluster = started(relations_schema("cascade"))
+
+    async def scenario() -> None:
+        project = deleter.projects.insert({"name": "p"})
+        task = deleter.tasks.insert({"title": "t", "projectId": project["id"]})
+        await cluster.settle()
+        commenter.comments.insert({"body": "on a doomed task", "taskId": task["id"]})
+        deleter.projects.delete(project["id"])
+        await cluster.push(0)
+        await cluster.push(1)
+        await cluster.settle()
+        for records in everywhere(cluster, "comments"):
+            assert records == []
+
+    asyncio.run(scenario())
+
+
+def test_set_null_clears_a_reference_written_after_the_parent_was_deleted() -> None:
+    _service, (deleter, mover, late), cluster = started(relations_schema("set-null"))
+
+    async def scenario() -> None:
+        p1 = deleter.projects.insert({"name": "p1"})
+        p2 = deleter.projects.insert({"name": "p2"})
+        task = deleter.tasks.insert({"title": "t", "projectId": p1["id"]})
+        await cluster.settle()
+        deleter.projects.delete(p2["id"])
+        mover.tasks.update(task["id"], {"projectId": p2["id"]})
+        late.tasks.insert({"title": "new", "projectId": p2["id"]})
+        await cluster.push(0)
+        await cluster.push(1)
+        await cluster.push(2)
+        await cluster.settle()
+        for records in everywhere(cluster, "tasks"):
+            assert [r["projectId"] for r in records] == [None, None]
+
+    asyncio.run(scenario())
