@@ -37,7 +37,7 @@ Referential constraints (`fields` hold ids of `collection`'s records; an array f
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -423,3 +423,159 @@ def check_delete(
                     Violation(constraint.name, "referential", source.name, record["id"], (name,), ids)
                 )
     return decision
+
+
+@dataclass(frozen=True, slots=True)
+class Breach:
+    """A cross-record rule that the records a replica holds break, found after it merged remote operations
+    without a server (peer to peer, `App.apply`): nothing decides it there, so it is reported, not resolved.
+
+    ``kind``: 'unique', 'capacity', 'referential' (constraints) or 'relation' (a child of a deleted parent,
+    under 'cascade', 'set-null' or 'restrict'); ``name``: the constraint's or the relation's; ``record_ids``:
+    the records involved (sorted).
+    """
+
+    kind: str
+    name: str
+    collection: str
+    record_ids: tuple[str, ...]
+    fields: tuple[str, ...]
+    message: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "name": self.name,
+            "collection": self.collection,
+            "recordIds": list(self.record_ids),
+            "fields": list(self.fields),
+            "message": self.message,
+        }
+
+
+def find_breaches(
+    lookup: RecordLookup,
+    touched: Sequence[tuple[str, str, Mapping[str, Any] | None]],
+    held: Callable[[str, str], bool],
+) -> list[Breach]:
+    """The breaches involving the ``touched`` records (collection, id, record or None when it does not exist
+    now). ``held(collection, id)``: the replica holds operations of that record (a parent it holds deleted is
+    gone; one it never held may still arrive)."""
+    schema = lookup.schema
+    found: dict[tuple[str, str, tuple[str, ...]], Breach] = {}
+
+    def add(kind: str, name: str, collection: str, ids: list[str], fields: tuple[str, ...], why: str) -> None:
+        key = (kind, name, tuple(sorted(set(ids))))
+        if key not in found:
+            found[key] = Breach(kind, name, collection, key[2], fields, why)
+
+    def gone(collection: str, record_id: str) -> bool:
+        return held(collection, record_id) and not lookup.find_records(collection, {"id": record_id})
+
+    for collection, record_id, record in touched:
+        definition = schema.collections[collection]
+        if record is not None:
+            for c in definition.constraints.values():
+                if not _matches(record, c.where):
+                    continue
+                values = {f: record.get(f) for f in c.fields}
+                if c.type in ("unique", "capacity"):
+                    if any(v is None for v in values.values()):
+                        continue
+                    same = lookup.find_records(collection, {**dict(c.where or {}), **values})
+                    ids = sorted({r["id"] for r in same} | {record_id})
+                    if c.type == "unique" and len(ids) > 1:
+                        add(
+                            "unique",
+                            c.name,
+                            collection,
+                            ids,
+                            c.fields,
+                            f"{values} is held by {len(ids)} records",
+                        )
+                    elif c.type == "capacity" and c.limit is not None and len(ids) > c.limit:
+                        add(
+                            "capacity",
+                            c.name,
+                            collection,
+                            ids,
+                            c.fields,
+                            f"the group {values} holds {len(ids)} records (limit {c.limit})",
+                        )
+                else:
+                    assert c.collection is not None
+                    for name, value in values.items():
+                        targets = value if isinstance(value, list) else [value]
+                        missing = [v for v in targets if isinstance(v, str) and gone(c.collection, v)]
+                        if missing:
+                            add(
+                                "referential",
+                                c.name,
+                                collection,
+                                [record_id],
+                                (name,),
+                                f"{name} points at deleted {c.collection} {missing}",
+                            )
+            for relation in schema.relations.values():
+                if relation.from_ != collection or relation.on_delete == "no-action":
+                    continue
+                value = record.get(relation.field)
+                parents = value if isinstance(value, list) else [value]
+                missing = [v for v in parents if isinstance(v, str) and gone(relation.to, v)]
+                if missing:
+                    add(
+                        "relation",
+                        relation.name,
+                        collection,
+                        [record_id],
+                        (relation.field,),
+                        f"{relation.field} points at deleted {relation.to} {missing} "
+                        f"(onDelete {relation.on_delete!r})",
+                    )
+            continue
+        if not held(collection, record_id):
+            continue
+        # A deleted record: what still points at it.
+        for relation in schema.relations.values():
+            if relation.to != collection or relation.on_delete == "no-action":
+                continue
+            if schema.collections[relation.from_].fields[relation.field].type == "array":
+                children = [
+                    r
+                    for r in lookup.find_records(relation.from_, {})
+                    if record_id in (r.get(relation.field) or ())
+                ]
+            else:
+                children = lookup.find_records(relation.from_, {relation.field: record_id})
+            for child in children:
+                add(
+                    "relation",
+                    relation.name,
+                    relation.from_,
+                    [child["id"]],
+                    (relation.field,),
+                    f"{relation.field} points at deleted {collection} [{record_id!r}] "
+                    f"(onDelete {relation.on_delete!r})",
+                )
+        for source in schema.collections.values():
+            for c in source.constraints.values():
+                if c.type != "referential" or c.collection != collection:
+                    continue
+                for name in c.fields:
+                    referencing = [
+                        r for r in lookup.find_records(source.name, {}) if _points_at(r.get(name), record_id)
+                    ]
+                    for ref in referencing:
+                        add(
+                            "referential",
+                            c.name,
+                            source.name,
+                            [ref["id"]],
+                            (name,),
+                            f"{name} points at deleted {collection} [{record_id!r}]",
+                        )
+    return list(found.values())
+
+
+def _points_at(value: Any, record_id: str) -> bool:
+    return record_id in value if isinstance(value, list) else value == record_id

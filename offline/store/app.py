@@ -42,6 +42,7 @@ from offline.merge.engine import REPEATED, Conflict, MergeEngine, RecordState, T
 from offline.merge.trace import MergeTrace
 from offline.merge.values import compact_json
 
+from . import breaches
 from .collection import Collection
 from .database import ACKED, PENDING, REJECTED, STATE_REFERENCE, LocalDatabase, storage_error
 from .events import EventBus
@@ -664,8 +665,11 @@ class App:
         delivery: int | None = None,
         watermark: int | None = None,
         verified: bool = False,
-    ) -> list[Operation]:
-        """Merge remote operations (Operation objects or wire dicts). Idempotent; returns those newly applied.
+    ) -> breaches.Applied:
+        """Merge remote operations (Operation objects or wire dicts). Idempotent; returns those newly applied,
+        a list whose ``violations`` name the cross-record rules the records they touched now break (nothing
+        resolves those without a server; see `offline.store.breaches`), each also a ``constraint:violated``
+        event.
 
         Operations whose id does not match their content or for an unknown collection are refused with
         OfflineError and nothing of the batch is stored. One stamped ahead of this device's clock moves the
@@ -690,7 +694,8 @@ class App:
                     {"field": "id", "reason": "HASH_MISMATCH", "operationId": op.id},
                 )
             incoming.append(op)
-        return self.apply_verified(incoming, None, delivery=delivery, watermark=watermark, started=started)
+        applied = self.apply_verified(incoming, None, delivery=delivery, watermark=watermark, started=started)
+        return breaches.report(self, applied)
 
     def apply_verified(
         self,

@@ -1,0 +1,132 @@
+"""What holds offline (offline/store/breaches.py): replicas exchanging operations without a server agree on
+the same records, and `App.apply` reports each cross-record rule those records break (its return value's
+``violations`` and a ``constraint:violated`` event); nothing resolves them until a server judges the writes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from offline import App, OfflineEvent, create_app, define_schema, t
+from offline.core.schema import SchemaDefinition
+
+
+def schema() -> SchemaDefinition:
+    return define_schema(
+        {
+            "version": 1,
+            "collections": {
+                "projects": {"fields": {"name": t.string()}},
+                "tasks": {"fields": {"title": t.string(), "projectId": t.string().optional()}},
+                "users": {
+                    "fields": {"handle": t.string()},
+                    "constraints": {
+                        "uniqueHandle": {
+                            "type": "unique",
+                            "fields": ["handle"],
+                            "onConflict": "first-write-wins",
+                        }
+                    },
+                },
+                "seats": {
+                    "fields": {"room": t.string()},
+                    "constraints": {
+                        "roomSize": {
+                            "type": "capacity",
+                            "fields": ["room"],
+                            "limit": 1,
+                            "onConflict": "last-write-wins",
+                        }
+                    },
+                },
+            },
+            "relations": {
+                "taskProject": {
+                    "from": "tasks",
+                    "to": "projects",
+                    "type": "many-to-one",
+                    "field": "projectId",
+                    "onDelete": "cascade",
+                }
+            },
+        }
+    )
+
+
+@pytest.fixture
+def pair() -> Iterator[tuple[App, App]]:
+    a, b = create_app(schema(), path=":memory:"), create_app(schema(), path=":memory:")
+    yield a, b
+    a.close()
+    b.close()
+
+
+def snapshot(app: App) -> dict[str, list[dict[str, Any]]]:
+    return {
+        name: sorted(app.collection(name).fetch(), key=lambda r: r["id"]) for name in app.schema.collections
+    }
+
+
+def events(app: App) -> list[OfflineEvent]:
+    seen: list[OfflineEvent] = []
+    app.events.on("constraint:violated", seen.append)
+    return seen
+
+
+def test_concurrent_duplicates_are_reported_on_both_replicas(pair: tuple[App, App]) -> None:
+    a, b = pair
+    seen_a, seen_b = events(a), events(b)
+    first = a.users.insert({"handle": "ada"})
+    second = b.users.insert({"handle": "ada"})
+    to_b = b.apply(a.operations())
+    to_a = a.apply(b.operations())
+    assert snapshot(a) == snapshot(b)  # the same records: both duplicates
+    for result in (to_a, to_b):
+        assert len(result) == 1
+        [breach] = result.violations
+        assert (breach.kind, breach.name, breach.collection) == ("unique", "uniqueHandle", "users")
+        assert breach.record_ids == tuple(sorted([first["id"], second["id"]]))
+        assert "ada" in breach.message
+    for seen in (seen_a, seen_b):
+        [event] = seen
+        assert event.constraint == "uniqueHandle"
+        assert event.trace.constraint_violated == "uniqueHandle" and event.trace.tier == 2
+
+
+def test_an_overfull_group_is_reported(pair: tuple[App, App]) -> None:
+    a, b = pair
+    a.seats.insert({"room": "r1"})
+    b.seats.insert({"room": "r1"})
+    [breach] = b.apply(a.operations()).violations
+    assert (breach.kind, breach.name, len(breach.record_ids)) == ("capacity", "roomSize", 2)
+    assert "limit 1" in breach.message
+
+
+def test_a_child_inserted_into_a_concurrently_deleted_parent_is_reported(pair: tuple[App, App]) -> None:
+    a, b = pair
+    project = a.projects.insert({"name": "p"})
+    b.apply(a.operations())
+    a.projects.delete(project["id"])
+    task = b.tasks.insert({"title": "late", "projectId": project["id"]})
+    to_a = a.apply(b.operations())
+    to_b = b.apply(a.operations())
+    assert snapshot(a) == snapshot(b)
+    assert snapshot(a)["tasks"] == [task]  # the orphan is held on both: nothing resolves it offline
+    for result in (to_a, to_b):
+        [breach] = result.violations
+        assert (breach.kind, breach.name, breach.record_ids) == ("relation", "taskProject", (task["id"],))
+        assert project["id"] in breach.message and "cascade" in breach.message
+
+
+def test_nothing_is_reported_when_every_rule_holds(pair: tuple[App, App]) -> None:
+    a, b = pair
+    seen = events(b)
+    project = a.projects.insert({"name": "p"})
+    a.tasks.insert({"title": "t", "projectId": project["id"]})
+    a.users.insert({"handle": "ada"})
+    result = b.apply(a.operations())
+    assert len(result) == 3 and result.violations == [] and seen == []
+    assert b.apply(a.operations()).violations == []  # nothing new applied
