@@ -725,8 +725,14 @@ class SyncService:
                 accepted.append((-1, *self._server_write(view, action)))
 
     async def adopt_node_id(self, node_id: str) -> None:
-        """Take over another server's identity (restoring its backup into an empty store)."""
+        """Take over another server's identity (restoring its backup into an empty store). A server's id from
+        before the marker (offline.core.server_nodes) is kept authoritative instead, as a database of that
+        server would (`_create_node_id`): this server goes on writing under its own marked id."""
         async with self._lock:
+            if not is_server_node_id(node_id):
+                await self._retire_node_id(self.store, node_id)
+                self.legacy_node_ids = tuple(json.loads(await self.store.get_meta(LEGACY_NODE_IDS) or "[]"))
+                node_id = self.node_id
             await self.store.set_meta("server_node_id", node_id)
             self.node_id = node_id
             self.clock = HybridLogicalClock(node_id, now=self._now)

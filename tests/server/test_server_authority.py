@@ -166,3 +166,18 @@ def test_a_database_from_before_the_marker_takes_a_marked_id_and_keeps_its_old_w
         assert again.engine.fold("tasks", "r1", [later, old])[1]["projectId"] == "by the old server"
 
     asyncio.run(scenario())
+
+
+def test_restoring_a_backup_of_a_pre_marker_server_keeps_its_writes_authoritative() -> None:
+    async def scenario() -> None:
+        service = await started(MemoryServerStore())
+        own = service.node_id
+        await service.adopt_node_id("0190aaaa-0000-7000-8000-000000000002")
+        assert service.node_id == own  # it goes on writing under its marked id
+        assert service.legacy_node_ids == ("0190aaaa-0000-7000-8000-000000000002",)
+        assert service.engine.authoritative_nodes() >= {own, "0190aaaa-0000-7000-8000-000000000002"}
+        marked = new_server_node_id()
+        await service.adopt_node_id(marked)  # a marked server's identity is taken over as before
+        assert service.node_id == marked
+
+    asyncio.run(scenario())
