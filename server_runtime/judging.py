@@ -84,6 +84,27 @@ def judge_write(
     return complete_actions(view, decision).actions
 
 
+def refused_insert_tombstone(view: StagedView, op: Operation) -> list[Action]:
+    """The server's delete of a record whose insert it refused by a cross-record rule, when other records
+    may point at it (it is the target of a relation or a referential constraint).
+
+    Its author may have written children of it before hearing of the refusal (a task into a deleted
+    project, then a comment on that task); without the tombstone the server would hold nothing of the record
+    and take those children for children of a record yet to arrive, keeping them as orphans. With it, they
+    are judged as children of a deleted record. A later write of the record (`app.sync.retry`) revives it.
+    """
+    key = (op.collection, op.record_id)
+    if op.type != "insert" or key in view.rows or key in view.cache.rows:
+        return []
+    schema = view.schema
+    targeted = any(r.to == op.collection for r in schema.relations.values()) or any(
+        c.type == "referential" and c.collection == op.collection
+        for coll in schema.collections.values()
+        for c in coll.constraints.values()
+    )
+    return [Action("delete", op.collection, op.record_id)] if targeted else []
+
+
 def follow_up_timestamp(clock: HybridLogicalClock, state: RecordState) -> HLCTimestamp:
     """A timestamp for the server's own write to a record with ``state``: after every operation it holds."""
     stamp = clock.now()
@@ -98,4 +119,11 @@ def follow_up_timestamp(clock: HybridLogicalClock, state: RecordState) -> HLCTim
     return stamp
 
 
-__all__ = ["NODE_ID_MISMATCH", "follow_up_timestamp", "forged_authority", "judge_write", "parent_deleted"]
+__all__ = [
+    "NODE_ID_MISMATCH",
+    "follow_up_timestamp",
+    "forged_authority",
+    "judge_write",
+    "parent_deleted",
+    "refused_insert_tombstone",
+]

@@ -40,7 +40,7 @@ from offline.merge.relations import plan_record_delete
 from offline.merge.values import operation_text
 from offline.sync import protocol as p
 
-from .judging import follow_up_timestamp, forged_authority, judge_write
+from .judging import follow_up_timestamp, forged_authority, judge_write, refused_insert_tombstone
 from .live_sessions import LiveSessions
 from .records import RecordCache, StagedView, one_operation_state
 from .stores._codec import decode_optional
@@ -692,6 +692,8 @@ class SyncService:
             refusal, actions, trial = self._judge(session, op, view)
             if refusal is not None or trial is None:
                 results[op.id] = refusal or Refusal(p.INTERNAL_ERROR, "the operation was not judged")
+                for action in actions:  # a refused insert's tombstone (judging.refused_insert_tombstone)
+                    accepted.append((-1, *self._server_write(view, action)))
                 continue
             before = view.record(op.collection, op.record_id)
             self._count_conflicts(op, trial.conflicts)
@@ -954,7 +956,7 @@ class SyncService:
             actions = judge_write(view, op, after, before, constrained=bool(collection.constraints))
             return None, actions, trial
         except OfflineError as exc:
-            return Refusal(p.CONSTRAINT_VIOLATION, exc.message), [], None
+            return Refusal(p.CONSTRAINT_VIOLATION, exc.message), refused_insert_tombstone(view, op), None
         return None, [], trial
 
     # -- relay ----------------------------------------------------------------------------------------------------

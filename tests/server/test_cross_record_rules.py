@@ -504,3 +504,22 @@ def test_set_null_clears_a_reference_written_after_the_parent_was_deleted() -> N
             assert [r["projectId"] for r in records] == [None, None]
 
     asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("on_delete", ["cascade", "restrict"])
+def test_the_children_of_a_refused_insert_are_judged_as_children_of_a_deleted_record(on_delete: str) -> None:
+    _service, (deleter, writer, _), cluster = started(relations_schema(on_delete))
+
+    async def scenario() -> None:
+        project = deleter.projects.insert({"name": "p"})
+        await cluster.settle()
+        deleter.projects.delete(project["id"])
+        await cluster.push(0)
+        task = writer.tasks.insert({"title": "into a deleted project", "projectId": project["id"]})
+        writer.comments.insert({"body": "on a refused task", "taskId": task["id"]})
+        await cluster.push(1)  # the task is refused: its comment must not be kept pointing at nothing
+        await cluster.settle()
+        for records in everywhere(cluster, "tasks") + everywhere(cluster, "comments"):
+            assert records == []
+
+    asyncio.run(scenario())
