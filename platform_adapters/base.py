@@ -140,7 +140,9 @@ class CommandResult:
 
 
 class CommandRunner(Protocol):
-    """Runs vendor CLIs. Tests use the real SubprocessRunner with fake executables first on PATH."""
+    """Runs vendor CLIs. Tests use the real SubprocessRunner with fake executables first on PATH.
+
+    ``stream``: a long step (a remote build, an upload) whose output people want to watch as it comes."""
 
     def which(self, name: str) -> str | None: ...
 
@@ -152,14 +154,26 @@ class CommandRunner(Protocol):
         cwd: Path | None = None,
         input: str | None = None,
         timeout: float | None = None,
+        stream: bool = False,
     ) -> CommandResult: ...
+
+
+class OutputListener(Protocol):
+    """Where vendor output goes besides the CommandResult (offline_cli.deploy.progress.ProgressReporter)."""
+
+    def vendor_line(self, line: str) -> None: ...
+
+    def vendor_output(self, argv: Sequence[str], stdout: str, stderr: str, returncode: int) -> None: ...
 
 
 @dataclass
 class SubprocessRunner:
-    """The real runner. ``env`` is the whole environment of the child (PATH included); ``extra`` adds to it."""
+    """The real runner. ``env`` is the whole environment of the child (PATH included); ``extra`` adds to it.
+    With a ``listener``, streamed commands hand each output line to it as it is printed, and the others
+    their whole output when they end."""
 
     env: Mapping[str, str]
+    listener: OutputListener | None = None
 
     def which(self, name: str) -> str | None:
         return shutil.which(name, path=self.env.get("PATH"))
@@ -172,12 +186,94 @@ class SubprocessRunner:
         cwd: Path | None = None,
         input: str | None = None,
         timeout: float | None = None,
+        stream: bool = False,
     ) -> CommandResult:
         full_env = {**self.env, **(env or {})}
         executable = self.which(argv[0]) or argv[0]
+        if stream and self.listener is not None:
+            return self._streamed(argv, [executable, *argv[1:]], full_env, cwd, input, timeout, self.listener)
+        result = self._captured(argv, [executable, *argv[1:]], full_env, cwd, input, timeout)
+        if self.listener is not None:
+            self.listener.vendor_output(argv, result.stdout, result.stderr, result.returncode)
+        return result
+
+    @staticmethod
+    def _streamed(
+        argv: Sequence[str],
+        command: list[str],
+        env: Mapping[str, str],
+        cwd: Path | None,
+        input: str | None,
+        timeout: float | None,
+        listener: OutputListener,
+    ) -> CommandResult:
+        import threading
+
+        try:
+            process = subprocess.Popen(
+                command,
+                env=dict(env),
+                cwd=cwd,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                encoding="utf-8",
+                errors="replace",
+                bufsize=1,
+            )
+        except FileNotFoundError:
+            return CommandResult(tuple(argv), 127, "", f"{argv[0]}: command not found")
+        captured: dict[str, list[str]] = {"stdout": [], "stderr": []}
+
+        def pump(name: str, pipe: Any) -> None:
+            for line in pipe:
+                captured[name].append(line)
+                listener.vendor_line(line)
+            pipe.close()
+
+        readers = [
+            threading.Thread(target=pump, args=(name, pipe), daemon=True)
+            for name, pipe in (("stdout", process.stdout), ("stderr", process.stderr))
+        ]
+        for reader in readers:
+            reader.start()
+        assert process.stdin is not None
+        try:
+            process.stdin.write(input or "")
+            process.stdin.close()
+        except BrokenPipeError:
+            pass  # the tool ended without reading its input; its exit status tells what happened
+        try:
+            returncode = process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+            for reader in readers:
+                reader.join(5)
+            return CommandResult(
+                tuple(argv), 124, "".join(captured["stdout"]), f"{argv[0]} timed out after {timeout} s"
+            )
+        for reader in readers:
+            reader.join()
+        return CommandResult(
+            tuple(argv), returncode, "".join(captured["stdout"]), "".join(captured["stderr"])
+        )
+
+    @staticmethod
+    def _captured(
+        argv: Sequence[str],
+        command: list[str],
+        env: Mapping[str, str],
+        cwd: Path | None,
+        input: str | None,
+        timeout: float | None,
+    ) -> CommandResult:
+        full_env = env
+        executable, *rest = command
         try:
             done = subprocess.run(
-                [executable, *argv[1:]],
+                [executable, *rest],
                 env=full_env,
                 cwd=cwd,
                 input=input,

@@ -59,6 +59,7 @@ from .base import (
     PlatformAdapter,
     StatusReport,
     forwarded_environment,
+    report_change,
 )
 
 __all__ = [
@@ -566,9 +567,13 @@ class EcsAdapter(PlatformAdapter):
             )
         expected = str(outcome.state.get("task_definition") or outcome.deployment_id)
         announced = False
+        seen: list[str] = []
+        shown_events: set[str] | None = (
+            None  # the first look shows only the newest event: the rest is history
+        )
 
         def probe(_: int) -> StatusReport | None:
-            nonlocal announced
+            nonlocal announced, shown_events
             service = self._find_service(ctx)
             if service is None:
                 raise DeployError(
@@ -579,6 +584,22 @@ class EcsAdapter(PlatformAdapter):
                 )
             deployment = _deployment_for(service, expected)
             state = rollout_state(deployment) if deployment else "IN_PROGRESS"
+            # ECS lists its service events newest first; each new one is shown once, oldest first.
+            events = list(service.get("events") or [])
+            if shown_events is None:
+                shown_events = {str(e.get("id") or e.get("message")) for e in events[1:]}
+            for event in reversed(events):
+                key = str(event.get("id") or event.get("message"))
+                if key not in shown_events:
+                    shown_events.add(key)
+                    ctx.reporter.info(f"ECS: {event.get('message')}")
+            if deployment:
+                running = (
+                    f"{deployment.get('runningCount', 0)}/{deployment.get('desiredCount', 0)} tasks running"
+                )
+                report_change(
+                    ctx.reporter, seen, f"ECS rollout of {_revision_id(expected)}: {state}, {running}"
+                )
             if state == "FAILED":
                 reason = (deployment or {}).get("rolloutStateReason") or "the tasks did not become healthy"
                 raise DeployError(

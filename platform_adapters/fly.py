@@ -56,6 +56,7 @@ from .base import (
     DeployOutcome,
     PlatformAdapter,
     StatusReport,
+    report_change,
 )
 
 __all__ = [
@@ -326,6 +327,16 @@ def fly_status_report(data: Mapping[str, Any], *, url: str | None = None) -> Sta
         deployment_id=f"v{current}" if current else None,
         details=details,
     )
+
+
+def fly_progress_line(report: StatusReport) -> str:
+    """What a wait shows while Fly rolls out: the state and each machine's state and checks."""
+    machines = report.details.get("machines") or []
+    shown = ", ".join(
+        f"{m.get('id')} {m.get('state')} ({m.get('release') or '?'}, checks {m.get('checks')})"
+        for m in machines
+    )
+    return f"Fly.io: {report.state}" + (f"; machines: {shown}" if shown else "")
 
 
 def _release_version(release: Mapping[str, Any]) -> int:
@@ -605,14 +616,23 @@ class FlyAdapter(PlatformAdapter):
             fly_deploy_argv(ctx.app, cli=cli),
             cwd=ctx.deploy_dir,
             timeout=LONG_TIMEOUT,
-            hint="See the build and rollout output above, or run `offline deploy logs`.",
+            stream=True,
+            hint="flyctl's last lines are above and all of its output is in the deploy log named below; "
+            "`offline deploy logs` shows the app's own output.",
         )
         return self._outcome(ctx, cli)
 
     def wait_until_healthy(self, ctx: DeployContext, outcome: DeployOutcome) -> StatusReport:
+        seen: list[str] = []
+
+        def probe() -> StatusReport:
+            report = self.status(ctx)
+            report_change(ctx.reporter, seen, fly_progress_line(report))
+            return report
+
         return poll_until_healthy(
             ctx,
-            lambda: self.status(ctx),
+            probe,
             what=f"Fly.io app {ctx.app!r}",
             hint=f"Check `offline deploy logs` or `flyctl status --app {ctx.app}`.",
         )
@@ -641,6 +661,7 @@ class FlyAdapter(PlatformAdapter):
             fly_deploy_argv(ctx.app, image=image, cli=cli),
             cwd=ctx.deploy_dir,
             timeout=LONG_TIMEOUT,
-            hint="See the rollout output above, or run `offline deploy logs`.",
+            stream=True,
+            hint="flyctl's last lines are above; `offline deploy logs` shows the app's own output.",
         )
         return self._outcome(ctx, cli)

@@ -50,6 +50,7 @@ from .base import (
     PlatformAdapter,
     StatusReport,
     forwarded_environment,
+    report_change,
 )
 
 __all__ = [
@@ -390,7 +391,7 @@ class LightsailAdapter(PlatformAdapter):
 
     def _push(self, ctx: DeployContext, region: str, service: str, local_tag: str) -> str:
         result = ctx.runner.run(
-            lightsail_push_argv(region, service, IMAGE_LABEL, local_tag), timeout=PUSH_TIMEOUT
+            lightsail_push_argv(region, service, IMAGE_LABEL, local_tag), timeout=PUSH_TIMEOUT, stream=True
         )
         output = f"{result.stdout}\n{result.stderr}"
         if result.returncode != 0:
@@ -436,11 +437,20 @@ class LightsailAdapter(PlatformAdapter):
         expected = outcome.deployment_id
         announced = False
 
+        seen: list[str] = []
+
         def probe(_: int) -> StatusReport | None:
             nonlocal announced
             service = self._require_service(ctx)
             current = service.get("currentDeployment") or {}
             upcoming = service.get("nextDeployment") or {}
+            ours = upcoming if str(upcoming.get("version")) == expected else current
+            report_change(
+                ctx.reporter,
+                seen,
+                f"Lightsail: service {service.get('state')}, deployment {expected} "
+                f"{ours.get('state') if str(ours.get('version')) == expected else 'not listed yet'}",
+            )
             if str(upcoming.get("version")) == expected:
                 if upcoming.get("state") == "FAILED":
                     self._fail(name, expected)

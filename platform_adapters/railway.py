@@ -56,6 +56,7 @@ from .base import (
     DeployOutcome,
     PlatformAdapter,
     StatusReport,
+    report_change,
 )
 
 __all__ = [
@@ -86,6 +87,7 @@ __all__ = [
 
 CLI = "railway"
 CONFIG_NAME = "railway.json"
+IGNORE_NAME = ".railwayignore"
 DEFAULT_API_URL = "https://backboard.railway.com/graphql/v2"
 API_URL_ENV = "OFFLINE_RAILWAY_API_URL"
 ROLLBACK_MUTATION = "mutation deploymentRollback($id: String!) { deploymentRollback(id: $id) }"
@@ -546,7 +548,10 @@ class RailwayAdapter(PlatformAdapter):
         ctx.deploy_dir.mkdir(parents=True, exist_ok=True)
         path = ctx.deploy_dir / CONFIG_NAME
         path.write_text(json.dumps(render_railway_json(), indent=2) + "\n")
-        return [path]
+        # `railway up` uploads the folder: the deploy logs stay here.
+        ignore = ctx.deploy_dir / IGNORE_NAME
+        ignore.write_text("logs/\n")
+        return [path, ignore]
 
     def provision(self, ctx: DeployContext) -> dict[str, Any]:
         service_name = self._service(ctx)
@@ -669,6 +674,7 @@ class RailwayAdapter(PlatformAdapter):
             railway_up_argv(self._service(ctx)),
             cwd=ctx.deploy_dir,
             timeout=LONG_TIMEOUT,
+            stream=True,
             hint="Run `offline deploy logs` or open the build logs URL Railway printed.",
         )
         deployment_id = deployment_from_up_output(f"{result.stdout}\n{result.stderr}")
@@ -685,10 +691,15 @@ class RailwayAdapter(PlatformAdapter):
         return self._outcome(ctx, deployment_id)
 
     def wait_until_healthy(self, ctx: DeployContext, outcome: DeployOutcome) -> StatusReport:
+        seen: list[str] = []
+
         def probe() -> StatusReport:
-            return railway_status_report(
+            report = railway_status_report(
                 self._deployments(ctx), url=outcome.url, deployment_id=outcome.deployment_id or None
             )
+            status = report.details.get("status")
+            report_change(ctx.reporter, seen, f"Railway deployment {report.deployment_id}: {status}")
+            return report
 
         def give_up(report: StatusReport) -> DeployError | None:
             status = str(report.details.get("status"))

@@ -73,25 +73,26 @@ def build_services(env: Environment) -> Services:
     from platform_adapters.base import SubprocessRunner, masked_values
 
     from ..deploy.flow import Services
-    from ..deploy.reporter import RichReporter
+    from ..deploy.progress import ProgressReporter
 
-    secrets = masked_values(env.env)
+    reporter = ProgressReporter(env.err, masked_values(env.env))
     return Services(
         env=env.env,
         interactive=env.interactive,
-        reporter=RichReporter(env.err, secrets),
-        runner=SubprocessRunner(dict(env.env)),
+        reporter=reporter,
+        runner=SubprocessRunner(dict(env.env), listener=reporter),
         prompter=env.get_prompter,
     )
 
 
-def _fail(env: Environment, exc: DeployError, as_json: bool = False) -> NoReturn:
+def _fail(env: Environment, exc: DeployError, as_json: bool = False, reporter: Any = None) -> NoReturn:
     from platform_adapters.base import masked_values
 
     from ..deploy.reporter import redact
 
     secrets = masked_values(env.env)
     err = env.err
+    _show_vendor_tail(env, exc, reporter)
     if exc.admin_token:
         _show_admin_token(env, exc.admin_token, None)
         secrets = (*secrets, exc.admin_token)
@@ -110,13 +111,37 @@ def _fail(env: Environment, exc: DeployError, as_json: bool = False) -> NoReturn
     raise click.exceptions.Exit(1)
 
 
-def _guarded(env: Environment, work: Callable[[], T], as_json: bool = False) -> T:
+def _guarded(env: Environment, work: Callable[[], T], as_json: bool = False, reporter: Any = None) -> T:
+    """Run ``work``; a DeployError ends the command (exit 1) with the vendor's last lines, the error and
+    its hint. ``reporter``: a ProgressReporter to close (its last step's time, the log file) either way."""
     from platform_adapters.base import DeployError
 
     try:
-        return work()
+        result = work()
     except DeployError as exc:
-        _fail(env, exc, as_json)
+        _close(reporter)
+        _fail(env, exc, as_json, reporter)
+    _close(reporter)
+    return result
+
+
+def _close(reporter: Any) -> None:
+    close = getattr(reporter, "close", None)
+    if callable(close):
+        close()
+
+
+def _show_vendor_tail(env: Environment, exc: DeployError, reporter: Any) -> None:
+    """What the vendor tools said last (the lines the error does not quote already) and where all of it is."""
+    tail = getattr(reporter, "tail", None)
+    lines = [line for line in (tail() if callable(tail) else []) if line.strip() not in exc.message]
+    log_path = getattr(reporter, "log_path", None)
+    if lines:
+        env.err.print("[dim]Last lines of the vendor output:[/dim]", highlight=False)
+        for line in lines:
+            env.err.print(f"  [dim]│[/dim] {escape(line)}", highlight=False, soft_wrap=True)
+    if log_path is not None:
+        env.err.print(f"[dim]Full output of this run: {escape(str(log_path))}[/dim]", highlight=False)
 
 
 def _show_admin_token(env: Environment, token: str, url: str | None) -> None:
@@ -322,7 +347,7 @@ def deploy(
                 f"{flags} only to {platform_adapters.vendor_name(wanted)}; ignored for "
                 f"{platform_adapters.vendor_name(platform)}"
             )
-    result = _guarded(env, lambda: run_deploy(request, services), as_json)
+    result = _guarded(env, lambda: run_deploy(request, services), as_json, services.reporter)
     if result is None:
         env.err.print("Aborted: nothing was created or changed.")
         if as_json:

@@ -310,6 +310,7 @@ def bundle_server(
             env={"PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_INPUT": "1"},
             cwd=project_dir,
             timeout=timeout,
+            stream=True,
         )
     if result.returncode != 0 or not partial.is_file():
         partial.unlink(missing_ok=True)

@@ -77,7 +77,7 @@ def build_client(
                 "the app's URL is not known yet, so the client is built without BUILD_SYNC_URL; "
                 "run `offline deploy` again after this first deploy to bake in the sync URL"
             )
-        result = runner.run(["npm", "run", "build"], env=env, cwd=project_dir, timeout=timeout)
+        result = runner.run(["npm", "run", "build"], env=env, cwd=project_dir, timeout=timeout, stream=True)
         if result.returncode != 0:
             lines = [line for line in (result.stdout + "\n" + result.stderr).splitlines() if line.strip()]
             raise DeployError(

@@ -97,7 +97,9 @@ def default_container_engine(env: Mapping[str, str], reporter: Reporter) -> Cont
     its image locally). It connects on first use; build and push output goes to the reporter."""
     from platform_adapters.container_engine import DockerEngine
 
-    return DockerEngine.from_env(env, log=reporter.info)
+    # Build and push output is vendor output: the live view and the log when the reporter takes it.
+    line = getattr(reporter, "vendor_line", None)
+    return DockerEngine.from_env(env, log=line if callable(line) else reporter.info)
 
 
 def aws_configured_region(env: Mapping[str, str]) -> str | None:
@@ -645,6 +647,10 @@ def run_deploy(request: DeployRequest, services: Services) -> DeployResult | Non
     asks = services.interactive and not request.confirm
     if asks and not services.prompter().confirm("Go ahead?", default=True):
         return None
+
+    open_log = getattr(reporter, "open_log", None)
+    if callable(open_log):
+        reporter.info(f"full output of this run: {open_log(ctx.deploy_dir)}")
 
     state = plan.previous or DeployState(platform=plan.platform, app=plan.app)
     state.platform = plan.platform

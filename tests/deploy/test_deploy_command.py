@@ -126,8 +126,13 @@ def test_first_deploy_runs_every_step_in_order_and_prints_url_and_sync(harness: 
     assert outcome.stdout == "url:  https://notes.fake.test\nsync: wss://notes.fake.test/offline-sync\n"
     ctx = harness.remote.contexts[0]
     assert (ctx.app, ctx.region, ctx.port) == ("notes", "iad", 3001)
-    # What the platform got to ship when deploy() ran.
-    assert harness.remote.seen_files[0] == [
+    # What the platform got to ship when deploy() ran (the run's log sits beside it; .dockerignore keeps
+    # the image to the files it lists).
+    seen = harness.remote.seen_files[0]
+    logs = [name for name in seen if name.startswith("logs/")]
+    assert len(logs) == 1 and logs[0].endswith(".log")
+    assert "*" in (harness.deploy_dir / ".dockerignore").read_text().splitlines()
+    assert [name for name in seen if name not in logs] == [
         ".dockerignore",
         "Dockerfile",
         "client/index.html",

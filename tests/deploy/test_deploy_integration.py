@@ -524,3 +524,22 @@ def test_every_platform_keeps_sqlite_data_or_refuses_without_database_url() -> N
         "cloud-a-containers": False,  # refused without DATABASE_URL unless --ephemeral-data
         "cloud-a-orchestrated": False,
     }
+
+
+def test_a_failed_remote_build_ends_with_the_vendor_lines_and_the_log_path(
+    deploy_cli: Cli, fake_cli: FakeCliEnv
+) -> None:
+    fake_cli.install("flyctl")
+    fake_cli.set_world("fly", {"apps": {}, "deploy_error": "Error: failed to build: exit code 1"})
+    deploy_cli.env = fake_cli.env()
+    run = deploy_cli("--platform", "fly", "--app", "notes", "--confirm", "--json")
+    assert run.exit_code == 1
+    error = json.loads(run.stdout)["error"]
+    assert error["code"] == "PLATFORM_ERROR" and "failed to build" in error["message"]
+    assert "Last lines of the vendor output:" in run.stderr
+    assert "==> Building image with Depot" in run.stderr  # what flyctl printed before it failed
+    logs = sorted((deploy_cli.project / ".offline" / "deploy" / "logs").glob("*.log"))
+    assert len(logs) == 1 and f"Full output of this run: {logs[0]}" in run.stderr.replace("\n", "")
+    log = logs[0].read_text()
+    assert "--> build step 1/3 done" in log and "failed to build" in log
+    assert "see the build and rollout output above" not in run.stderr.lower()

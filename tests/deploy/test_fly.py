@@ -493,3 +493,17 @@ def test_a_volume_on_fly_stays_mounted_after_reset_even_with_database_url(
     shipped = flyctl.world("fly")["deploys"][-1]["config"]
     assert shipped["mounts"]["source"] == "offline_data"
     assert VOLUMES in flyctl.argvs()
+
+
+def test_the_wait_shows_each_new_machine_state_once(flyctl: FakeCliEnv, project_dir: Path) -> None:
+    rolling = [machine("m1", 1, state="starting", checks=("warning",))]
+    warming = [machine("m1", 1, checks=("warning",))]
+    flyctl.update_world("fly", lambda w: w.update(status_script={APP: [rolling, rolling, warming]}))
+    ctx = context(flyctl, project_dir, env=SECRETS)
+    first_deploy(FlyAdapter(), ctx)
+    shown = [message for kind, message in ctx.reporter.events if message.startswith("Fly.io: ")]  # type: ignore[attr-defined]
+    assert shown == [
+        "Fly.io: DEPLOYING; machines: m1 starting (v1, checks 0/1 passing)",
+        "Fly.io: DEPLOYING; machines: m1 started (v1, checks 0/1 passing)",
+        "Fly.io: RUNNING; machines: m1 started (v1, checks 1/1 passing)",
+    ]

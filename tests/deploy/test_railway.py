@@ -165,7 +165,8 @@ def test_railway_json_written_to_the_deploy_dir_parses_and_names_the_dockerfile(
     ctx = context(railway, project_dir, env=SECRETS)
     written = RailwayAdapter().render_config(ctx)
 
-    assert written == [ctx.deploy_dir / "railway.json"]
+    assert written == [ctx.deploy_dir / "railway.json", ctx.deploy_dir / ".railwayignore"]
+    assert (ctx.deploy_dir / ".railwayignore").read_text() == "logs/\n"  # the deploy logs are not uploaded
     config = json.loads(written[0].read_text(encoding="utf-8"))  # what `railway up` uploads, from disk
     assert config == render_railway_json()
     assert config["$schema"] == "https://railway.com/railway.schema.json"
@@ -273,7 +274,10 @@ def test_first_deploy_creates_project_service_variables_and_domain(
     }
     assert "volumes" not in world  # DATABASE_URL is set: no SQLite volume
     assert world["uploads"] == [
-        {"service": APP, "files": [".dockerignore", "Dockerfile", "railway.json", "server.pyz"]}
+        {
+            "service": APP,
+            "files": [".dockerignore", ".railwayignore", "Dockerfile", "railway.json", "server.pyz"],
+        }
     ]
     assert outcome.url == f"https://{HOST}" and outcome.sync_url == f"wss://{HOST}/offline-sync"
     assert outcome.deployment_id == "dep-0003"

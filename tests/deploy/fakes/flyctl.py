@@ -197,6 +197,8 @@ def _deploy(inv: Invocation, rest: list[str]) -> int:
             return fail(f"Error: dockerfile '{dockerfile}' not found")
         if not parsed.has("--remote-only"):
             return fail("Error: failed to fetch an image or build from source: no local docker daemon")
+    if image is None:
+        print("==> Building image with Depot\n--> build step 1/3 done", flush=True)
     if inv.world.get("deploy_error"):
         return fail(str(inv.world["deploy_error"]))
     mounts = config.get("mounts")
@@ -234,7 +236,7 @@ def _deploy(inv: Invocation, rest: list[str]) -> int:
     inv.world.setdefault("deploys", []).append({"app": app, "image": image, "config": config})
     inv.save()
     if parsed.value("--image") is None:
-        print("==> Building image with Depot\n--> Pushing image done")
+        print("--> Pushing image done")
     print(f"image: {image}\n\nVisit your newly deployed app at https://{app}.fly.dev/")
     return 0
 

@@ -277,7 +277,17 @@ def _domain(inv: Invocation, rest: list[str]) -> int:
 
 
 def _files(root: Path) -> list[str]:
-    return sorted(str(path.relative_to(root)) for path in root.rglob("*") if path.is_file())
+    """What `railway up` uploads: the folder less what .railwayignore names (folder prefixes here)."""
+    ignore_file = root / ".railwayignore"
+    ignored = (
+        [line.strip().rstrip("/") + "/" for line in ignore_file.read_text().splitlines()]
+        if ignore_file.is_file()
+        else []
+    )
+    names = (str(path.relative_to(root)) for path in root.rglob("*") if path.is_file())
+    return sorted(
+        name for name in names if not any(name.startswith(prefix) for prefix in ignored if prefix != "/")
+    )
 
 
 def _up(inv: Invocation, rest: list[str]) -> int:
