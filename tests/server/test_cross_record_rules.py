@@ -14,6 +14,7 @@ import asyncio
 import itertools
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -521,5 +522,53 @@ def test_the_children_of_a_refused_insert_are_judged_as_children_of_a_deleted_re
         await cluster.settle()
         for records in everywhere(cluster, "tasks") + everywhere(cluster, "comments"):
             assert records == []
+
+    asyncio.run(scenario())
+
+
+def test_three_devices_through_a_real_server_end_without_orphans(tmp_path: Path) -> None:
+    """Over real WebSockets: the project's delete, a later-clock edit of its task and an insert into it,
+    all written offline, reach the server in an order the deleter does not win."""
+    from server_runtime import MemoryServerStore, create_production_server
+    from tests.sync.test_integration import FAST, converge, wait_for
+
+    schema = relations_schema("cascade")
+
+    async def scenario() -> None:
+        store = MemoryServerStore()
+        await store.set_schema(schema)
+        server = create_production_server(store=store, port=0)
+        url = (await server.start()).replace("http", "ws", 1) + "/offline-sync"
+        deleter, editor, inserter = (
+            create_app(schema, sync={"url": url, **FAST}, path=str(tmp_path / f"{name}.db"), now=skewed(ms))
+            for name, ms in (("deleter", 0), ("editor", 60_000), ("inserter", 0))
+        )
+        apps = (deleter, editor, inserter)
+        try:
+            for app in apps:
+                await app.sync.connect()
+            project = deleter.projects.insert({"name": "p"})
+            kept, doomed = (deleter.tasks.insert({"title": t, "projectId": project["id"]}) for t in "ab")
+            await converge(*apps)
+            for app in apps:
+                await app.sync.disconnect()
+            deleter.projects.delete(project["id"])  # cascades to both tasks on this device
+            editor.tasks.update(kept["id"], {"title": "edited a minute later"})
+            late = inserter.tasks.insert({"title": "late", "projectId": project["id"]})
+            inserter.comments.insert({"body": "on a doomed task", "taskId": doomed["id"]})
+            for app in (editor, deleter, inserter):  # the edit first: the delete comes after it
+                await app.sync.connect()
+                await app.sync.wait_until_synced(30)
+            records = await converge(*apps)
+            assert records == {"projects": [], "tasks": [], "comments": []}
+            await wait_for(lambda: len(inserter.sync.rejected()) == 2, lambda: str(inserter.sync.rejected()))
+            refused = {r["recordId"]: r for r in inserter.sync.rejected()}
+            assert refused[late["id"]]["code"] == "CONSTRAINT_VIOLATION"
+            assert "taskProject" in refused[late["id"]]["message"]
+        finally:
+            for app in apps:
+                await app.sync.disconnect()
+                app.close()
+            await server.stop()
 
     asyncio.run(scenario())
