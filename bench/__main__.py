@@ -6,7 +6,19 @@ import argparse
 import json
 import sys
 
-from bench import backup, browser, cli_startup, core, load, machine, sign_in, store, sync, trust_boundary
+from bench import (
+    backup,
+    browser,
+    cli_startup,
+    core,
+    cross_record_rules,
+    load,
+    machine,
+    sign_in,
+    store,
+    sync,
+    trust_boundary,
+)
 
 SUITES = {
     "machine": machine.run,  # first: the others are read against it
@@ -19,6 +31,7 @@ SUITES = {
     "browser": browser.run,
     "sign_in": sign_in.run,
     "backup": backup.run,
+    "cross_record_rules": cross_record_rules.run,
 }
 
 

@@ -469,8 +469,16 @@ def find_breaches(
         if key not in found:
             found[key] = Breach(kind, name, collection, key[2], fields, why)
 
+    known: dict[tuple[str, str], bool] = {}  # many children share a parent: judge each parent once
+
     def gone(collection: str, record_id: str) -> bool:
-        return held(collection, record_id) and not lookup.find_records(collection, {"id": record_id})
+        key = (collection, record_id)
+        verdict = known.get(key)
+        if verdict is None:
+            verdict = known[key] = not lookup.find_records(collection, {"id": record_id}) and held(
+                collection, record_id
+            )
+        return verdict
 
     for collection, record_id, record in touched:
         definition = schema.collections[collection]

@@ -47,7 +47,10 @@ def report(app: App, applied: list[Operation]) -> Applied:
 
     def held(collection: str, record_id: str) -> bool:
         with app.db.lock:
-            return app.db.load_state(collection, record_id) is not None
+            row = app.db.conn.execute(
+                "SELECT 1 FROM _offline_state WHERE collection = ? AND record_id = ?", (collection, record_id)
+            ).fetchone()
+        return row is not None
 
     records = [(c, r, app.collection(c).find_by_id(r)) for c, r in touched]
     breaches = find_breaches(app, records, held)
