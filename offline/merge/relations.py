@@ -252,6 +252,26 @@ def plan_child_write(
     return actions
 
 
+def plan_local_child_write(
+    lookup: RecordLookup,
+    collection: str,
+    candidate: Mapping[str, Any],
+    current: Mapping[str, Any] | None,
+    parent_deleted: Callable[[str, str], bool],
+) -> list[Action]:
+    """`plan_child_write` for a replica's own insert (``current`` None) or update: one that points a child
+    at a parent the replica holds as deleted is refused under 'restrict' and 'cascade' (the server would
+    refuse it too) and has the reference dropped under 'set-null'. An update that leaves the references
+    as they were is not judged."""
+    if current is not None and all(
+        candidate.get(r.field) == current.get(r.field)
+        for r in lookup.schema.relations.values()
+        if r.from_ == collection
+    ):
+        return []
+    return plan_child_write(lookup, collection, candidate, created=True, parent_deleted=parent_deleted)
+
+
 def orphans(
     lookup: RecordLookup, collection: str, record: Mapping[str, Any], gone: Callable[[str, str], bool]
 ) -> list[tuple[str, str]]:

@@ -18,7 +18,7 @@ from offline.core.state_machine import build_state_machine_constraints, validate
 from offline.core.uuid7 import generate_uuid_v7
 from offline.merge import richtext
 from offline.merge.constraints import Action, Decision, check_write
-from offline.merge.relations import complete_actions, plan_record_delete
+from offline.merge.relations import complete_actions, plan_local_child_write, plan_record_delete
 from offline.merge.values import normalize
 
 from . import app as _app_module  # app imports this module: read its names at call time
@@ -69,6 +69,11 @@ class Collection:
             )
             for field_name, descriptor in self.fields.items()
         ]
+        # A child of some relation: its writes are judged against their parents (_with_parents).
+        self._is_child = any(
+            r.from_ == name and r.on_delete != "no-action" for r in app.schema.relations.values()
+        )
+        self._judged = bool(self.definition.constraints) or self._is_child
 
     def __repr__(self) -> str:
         return f"<Collection {self.name}>"
@@ -229,13 +234,14 @@ class Collection:
                     field="id",
                     reason="DUPLICATE_ID",
                 )
+            visible = self._visible(record_id, values) if self._judged else {}
             decision = (
-                complete_actions(
-                    self.app, check_write(self.app, self.name, self._visible(record_id, values), None)
-                )
+                complete_actions(self.app, check_write(self.app, self.name, visible, None))
                 if self.definition.constraints
                 else _NO_DECISION
             )
+            if self._is_child:
+                decision = _with_parents(self.app, self.name, visible, None, decision)
             writes = [Write(self.name, record_id, "insert", values)]
             if decision.actions:
                 writes.extend(_writes(decision.actions))
@@ -319,6 +325,8 @@ class Collection:
                 return current
             candidate = {**current, **{k: v for k, v in data.items() if self.fields[k].type != "richtext"}}
             decision = complete_actions(self.app, check_write(self.app, self.name, candidate, current))
+            if self._is_child:
+                decision = _with_parents(self.app, self.name, candidate, current, decision)
             writes = [Write(self.name, record_id, "update", data, previous), *_writes(decision.actions)]
             results = self.app.commit_local(writes, decision.violations)
             record = self.find_by_id(record_id) if decision.actions else results[0][1]
@@ -369,6 +377,24 @@ def _refuse_non_text(collection: str, field: str, value: Any) -> None:
         expected="richtext",
         received=type_name(value),
     )
+
+
+def _with_parents(
+    app: App, collection: str, candidate: dict[str, Any], current: dict[str, Any] | None, decision: Decision
+) -> Decision:
+    """``decision`` plus what pointing ``candidate`` at its parents implies (relations.plan_local_child_write:
+    a parent this replica holds as deleted refuses the write, or loses the reference under 'set-null')."""
+
+    def deleted(parent: str, parent_id: str) -> bool:
+        return (
+            app.collection(parent).find_by_id(parent_id) is None
+            and app.cached_state(parent, parent_id) is not None
+        )
+
+    actions = plan_local_child_write(app, collection, candidate, current, deleted)
+    if not actions:
+        return decision
+    return complete_actions(app, Decision([*decision.actions, *actions], list(decision.violations)))
 
 
 def _writes(actions: list[Action]) -> list[Write]:

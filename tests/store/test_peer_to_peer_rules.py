@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from offline import App, OfflineEvent, create_app, define_schema, t
+from offline import App, OfflineError, OfflineEvent, create_app, define_schema, t
 from offline.core.schema import SchemaDefinition
 
 
@@ -130,3 +130,61 @@ def test_nothing_is_reported_when_every_rule_holds(pair: tuple[App, App]) -> Non
     result = b.apply(a.operations())
     assert len(result) == 3 and result.violations == [] and seen == []
     assert b.apply(a.operations()).violations == []  # nothing new applied
+
+
+def relation_schema(on_delete: str) -> SchemaDefinition:
+    return define_schema(
+        {
+            "version": 1,
+            "collections": {
+                "projects": {"fields": {"name": t.string()}},
+                "tasks": {"fields": {"title": t.string(), "projectId": t.string().optional()}},
+            },
+            "relations": {
+                "taskProject": {
+                    "from": "tasks",
+                    "to": "projects",
+                    "type": "many-to-one",
+                    "field": "projectId",
+                    "onDelete": on_delete,
+                }
+            },
+        }
+    )
+
+
+@pytest.mark.parametrize("on_delete", ["cascade", "restrict"])
+def test_a_local_write_into_a_parent_this_replica_holds_deleted_is_refused(on_delete: str) -> None:
+    a, b = (create_app(relation_schema(on_delete), path=":memory:") for _ in range(2))
+    doomed, other = (a.projects.insert({"name": n}) for n in ("doomed", "other"))
+    task = a.tasks.insert({"title": "t", "projectId": other["id"]})
+    b.apply(a.operations())
+    if on_delete == "restrict":
+        a.tasks.update(task["id"], {"title": "t"})  # nothing points at the doomed project
+    a.projects.delete(doomed["id"])
+    b.apply(a.operations())
+    for write in (
+        lambda: b.tasks.insert({"title": "late", "projectId": doomed["id"]}),
+        lambda: b.tasks.update(task["id"], {"projectId": doomed["id"]}),
+    ):
+        with pytest.raises(OfflineError) as caught:
+            write()
+        assert caught.value.code == "CONSTRAINT_VIOLATION"
+        assert caught.value.context["relation"] == "taskProject"
+        assert caught.value.context["parent"] == {"collection": "projects", "id": doomed["id"]}
+    assert b.tasks.find_by_id(task["id"]) == task and len(b.tasks.fetch()) == 1
+    b.tasks.update(task["id"], {"title": "still editable"})  # a write leaving the reference alone
+    b.tasks.insert({"title": "elsewhere", "projectId": other["id"]})
+
+
+def test_a_local_write_into_a_deleted_parent_under_set_null_drops_the_reference() -> None:
+    a, b = (create_app(relation_schema("set-null"), path=":memory:") for _ in range(2))
+    project = a.projects.insert({"name": "p"})
+    b.apply(a.operations())
+    a.projects.delete(project["id"])
+    b.apply(a.operations())
+    task = b.tasks.insert({"title": "late", "projectId": project["id"]})
+    assert task["projectId"] is None
+    assert b.tasks.find_by_id(task["id"])["projectId"] is None
+    a.apply(b.operations())
+    assert a.tasks.fetch() == b.tasks.fetch()
