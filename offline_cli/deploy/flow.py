@@ -645,8 +645,12 @@ def run_deploy(request: DeployRequest, services: Services) -> DeployResult | Non
     for line in plan_lines(plan, ctx, secrets, has_client=has_client):
         reporter.info(line)
     asks = services.interactive and not request.confirm
-    if asks and not services.prompter().confirm("Go ahead?", default=True):
-        return None
+    if asks:
+        pause = getattr(reporter, "pause", None)
+        if callable(pause):
+            pause()  # the question and a live view cannot share the terminal
+        if not services.prompter().confirm("Go ahead?", default=True):
+            return None
 
     open_log = getattr(reporter, "open_log", None)
     if callable(open_log):
@@ -732,6 +736,9 @@ def _execute(
     reporter.step("Waiting for the platform to report the app healthy")
     report = adapter.wait_until_healthy(ctx, outcome)
     url, sync_url, next_step, warning = _settle(state, outcome, report, services)
+    if url:
+        # The address the next client build starts from (an ECS task's IP is known only now).
+        ctx.state["url"] = url
     persist()
 
     if client_dir is not None and early_sync is not None and early_sync != sync_url:

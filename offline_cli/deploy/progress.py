@@ -186,6 +186,13 @@ class ProgressReporter:
         with self._lock:
             return list(self._recent)
 
+    def pause(self) -> None:
+        """Stop the live view (a question is about to be asked on the same terminal)."""
+        with self._lock:
+            if self._live is not None:
+                self._live.stop()
+                self._live = None
+
     # -- the end
 
     def _finish_step(self) -> None:

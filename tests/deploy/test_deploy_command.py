@@ -152,7 +152,12 @@ def test_first_deploy_runs_every_step_in_order_and_prints_url_and_sync(harness: 
         data["url"] == "https://notes.fake.test" and data["sync_url"] == "wss://notes.fake.test/offline-sync"
     )
     assert [d["id"] for d in data["deployments"]] == ["d1"]
-    assert data["adapter"] == {"app_id": "id-notes", "created": True, "last_image": "img:d1"}
+    assert data["adapter"] == {
+        "app_id": "id-notes",
+        "created": True,
+        "last_image": "img:d1",
+        "url": "https://notes.fake.test",  # the address the health wait settled on
+    }
     # Progress went to stderr, one numbered step at a time.
     assert "[1] Checking Fake host prerequisites" in outcome.stderr
     assert "Deploying to Fake host" in outcome.stderr
@@ -171,7 +176,12 @@ def test_redeploy_reuses_platform_app_region_and_adapter_state_asking_only_to_go
     second = harness.remote.contexts[len(FIRST_DEPLOY)]
     assert (second.app, second.region) == ("notes", "iad")
     seen = harness.remote.states[len(FIRST_DEPLOY)]  # what the second check_prerequisites was given
-    assert seen == {"app_id": "id-notes", "created": True, "last_image": "img:d1"}
+    assert seen == {
+        "app_id": "id-notes",
+        "created": True,
+        "last_image": "img:d1",
+        "url": "https://notes.fake.test",  # the address the health wait settled on
+    }
     state = load_state(harness.project)
     assert state is not None and state.deployment_ids == ["d1", "d2"]
     assert "Redeploying" in outcome.stderr
@@ -829,3 +839,34 @@ def test_probe_health_answers_none_when_healthy_and_why_otherwise() -> None:
         server.shutdown()
         server.server_close()
         thread.join(5)
+
+
+def test_the_client_rebuild_warning_appears_only_when_the_sync_url_really_changed(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Like ECS: no address before the first deploy, then the last task's address, which a new task may
+    change. The warning to deploy again is right only when the address really moved."""
+    from ._core_fakes import FakeAdapter
+
+    monkeypatch.setattr(FakeAdapter, "public_url", lambda self, ctx: ctx.state.get("url"))
+    harness.remote.outcome_url = ""
+    harness.remote.healthy_url = "http://203.0.113.7:3001"
+    first = harness.first_deploy()
+    assert first.exit_code == 0, first.stderr
+    assert "the client was built for" not in first.stderr
+    second = harness.deploy("--confirm")
+    assert "the client was built for" not in second.stderr
+    harness.remote.healthy_url = "http://203.0.113.9:3001"  # a new task, a new address
+    third = harness.deploy("--confirm")
+    assert (
+        "the client was built for ws://203.0.113.7:3001/offline-sync but the app answers at "
+        "ws://203.0.113.9:3001/offline-sync" in " ".join(third.stderr.split())
+    )
+
+
+def test_empty_logs_say_so(harness: Harness) -> None:
+    harness.first_deploy()
+    harness.remote.log_lines = []
+    outcome = harness.deploy("logs")
+    assert outcome.exit_code == 0 and outcome.stdout == ""
+    assert "No log lines yet" in outcome.stderr

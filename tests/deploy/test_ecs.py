@@ -726,3 +726,18 @@ def test_an_explicit_execution_role_is_used(factory: RecordingFactory, tmp_path:
     assert factory.params("ecs", "register_task_definition")[0]["executionRoleArn"] == role
     assert outcome.state["execution_role_arn"] == role
     assert ("sts", "get_caller_identity") not in factory.operations()
+
+
+def test_one_forwarded_variable_is_named_with_is(factory: RecordingFactory, tmp_path: Path) -> None:
+    ctx = make_context(
+        tmp_path, client_factory=factory, with_secrets=False, env={"DATABASE_URL": DATABASE_URL}
+    )
+    deploy_like_the_command(EcsAdapter(), ctx)
+    assert "DATABASE_URL is set in the task definition's environment" in reporter_of(ctx).text()
+
+
+def test_the_last_task_address_is_what_the_next_client_build_starts_from(tmp_path: Path) -> None:
+    ctx = make_context(tmp_path)
+    assert EcsAdapter().public_url(ctx) is None  # first deploy: no task has run yet
+    ctx.state["url"] = "http://203.0.113.7:3001"
+    assert EcsAdapter().public_url(ctx) == "http://203.0.113.7:3001"
