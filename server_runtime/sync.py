@@ -679,6 +679,11 @@ class SyncService:
             if op.id in known or op.id in results or op.id in taken:
                 results.setdefault(op.id, None)
                 continue
+            if session is not None:
+                refusal = self._identity_problem(session, op)
+                if refusal is not None:
+                    results[op.id] = refusal
+                    continue
             place = (op.node_id, op.sequence_number)
             holder = places.get(place)
             if holder is not None and holder != op.id:
@@ -798,26 +803,25 @@ class SyncService:
         self.counters["server_ops"] += 1
         return op, self._scope_snapshot(action.collection, after if after is not None else before, before)
 
+    def _identity_problem(self, session: Session, op: Operation) -> Refusal | None:
+        """Whether the session may send this operation as its node's, numbered so (judged first)."""
+        forged = forged_authority(op, (self.node_id, *self.legacy_node_ids))
+        if forged is not None:
+            return Refusal(p.NODE_ID_MISMATCH, forged)
+        if not self._may_speak_for(session, op.node_id):
+            return Refusal(p.NODE_ID_MISMATCH, "this session may not send operations of node " + op.node_id)
+        if op.sequence_number < 1:
+            # (The decoder bounds it above by 2**53-1.) The server numbers its own operations from its own
+            # alone: no client may write as the server's node.
+            return Refusal(p.INVALID_OPERATION, "sequenceNumber must be at least 1")
+        return None
+
     def _judge(
         self, session: Session | None, op: Operation, view: StagedView
     ) -> tuple[Refusal | None, list[Action], _Trial | None]:
         """Decide one operation. On acceptance also return the Tier 2 actions it implies and the trial
         result (new state, record, conflicts), which `commit` keeps instead of applying the op again."""
         schema = self.schema
-        if session is not None:
-            forged = forged_authority(op, (self.node_id, *self.legacy_node_ids))
-            if forged is not None:
-                return Refusal(p.NODE_ID_MISMATCH, forged), [], None
-            if not self._may_speak_for(session, op.node_id):
-                return (
-                    Refusal(p.NODE_ID_MISMATCH, "this session may not send operations of node " + op.node_id),
-                    [],
-                    None,
-                )
-            if op.sequence_number < 1:
-                # (The decoder bounds it above by 2**53-1.) The server never numbers its own operations
-                # from a client's: no client may write as the server's node.
-                return Refusal(p.INVALID_OPERATION, "sequenceNumber must be at least 1"), [], None
         collection = schema.collections.get(op.collection)
         if collection is None:
             return Refusal(p.INVALID_OPERATION, f"unknown collection {op.collection!r}"), [], None

@@ -6,12 +6,15 @@ server process with ``AUTH_SECRET`` set; the PostgreSQL one against two processe
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from offline.core.uuid7 import generate_uuid_v7
 from offline.sync import protocol as p
@@ -374,3 +377,94 @@ async def _across_processes(first: ServerProcess, second: ServerProcess) -> None
         )
         accepted = [isinstance(r, p.HandshakeResponse) and r.accepted for r in replies]
         assert sorted(accepted) == [False, True], replies
+
+
+# -- property: every legitimate operation converges, every forged one is refused ------------------------------
+
+# Two users with two devices each (indices 0, 1: Ada's; 2, 3: Bob's). A step: a device writes an operation
+# of an author (itself, a sibling whose write it relays, another user's device, or the server's node), an
+# insert or an update of a board written before, or an insert of a todo of the author's user.
+STEPS = st.lists(
+    st.tuples(
+        st.integers(0, 3),  # sender
+        st.sampled_from(["own", "sibling", "stranger", "server"]),
+        st.sampled_from(["board", "update", "todo"]),
+    ),
+    min_size=1,
+    max_size=10,
+)
+
+
+def test_legitimate_operations_converge_and_forged_ones_are_refused(tmp_path: Path) -> None:
+    server = serve(tmp_path / "server")
+    try:
+        accounts = asyncio.run(users(server.http_url, "ada@example.com", "bob@example.com"))
+
+        @settings(max_examples=25, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+        @given(STEPS)
+        def scenario(steps: list[tuple[int, str, str]]) -> None:
+            asyncio.run(_converge(server, accounts, steps))
+
+        scenario()
+    finally:
+        server.terminate()
+
+
+async def _converge(
+    server: ServerProcess, accounts: list[tuple[str, str]], steps: list[tuple[int, str, str]]
+) -> None:
+    devices = [Writer() for _ in range(4)]
+    user_of = [0, 0, 1, 1]
+    expected: dict[str, dict[str, Any]] = {}  # id -> operation, of the accepted ones
+    forged: set[str] = set()
+    boards: list[str] = []
+    async with contextlib.AsyncExitStack() as stack:
+        sessions = [
+            await stack.enter_async_context(session(server.sync_url, accounts[user_of[i]][1], devices[i]))
+            for i in range(4)
+        ]
+        assert sessions[0].reply is not None
+        server_writer = Writer(sessions[0].reply.node_id)
+        for sender, author_kind, what in steps:
+            author = {
+                "own": sender,
+                "sibling": sender ^ 1,
+                "stranger": (sender + 2) % 4,
+            }.get(author_kind)
+            writer = server_writer if author is None else devices[author]
+            owner = accounts[user_of[author if author is not None else sender]][0]
+            if what == "update" and boards:
+                op = writer.op(
+                    "boards", {"name": f"renamed {len(expected)}"}, record_id=boards[-1], kind="update"
+                )
+            elif what == "todo":
+                op = writer.op("todos", {"ownerId": owner, "title": "t"})
+            else:
+                op = writer.op("boards", {"name": f"board {generate_uuid_v7()}"})
+            legit = author is not None and user_of[author] == user_of[sender]
+            if legit:
+                await push(sessions[sender], op)
+                expected[op["id"]] = op
+                if op["collection"] == "boards" and op["type"] == "insert":
+                    boards.append(op["recordId"])
+            else:
+                assert_names(await sessions[sender].refused(op), op, p.NODE_ID_MISMATCH)
+                forged.add(op["id"])
+    # Every device, resynced from 0, holds exactly the accepted operations it may see that it did not write.
+    nodes = {w.node for w in devices}
+    async with contextlib.AsyncExitStack() as stack:
+        for i, device in enumerate(devices):
+            user = user_of[i]
+            mine = {
+                op_id
+                for op_id, op in expected.items()
+                if op["nodeId"] != device.node
+                and (op["collection"] == "boards" or op["data"]["ownerId"] == accounts[user][0])
+            }
+            replica = await stack.enter_async_context(session(server.sync_url, accounts[user][1], device))
+
+            def held(replica: RawClient = replica) -> set[str]:
+                return {op["id"] for op in replica.received if op["nodeId"] in nodes}
+
+            await wait_for(lambda: held() == mine, f"device {i} holds {sorted(mine)}")  # noqa: B023
+            assert not held() & forged
