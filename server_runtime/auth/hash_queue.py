@@ -3,10 +3,11 @@
 argon2 is meant to be slow, so a burst of sign-ins is a queue. Unbounded, that queue made a real sign-in wait
 behind every junk one (40 of them: about 6 s). Here at most ``waiting`` checks wait for one of the ``workers``
 threads, and one key (the client address) may have at most ``per_key`` checks waiting or running; past either
-bound the caller gets ``QueueFull`` at once, with a suggested wait. Waiting checks are served round-robin by
-key, so one address's burst delays another address's sign-in by at most one check per busy address; and when
-the queue is full, a key with nothing waiting takes the place of the newest check of a key with two or more
-waiting (which is refused), so many addresses filling their shares cannot keep a new one out.
+bound the caller gets ``QueueFull`` at once, with a suggested wait. The next check to run is always one of
+the key served longest ago (a key with nothing in hand counts as never served), so one address's burst
+delays another address's sign-in by at most the checks running and one waiting check of each other busy
+address; and when the queue is full, a key with nothing waiting takes the place of the newest check of a key
+with two or more waiting (which is refused), so many addresses filling their shares cannot keep a new one out.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import math
 import os
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -66,8 +67,11 @@ class HashQueue:
         self.waiting = max(0, int(waiting))
         self.per_key = max(1, int(per_key))
         self._pool: ThreadPoolExecutor | None = None
-        self._queues: OrderedDict[str, deque[_Job]] = OrderedDict()
+        self._queues: dict[str, deque[_Job]] = {}
         self._per_key: dict[str, int] = {}
+        # When each key with checks in hand was last served (a turn number); forgotten when it has none.
+        self._served: dict[str, int] = {}
+        self._turn = 0
         self._queued = 0
         self._running = 0
         self._seconds = 0.1  # moving average of one check's duration, for Retry-After
@@ -115,7 +119,7 @@ class HashQueue:
         ]
         if not candidates:
             return False
-        _, _, victim_key = max(candidates)  # the longest; on a tie, the one served last
+        _, _, victim_key = max(candidates)  # the longest; on a tie, the one that came last
         victim = self._queues[victim_key][-1]
         self._unqueue(victim)
         if not victim.future.done():
@@ -138,15 +142,19 @@ class HashQueue:
             self._per_key[key] = left
         else:
             self._per_key.pop(key, None)
+            self._served.pop(key, None)
 
     def _dispatch(self) -> None:
         while self._running < self.workers and self._queues:
-            key, queue = next(iter(self._queues.items()))
+            # The key served longest ago (or never, while it has checks in hand) goes first: a key whose
+            # check just ran waits behind every other key with one waiting.
+            key = min(self._queues, key=lambda k: self._served.get(k, -1))
+            queue = self._queues[key]
             job = queue.popleft()
-            if queue:
-                self._queues.move_to_end(key)  # round-robin: this key's next check waits its turn
-            else:
+            if not queue:
                 del self._queues[key]
+            self._turn += 1
+            self._served[key] = self._turn
             job.queued = False
             self._queued -= 1
             self._running += 1

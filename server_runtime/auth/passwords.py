@@ -1,14 +1,15 @@
 """Password hashing with argon2id (argon2-cffi), off the event loop.
 
-Hashing is deliberately slow and memory-hungry, so it runs in a small pool of worker threads of its own,
-``concurrency`` of them (a burst of sign-ins must not starve the sync sessions or the default executor), behind
-a bounded queue that is fair between callers' keys (``hash_queue``; a full queue raises ``QueueFull``). Verifying against ``None`` (no such account,
-or an account without a password) still verifies against a dummy hash, so an unknown email costs the same
-time as a wrong password.
+Hashing is deliberately slow and memory-hungry, so it runs in a small pool of worker threads of its own
+(by default cores / argon2 lanes, at least one: a burst of sign-ins must not starve the sync sessions or the
+default executor), behind a bounded queue that is fair between callers' keys (``hash_queue``; a full queue
+raises ``QueueFull``). Verifying against ``None`` (no such account, or an account without a password) still
+verifies against a dummy hash, so an unknown email costs the same time as a wrong password.
 """
 
 from __future__ import annotations
 
+import os
 import secrets
 
 from argon2 import PasswordHasher
@@ -42,16 +43,25 @@ def check_password_shape(password: object) -> str | None:
     return None
 
 
+def default_concurrency(hasher: PasswordHasher) -> int:
+    """Hashing threads for this machine: each argon2 check already runs ``parallelism`` lanes on threads of
+    its own, so more checks at once than cores / lanes only makes each slower (a sign-in waits for the one
+    before it and then takes twice as long), without checking more passwords a second."""
+    return max(1, (os.cpu_count() or 1) // max(1, hasher.parallelism))
+
+
 class PasswordService:
     def __init__(
         self,
         hasher: PasswordHasher | None = None,
         *,
-        concurrency: int = 2,
+        concurrency: int | None = None,
         waiting: int = 8,
         per_key: int = 2,
     ) -> None:
         self.hasher = hasher or PasswordHasher()
+        if concurrency is None:
+            concurrency = default_concurrency(self.hasher)
         self.queue = HashQueue(concurrency, waiting=waiting, per_key=per_key)
         self._dummy: str | None = None
 

@@ -234,8 +234,8 @@ def test_hash_queue_is_bounded_and_serves_keys_in_turn() -> None:
             assert not full.value.per_key
             gate.set()
             await asyncio.gather(*busy, fair, other, late)
-            # Round-robin by key: the owner waited for one attacker check, not for all of them.
-            assert order == ["a0", "a1", "owner", "t0", "f0"], order
+            # The key served longest ago goes first: the attacker, served just before, waits for the others.
+            assert order == ["a0", "owner", "t0", "f0", "a1"], order
         finally:
             gate.set()
             queue.close()
