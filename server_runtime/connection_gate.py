@@ -2,7 +2,7 @@
 bounded time. uvicorn has no deadline of its own for a request head, so a peer opening connections and
 sending nothing (or a byte now and then) would hold a file descriptor each, until the process can accept no
 more. Here each new connection must reach the application (its HTTP request or WebSocket upgrade complete)
-within ``handshake_timeout`` or it is dropped, and one address may have about ``max_pending_per_address``
+within ``handshake_timeout`` or it is dropped, and one address may have at most ``max_pending_per_address``
 such connections at once (see `ConnectionGate.opened`). Trusted proxies (``OFFLINE_TRUSTED_PROXIES``) carry
 every client's connections, so their count is not limited; the deadline still applies.
 
@@ -46,9 +46,7 @@ class ConnectionGate:
         """A new TCP connection: counted against its peer's address and given its deadline, or dropped.
 
         At the address's limit, its oldest waiting connection gives way when it has waited ``grace`` seconds
-        (a real client sends its request at once); a burst of newer ones is let in up to four times the
-        limit (connections accepted together wait for the event loop together), and past that the newcomer
-        is dropped."""
+        (a real client sends its request at once); otherwise the newcomer is dropped."""
         peer = transport.get_extra_info("peername")
         host = str(peer[0]) if isinstance(peer, tuple) and peer else None
         address = None if host is None or self.policy.trusts_peer(host) else limit_key(host)
@@ -59,7 +57,7 @@ class ConnectionGate:
                 oldest, since = next(iter(waiting.items()))
                 if now - since >= self.grace:
                     self._drop(oldest, address)
-                elif len(waiting) >= 4 * self.max_per_address:
+                else:
                     self._drop(transport, address)
                     return
             self.pending.setdefault(address, {})[transport] = now  # (the drop above may have emptied it)

@@ -95,8 +95,8 @@ class ConnectionGuard:
         self.connections: set[Connection] = set()
         self.draining = False
         self.counts: Counter[str] = Counter()  # refusals and forced endings by reason, for metrics
-        # Connections not yet past their handshake, by client address, and those not heard from at all, each
-        # oldest first (dicts keep insertion order).
+        # Connections that have sent nothing yet, by client address and all together, oldest first (dicts keep
+        # insertion order).
         self.pending: dict[str, dict[Connection, None]] = {}
         self.silent: dict[Connection, None] = {}
         self._empty = asyncio.Event()
@@ -107,8 +107,8 @@ class ConnectionGuard:
 
     def admit(self, abort: Callable[[], None] | None, address: str = "") -> Connection | str:
         """A slot for a new connection from ``address``, or why there is none: the process holds
-        ``max_connections`` already, or that address has ``max_pending_per_address`` connections still
-        handshaking (so one address cannot hold every slot with sockets that never say hello). Either way a
+        ``max_connections`` already, or that address has ``max_pending_per_address`` connections that have
+        not sent their handshake (so one address cannot hold every slot with sockets that never say hello). Either way a
         connection that has said nothing for ``silent_grace`` seconds gives way to the new one first."""
         now = time.monotonic()
         if len(self.connections) >= self.limits.max_connections and not self._evict_silent(self.silent, now):
@@ -125,8 +125,8 @@ class ConnectionGuard:
         ):
             self.counts["refused_pending_per_address"] += 1
             return (
-                f"{self.limits.max_pending_per_address} sync connections from this address are still "
-                "handshaking; retry later (with backoff)"
+                f"{self.limits.max_pending_per_address} sync connections from this address have not sent "
+                "their handshake yet; retry later (with backoff)"
             )
         conn = Connection(self.limits, abort, address)
         self.pending.setdefault(address, {})[conn] = None
@@ -148,17 +148,14 @@ class ConnectionGuard:
             self.counts["cut_silent"] += 1
             conn.ask_to_leave(SILENT)
             self.heard(conn)
-            self.established(conn)
             return True
         return False
 
     def heard(self, conn: Connection) -> None:
-        """``conn`` sent its first frame."""
+        """``conn`` sent its first frame (or is leaving): no longer silent, no longer counted against its
+        address. (Only silence holds a slot for free: a handshake that arrived is answered at once.)"""
         conn.heard = True
         self.silent.pop(conn, None)
-
-    def established(self, conn: Connection) -> None:
-        """``conn`` completed its handshake (or is leaving): no longer counted against its address."""
         waiting = self.pending.get(conn.address)
         if waiting is not None and conn in waiting:
             del waiting[conn]
@@ -167,7 +164,6 @@ class ConnectionGuard:
 
     def release(self, conn: Connection) -> None:
         self.heard(conn)
-        self.established(conn)
         self.connections.discard(conn)
         if not self.connections:
             self._empty.set()
@@ -240,6 +236,11 @@ class GuardCollector:
         guard = self.guard
         yield GaugeMetricFamily(
             "offline_sync_connections_open", "Open sync WebSocket connections", value=len(guard.connections)
+        )
+        yield GaugeMetricFamily(
+            "offline_sync_connections_silent",
+            "Open sync connections that have not sent their handshake yet",
+            value=len(guard.silent),
         )
         yield GaugeMetricFamily(
             "offline_sync_connections_limit",

@@ -2,7 +2,7 @@
 
 Admission and limits (see ``server_runtime.limits``): the ``Origin`` allow-list is checked before the upgrade
 (HTTP 403); a process at ``max_connections``, or a client address with ``max_pending_per_address``
-connections still handshaking, answers ``error OVERLOADED`` and closes with 1013 (unless a connection silent
+connections that have not sent their handshake, answers ``error OVERLOADED`` and closes with 1013 (unless a connection silent
 for ``silent_grace`` can give way); a server shutting down answers ``error SERVER_SHUTDOWN``. A connection
 must send its handshake within ``handshake_timeout``. A client that vanishes is one log line, within a budget
 (see ``server_runtime.log_budget``). Once a session runs, its writes pass a per-session rate
@@ -192,6 +192,8 @@ async def _session(
         if stop in done and conn.leaving != SILENT:
             await refuse(p.SERVER_SHUTDOWN, "the server is shutting down; reconnect shortly", True, TRY_AGAIN)
         else:
+            if conn.leaving != SILENT:
+                guard.counts["cut_handshake_timeout"] += 1
             await refuse(p.PROTOCOL_VIOLATION, "no handshake received in time", True)
         return
     guard.heard(conn)
@@ -257,7 +259,6 @@ async def _session(
         supported_schema_max=hi,
     )
     await send(p.encode(response))
-    guard.established(conn)
     conn.session = session
     service.sessions.add(session)
     # Revoking the auth session or the token expiring asks this session to leave (see live_sessions).

@@ -66,9 +66,14 @@ def is_disconnect(exc: BaseException) -> bool:
         seen.add(id(current))
         if isinstance(current, (WebSocketDisconnect, ConnectionError, EOFError)):
             return True
-        # uvicorn's ClientDisconnected and websockets' ConnectionClosed, by name: neither is a dependency of
-        # this module's callers' types.
-        if type(current).__name__ in ("ClientDisconnected", "ConnectionClosed", "ConnectionClosedError"):
+        # uvicorn's ClientDisconnected, websockets' ConnectionClosed and Starlette's WebSocketDisconnected (a
+        # send after an earlier one found the peer gone), by name: none is a type this module depends on.
+        if type(current).__name__ in (
+            "ClientDisconnected",
+            "ConnectionClosed",
+            "ConnectionClosedError",
+            "WebSocketDisconnected",
+        ):
             return True
         current = current.__cause__ or current.__context__
     return False

@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import urllib.request
 from pathlib import Path
 
+import pytest
+
 from offline.core.uuid7 import generate_uuid_v7
 from offline.sync import protocol as p
+from server_runtime.log_budget import LogBudget, is_disconnect
 from tests.support.abuse import reset
 
 from .support import SCHEMA, BareSocketPeer, RawClient, start_server, wait_for
@@ -82,3 +86,39 @@ def test_200_resets_after_an_authenticated_handshake_add_a_few_hundred_bytes_of_
         healthy.close()
     finally:
         server.terminate()
+
+
+def test_a_flood_of_one_message_is_one_line_and_a_summary(caplog: pytest.LogCaptureFixture) -> None:
+    logger = logging.getLogger("offline.test.budget")
+
+    async def scenario() -> None:
+        budget = LogBudget(logger, "abrupt disconnects", period=0.2, burst=1)
+        for i in range(200):
+            budget.log(logging.INFO, "client %d vanished", i)
+        lines = [r.getMessage() for r in caplog.records if r.name == logger.name]
+        assert lines == ["client 0 vanished"]
+        await wait_for(
+            lambda: any("suppressed" in r.getMessage() for r in caplog.records),
+            "the suppressed-lines summary",
+        )
+
+    with caplog.at_level(logging.INFO, logger=logger.name):
+        asyncio.run(scenario())
+    lines = [r.getMessage() for r in caplog.records if r.name == logger.name]
+    assert lines == ["client 0 vanished", "suppressed 199 more abrupt disconnects"]
+
+
+def test_what_counts_as_a_vanished_peer() -> None:
+    from starlette.websockets import WebSocketDisconnect
+
+    assert is_disconnect(WebSocketDisconnect(1006))
+    assert is_disconnect(ConnectionResetError())
+    try:
+        try:
+            raise BrokenPipeError()
+        except OSError as exc:
+            raise RuntimeError("send failed") from exc
+    except RuntimeError as wrapped:
+        assert is_disconnect(wrapped)  # raised from one
+    assert not is_disconnect(ValueError("a bug"))
+    assert not is_disconnect(RuntimeError("another bug"))
