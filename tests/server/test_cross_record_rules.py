@@ -65,8 +65,17 @@ def relations_schema(on_delete: str) -> SchemaDefinition:
     )
 
 
+def clear_handle(incoming: dict[str, Any], existing: Any) -> dict[str, Any]:
+    return {"handle": None}
+
+
+def clear_room(incoming: dict[str, Any], existing: Any) -> dict[str, Any]:
+    return {"room": None}
+
+
 def constraints_schema(policy: str) -> SchemaDefinition:
-    """Unique handles; at most two seats of a room (capacity), both with ``policy``."""
+    """Unique handles; at most two seats of a room (capacity), both with ``policy`` ('custom': the incoming
+    record gives the value up)."""
     return define_schema(
         {
             "version": 1,
@@ -79,6 +88,7 @@ def constraints_schema(policy: str) -> SchemaDefinition:
                             "fields": ["handle"],
                             "onConflict": policy,
                             "priorityField": "rank",
+                            **({"resolve": clear_handle} if policy == "custom" else {}),
                         }
                     },
                 },
@@ -91,6 +101,7 @@ def constraints_schema(policy: str) -> SchemaDefinition:
                             "limit": 2,
                             "onConflict": policy,
                             "priorityField": "rank",
+                            **({"resolve": clear_room} if policy == "custom" else {}),
                         }
                     },
                 },
@@ -328,7 +339,9 @@ CONSTRAINED_ACTIONS = (
 )
 
 
-@pytest.mark.parametrize("policy", ["first-write-wins", "last-write-wins", "priority-field"])
+@pytest.mark.parametrize(
+    "policy", ["first-write-wins", "last-write-wins", "priority-field", "server-decides", "custom"]
+)
 def test_unique_and_capacity_hold_on_every_replica(
     backend: Backend, policy: str, loop: asyncio.AbstractEventLoop
 ) -> None:
@@ -570,5 +583,50 @@ def test_three_devices_through_a_real_server_end_without_orphans(tmp_path: Path)
                 await app.sync.disconnect()
                 app.close()
             await server.stop()
+
+    asyncio.run(scenario())
+
+
+def referential_schema(policy: str) -> SchemaDefinition:
+    return define_schema(
+        {
+            "version": 1,
+            "collections": {
+                "users": {"fields": {"name": t.string()}},
+                "tasks": {
+                    "fields": {"title": t.string(), "assigneeId": t.string().optional()},
+                    "constraints": {
+                        "assignee": {
+                            "type": "referential",
+                            "fields": ["assigneeId"],
+                            "collection": "users",
+                            "onConflict": policy,
+                        }
+                    },
+                },
+            },
+        }
+    )
+
+
+@pytest.mark.parametrize("policy", ["first-write-wins", "last-write-wins"])
+@pytest.mark.parametrize("delete_first", [True, False])
+def test_a_reference_to_a_concurrently_deleted_record_never_dangles(policy: str, delete_first: bool) -> None:
+    _service, (deleter, assigner, _), cluster = started(referential_schema(policy))
+
+    async def scenario() -> None:
+        user = deleter.users.insert({"name": "u"})
+        task = deleter.tasks.insert({"title": "t"})
+        await cluster.settle()
+        deleter.users.delete(user["id"])
+        assigner.tasks.update(task["id"], {"assigneeId": user["id"]})
+        for i in (0, 1) if delete_first else (1, 0):
+            await cluster.push(i)
+        await cluster.settle()
+        users = everywhere(cluster, "users")
+        tasks = everywhere(cluster, "tasks")
+        assert all(u == users[0] for u in users) and all(t == tasks[0] for t in tasks)
+        alive = {u["id"] for u in users[0]}
+        assert all(t["assigneeId"] in {None, *alive} for t in tasks[0])
 
     asyncio.run(scenario())
