@@ -33,6 +33,9 @@ Referential constraints (`fields` hold ids of `collection`'s records; an array f
   references (an array loses the id, an optional field is cleared) and deletes the referencing records
   whose required scalar field pointed at it; every other policy, custom included (there is no incoming
   record to change), refuses the delete while records still reference it.
+
+Operations merged without a server (peer to peer) are not judged: `find_breaches` lists the rules the merged
+records break so `App.apply` can report them (offline.store.breaches).
 """
 
 from __future__ import annotations

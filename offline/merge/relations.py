@@ -12,6 +12,11 @@ a record that ends up deleted gets only its delete (an update written after it w
 section 3), and the updates of one record are merged into one (set-null on two deleted parents of a
 many-to-many field removes both ids). 'restrict' and refusing referential constraints are judged last,
 against the final plan, so a child that the same delete removes anyway does not block it.
+
+A parent's delete also wins over concurrent writes to its children, whatever order they arrive in
+(`plan_child_write`, for the server; `plan_local_child_write`, for a replica's own writes): a child written
+into, or revived under, a parent the judging replica holds as deleted is refused ('restrict', and 'cascade'
+when the write creates it), deleted ('cascade') or cleared ('set-null'), as if the delete had come after it.
 """
 
 from __future__ import annotations
