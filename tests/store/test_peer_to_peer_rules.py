@@ -9,6 +9,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from offline import App, OfflineError, OfflineEvent, create_app, define_schema, t
 from offline.core.schema import SchemaDefinition
@@ -188,3 +190,66 @@ def test_a_local_write_into_a_deleted_parent_under_set_null_drops_the_reference(
     assert b.tasks.find_by_id(task["id"])["projectId"] is None
     a.apply(b.operations())
     assert a.tasks.fetch() == b.tasks.fetch()
+
+
+@settings(max_examples=40, deadline=None, database=None)
+@given(
+    steps=st.lists(
+        st.tuples(
+            st.integers(0, 2),
+            st.sampled_from(["user", "seat", "project", "task", "delete-project", "exchange"]),
+            st.integers(0, 2),
+        ),
+        min_size=2,
+        max_size=20,
+    )
+)
+def test_replicas_agree_and_every_breach_they_hold_was_reported(steps: list[tuple[int, str, int]]) -> None:
+    apps = [create_app(schema(), path=":memory:") for _ in range(3)]
+    reported: list[set[tuple[str, str]]] = [set() for _ in apps]
+    try:
+        for who, action, pick in steps:
+            app = apps[who]
+            try:
+                if action == "user":
+                    app.users.insert({"handle": f"h{pick}"})
+                elif action == "seat":
+                    app.seats.insert({"room": f"r{pick}"})
+                elif action == "project":
+                    app.projects.insert({"name": f"p{pick}"})
+                elif action == "task" and (projects := app.projects.fetch()):
+                    app.tasks.insert({"title": "t", "projectId": projects[pick % len(projects)]["id"]})
+                elif action == "delete-project" and (projects := app.projects.fetch()):
+                    app.projects.delete(projects[pick % len(projects)]["id"])
+                elif action == "exchange":
+                    other = apps[pick]
+                    result = other.apply(app.operations())
+                    reported[pick] |= {(b.kind, b.name) for b in result.violations}
+            except OfflineError as exc:
+                assert exc.code == "CONSTRAINT_VIOLATION"  # the local store judges its own writes
+        everything = [op for app in apps for op in app.operations()]
+        for i, app in enumerate(apps):
+            reported[i] |= {(b.kind, b.name) for b in app.apply(everything).violations}
+        first = snapshot(apps[0])
+        for i, app in enumerate(apps):
+            assert snapshot(app) == first
+            held = holding(first)
+            assert held <= reported[i], (held, reported[i])
+    finally:
+        for app in apps:
+            app.close()
+
+
+def holding(records: dict[str, list[dict[str, Any]]]) -> set[tuple[str, str]]:
+    """The rules ``records`` break, by kind and name (the schema of this module)."""
+    out: set[tuple[str, str]] = set()
+    handles = [u["handle"] for u in records["users"]]
+    if len(handles) != len(set(handles)):
+        out.add(("unique", "uniqueHandle"))
+    rooms = [s["room"] for s in records["seats"]]
+    if any(rooms.count(r) > 1 for r in rooms):
+        out.add(("capacity", "roomSize"))
+    projects = {p["id"] for p in records["projects"]}
+    if any(t["projectId"] not in projects for t in records["tasks"]):
+        out.add(("relation", "taskProject"))
+    return out
