@@ -90,7 +90,7 @@ def _fail(env: Environment, exc: DeployError, as_json: bool = False, reporter: A
 
     from ..deploy.reporter import redact
 
-    secrets = masked_values(env.env)
+    secrets = (*masked_values(env.env), *getattr(reporter, "secrets", ()))
     err = env.err
     _show_vendor_tail(env, exc, reporter)
     if exc.admin_token:
@@ -117,12 +117,12 @@ def _guarded(env: Environment, work: Callable[[], T], as_json: bool = False, rep
     from platform_adapters.base import DeployError
 
     try:
-        result = work()
+        return work()
     except DeployError as exc:
         _close(reporter)
         _fail(env, exc, as_json, reporter)
-    _close(reporter)
-    return result
+    finally:
+        _close(reporter)  # also on Ctrl-C: the live view gives the terminal back
 
 
 def _close(reporter: Any) -> None:
@@ -374,7 +374,7 @@ def _name(value: str | None, flag: str) -> str | None:
 def _reset(env: Environment, folder: Path, services: Services, confirm: bool) -> None:
     from ..deploy.flow import run_reset
 
-    outcome = _guarded(env, lambda: run_reset(folder, services, confirm=confirm))
+    outcome = _guarded(env, lambda: run_reset(folder, services, confirm=confirm), reporter=services.reporter)
     if outcome is None:
         env.err.print("Aborted: nothing was deleted.")
         raise click.exceptions.Exit(1)
@@ -442,7 +442,9 @@ def status(as_json: bool, project_dir: Path | None) -> None:
     env = current_environment()
     folder = _project(project_dir or _inherited("project_dir"))
     services = build_services(env)
-    result = _guarded(env, lambda: run_status(folder, services), as_json or bool(_inherited("as_json")))
+    result = _guarded(
+        env, lambda: run_status(folder, services), as_json or bool(_inherited("as_json")), services.reporter
+    )
     if as_json or _inherited("as_json"):
         _emit(env, json.dumps(result.to_json()) + "\n")
     else:
@@ -467,7 +469,7 @@ def logs(lines: int, project_dir: Path | None) -> None:
     env = current_environment()
     folder = _project(project_dir or _inherited("project_dir"))
     services = build_services(env)
-    output = _guarded(env, lambda: run_logs(folder, services, lines=lines))
+    output = _guarded(env, lambda: run_logs(folder, services, lines=lines), reporter=services.reporter)
     if not output:
         env.err.print("No log lines yet: the platform returned none for this app.")
     _emit(env, "".join(line.rstrip("\n") + "\n" for line in output))
@@ -498,6 +500,7 @@ def rollback(deployment_id: str | None, confirm: bool, as_json: bool, project_di
         env,
         lambda: run_rollback(folder, services, deployment_id=deployment_id, confirm=confirmed),
         wants_json,
+        services.reporter,
     )
     if result is None:
         env.err.print("Aborted: nothing was changed.")

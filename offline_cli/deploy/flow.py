@@ -45,6 +45,7 @@ from platform_adapters.base import (
     Reporter,
     StatusReport,
     forwarded_environment,
+    masked_values,
     sync_url_for,
 )
 
@@ -553,16 +554,16 @@ class SecretsPlan:
 
 
 def plan_secrets(shell: Mapping[str, str], existing: Mapping[str, str | None]) -> SecretsPlan:
-    """The admin token rule: the shell's OFFLINE_ADMIN_TOKEN wins; else the platform's is kept (sent again
-    with its own value where the platform needs the whole environment on every deploy); else a new one is
-    generated. The metrics and backup tokens are kept the same way but never generated."""
+    """What the shell sets wins; a variable it does not set keeps the platform's value (sent again with that
+    value where every deploy replaces the whole environment: Lightsail, ECS). The admin token, when neither
+    has one, is generated."""
     env = dict(shell)
     forwarded = forwarded_environment(shell)
     generated = None
     kept = [name for name in existing if name not in forwarded]
     for name in kept:
         value = existing[name]
-        if value and name.startswith("OFFLINE_"):
+        if value:
             env[name] = value
     if ADMIN_TOKEN not in forwarded and ADMIN_TOKEN not in existing:
         generated = secret_tokens.token_urlsafe(32)
@@ -636,9 +637,10 @@ def run_deploy(request: DeployRequest, services: Services) -> DeployResult | Non
     secrets = plan_secrets(services.env, adapter.existing_secrets(ctx))
     ctx.env = secrets.env
     token = secrets.generated_admin_token
-    if token is not None:
-        _mask(reporter, token)
-    scrub = (*services.secrets, *([token] if token else []))
+    # Values from the platform or generated here are as secret as the shell's: masked everywhere.
+    scrub = tuple(dict.fromkeys((*services.secrets, *masked_values(secrets.env))))
+    for value in scrub:
+        _mask(reporter, value)
 
     action = "Redeploying" if plan.previous else "Deploying"
     reporter.step(f"Plan: {action} {entry.relative_to(project_dir)} to {plan.title}")

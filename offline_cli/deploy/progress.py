@@ -205,9 +205,10 @@ class ProgressReporter:
             self._write_log(f"    ({elapsed:.1f} s)")
 
     def close(self) -> None:
-        """End the last step (its time is printed) and the log file."""
+        """End the last step (its time is printed) and the log file. Closing twice is harmless."""
         with self._lock:
-            self._finish_step()
+            if self.steps:
+                self._finish_step()
             self.steps = 0
             if self._log is not None:
                 self._log.close()

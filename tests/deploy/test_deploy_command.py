@@ -870,3 +870,36 @@ def test_empty_logs_say_so(harness: Harness) -> None:
     outcome = harness.deploy("logs")
     assert outcome.exit_code == 0 and outcome.stdout == ""
     assert "No log lines yet" in outcome.stderr
+
+
+def test_plan_secrets_generates_an_admin_token_only_when_neither_shell_nor_platform_has_one() -> None:
+    from platform_adapters.base import forwarded_environment
+
+    fresh = flow.plan_secrets({"PATH": "/bin", "AUTH_SECRET": "a" * 32}, {})
+    token = fresh.generated_admin_token
+    assert token is not None and len(token) >= 40 and fresh.env["OFFLINE_ADMIN_TOKEN"] == token
+    assert fresh.to_set == ["AUTH_SECRET", "OFFLINE_ADMIN_TOKEN"] and fresh.kept == []
+    assert flow.plan_secrets({}, {}).generated_admin_token != token  # a new one each time
+
+    # The shell's token wins over the platform's.
+    shell = flow.plan_secrets({"OFFLINE_ADMIN_TOKEN": "mine-0123456789"}, {"OFFLINE_ADMIN_TOKEN": None})
+    assert shell.generated_admin_token is None and shell.to_set == ["OFFLINE_ADMIN_TOKEN"]
+    assert shell.env["OFFLINE_ADMIN_TOKEN"] == "mine-0123456789"
+
+    # Fly and Railway keep it across deploys: nothing is sent.
+    kept = flow.plan_secrets({}, {"OFFLINE_ADMIN_TOKEN": None, "OFFLINE_METRICS_TOKEN": None})
+    assert kept.generated_admin_token is None and kept.to_set == []
+    assert kept.kept == ["OFFLINE_ADMIN_TOKEN", "OFFLINE_METRICS_TOKEN"]
+    assert forwarded_environment(kept.env) == {}
+
+    # Lightsail and ECS replace the environment: the platform's values are sent again.
+    again = flow.plan_secrets(
+        {"AUTH_SECRET": "from-the-shell"},
+        {"OFFLINE_ADMIN_TOKEN": "on-aws-token", "OFFLINE_BACKUP_TOKEN": "backup-tok", "AUTH_SECRET": "old"},
+    )
+    assert again.generated_admin_token is None and again.kept == []
+    assert forwarded_environment(again.env) == {
+        "AUTH_SECRET": "from-the-shell",
+        "OFFLINE_ADMIN_TOKEN": "on-aws-token",
+        "OFFLINE_BACKUP_TOKEN": "backup-tok",
+    }

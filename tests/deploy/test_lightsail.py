@@ -725,3 +725,28 @@ def test_no_region_anywhere_asks_for_one(aws: Aws, tmp_path: Path, monkeypatch: 
     with pytest.raises(DeployError) as raised:
         LightsailAdapter().status(ctx)
     assert "--region" in raised.value.hint
+
+
+def test_existing_secrets_come_back_from_the_current_deployment(aws: Aws, ctx: DeployContext) -> None:
+    """Each Lightsail deployment replaces the whole environment: the admin token the first deploy set must
+    be read back and sent again, or the next deploy would leave the admin surface open."""
+    aws.identity()
+    aws.get(None)
+    assert LightsailAdapter().existing_secrets(ctx) == {}  # no service yet
+    service = container_service("RUNNING", current=(3, "ACTIVE"))
+    service["currentDeployment"]["containers"] = deployment_entry(
+        3, "ACTIVE", ":todo-app.offline.3", {"PORT": "3001", "OFFLINE_ADMIN_TOKEN": "kept-admin-token-value"}
+    )["containers"]
+    aws.identity()
+    aws.get(service)
+    assert LightsailAdapter().existing_secrets(ctx) == {"OFFLINE_ADMIN_TOKEN": "kept-admin-token-value"}
+
+
+def test_the_admin_token_goes_into_the_deployment_environment() -> None:
+    request = lightsail_deployment_request(
+        APP, ":todo-app.offline.4", 3001, {"OFFLINE_ADMIN_TOKEN": "t0ken-value", "PATH": "/bin"}
+    )
+    assert request["containers"]["server"]["environment"] == {
+        "PORT": "3001",
+        "OFFLINE_ADMIN_TOKEN": "t0ken-value",
+    }
