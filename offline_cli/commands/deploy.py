@@ -249,19 +249,15 @@ Examples:
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object on stdout.")
 @click.option("--reset", is_flag=True, help="Delete the deploy state and generated files (.offline/deploy/).")
-@click.option(
-    "--subnets", default=None, help="cloud-a-orchestrated: comma-separated subnet ids (remembered)."
-)
-@click.option(
-    "--security-groups", default=None, help="cloud-a-orchestrated: comma-separated security group ids."
-)
+@click.option("--subnets", default=None, help="ecs: comma-separated subnet ids (remembered).")
+@click.option("--security-groups", default=None, help="ecs: comma-separated security group ids (remembered).")
 @click.option(
     "--org",
     default=None,
-    help="host-a: Fly.io organization a new app is created in (default personal; remembered).",
+    help="fly: Fly.io organization a new app is created in (default personal; remembered).",
 )
 @click.option(
-    "--workspace", default=None, help="host-b: Railway workspace a new project is created in (remembered)."
+    "--workspace", default=None, help="railway: Railway workspace a new project is created in (remembered)."
 )
 @click.option(
     "--python-version",
@@ -289,8 +285,9 @@ def deploy(
     """Build the project and deploy it; print the live URL and the sync endpoint.
 
     The first run asks for (or takes from the flags) the platform, app name and region and remembers them
-    in .offline/deploy/deploy.json; later runs redeploy without asking. Generated files (Dockerfile,
-    server.pyz, client build, platform configuration) all live in .offline/deploy/.
+    in .offline/deploy/deploy.json. Every run shows its plan and, on a terminal, asks once before it
+    creates or changes anything (--confirm does not ask). Generated files (Dockerfile, server.pyz, client
+    build, platform configuration) and the log of each run (logs/) all live in .offline/deploy/.
     """
     if ctx.invoked_subcommand is not None:
         given = [
