@@ -44,7 +44,15 @@ from .judging import follow_up_timestamp, forged_authority, judge_write, refused
 from .live_sessions import LiveSessions
 from .records import RecordCache, StagedView, one_operation_state
 from .stores._codec import decode_optional
-from .stores.base import RecordRow, ServerStore, StoredOperation, StoredRecordRow, WriteConflict
+from .stores.base import (
+    MOVED_FROM,
+    RecordRow,
+    ScopeSelector,
+    ServerStore,
+    StoredOperation,
+    StoredRecordRow,
+    WriteConflict,
+)
 
 log = logging.getLogger("offline.server.sync")
 
@@ -207,10 +215,6 @@ class Relayed:
         return wire
 
 
-#: Key of a scope snapshot holding the record's scope values before the operation that moved it.
-MOVED_FROM = "$from"
-
-
 def _delivery(item: Relayed) -> int:
     return item.delivery
 
@@ -229,6 +233,9 @@ class SyncLimits:
     # Largest relay frame in UTF-8 bytes (a single larger operation goes alone): clients refuse frames over
     # protocol.MAX_MESSAGE_BYTES, whatever this server accepts, and smaller frames keep each apply short.
     relay_frame_bytes: int = p.MAX_MESSAGE_BYTES // 4
+    # Catch-up pages read from the store at once, across sessions: a crowd of sessions starting together
+    # (a server restart) holds this many pages in memory, not one per session, and queues for the rest.
+    catch_up_reads: int = 4
 
 
 class SyncService:
@@ -270,6 +277,7 @@ class SyncService:
         self.rejections: dict[str, int] = {}
         self.conflicts: dict[str, int] = {}
         self.listeners: list[Callable[[str, dict[str, Any]], None]] = []
+        self._catch_up_reads = asyncio.Semaphore(max(1, self.limits.catch_up_reads))
         # Node id -> the principal it is registered to (registrations never change: a read one is kept).
         self._node_owners: dict[str, str] = {}
         # Node id -> the highest sequence number stored of it: a new operation above it takes a free place.
@@ -992,6 +1000,57 @@ class SyncService:
             ]
         return [Relayed.of(item) for item in await self.store.operations_since(cursor, limit)]
 
+    def catch_up_selectors(self, session: Session) -> list[ScopeSelector] | None:
+        """What a catch-up of ``session`` reads (`ServerStore.operations_in_scope`): per visible collection,
+        its operations of one of the filter's values, or all of them; None when the session sees every
+        collection whole, i.e. the whole log.
+
+        Every operation the session is shown holds each of its filter's values after it, or before it when
+        it moved its record out of the scope, so one value's operations are a superset, which `_visible`
+        judges as it judges the whole log. A value of None matches records without the field, which the
+        scope index does not list: such a filter reads the collection."""
+        filters = session.filters
+        if session.open and self.participating <= filters.keys():
+            return None
+        selectors: list[ScopeSelector] = []
+        for collection, filt in filters.items():
+            fields = [f for f, v in filt.items() if v is not None]
+            # The schema's scope fields first: every operation's snapshot holds them.
+            fields.sort(key=lambda f: f not in self.scope_fields.get(collection, ()))
+            if fields:
+                selectors.append(ScopeSelector(collection, fields[0], filt[fields[0]]))
+            else:
+                selectors.append(ScopeSelector(collection))
+        return selectors
+
+    async def _page(
+        self, session: Session, selectors: list[ScopeSelector] | None, limit: int
+    ) -> tuple[list[Relayed], int, bool]:
+        """The next operations to judge for ``session`` from its cursor: ``(operations, through, final)``.
+
+        Everything up to delivery ``through`` that the session may be shown is in ``operations``; ``final``:
+        that reached the end of the log. A session that sees only part of the log and is more than a page
+        behind reads through the stores' scope index (its catch-up costs what it may see, whatever the
+        length of the log); otherwise the log is read from the cursor (live updates come from memory).
+        """
+        cursor = session.cursor
+        recent = self._recent
+        live = bool(recent) and recent[0].delivery <= cursor + 1 and self.watermark - cursor <= limit
+        if live:
+            batch = await self.read_since(cursor, limit)
+        elif selectors is None:
+            async with self._catch_up_reads:
+                batch = await self.read_since(cursor, limit)
+        else:
+            async with self._catch_up_reads:
+                page = await self.store.operations_in_scope(cursor, limit, selectors)
+            batch = [
+                Relayed(d, node, coll, record, decode_optional(scope), wire)
+                for d, node, coll, record, scope, wire in page.operations
+            ]
+            return batch, max(page.through, cursor), page.complete
+        return batch, batch[-1].delivery if batch else cursor, len(batch) < limit
+
     async def _visible(self, session: Session, batch: list[Relayed]) -> list[str]:
         """The wire texts of ``batch`` that a session with record filters receives.
 
@@ -1025,19 +1084,20 @@ class SyncService:
         # batches with nothing this session may see are skipped, so the base is what was last *sent*.
         last_sent = session.cursor
         resend_after, rewound_at = self.limits.ack_timeout, 0.0  # see the end of the loop
+        selectors = self.catch_up_selectors(session)
         while self.started:
             session.wake.clear()
-            batch = await self.read_since(session.cursor, limit)
-            node_id = session.node_id
-            if session.open:
-                visible = [
-                    r.wire_json() for r in batch if r.node_id != node_id and r.collection in session.filters
-                ]
-            else:
-                visible = await self._visible(session, batch)
-            final = len(batch) < limit
-            if batch:
-                top = batch[-1].delivery
+            batch, top, final = await self._page(session, selectors, limit)
+            if top > session.cursor:
+                node_id = session.node_id
+                if session.open:
+                    visible = [
+                        r.wire_json()
+                        for r in batch
+                        if r.node_id != node_id and r.collection in session.filters
+                    ]
+                else:
+                    visible = await self._visible(session, batch)
                 # (No more than clients accept, whatever the limits given: they refuse larger frames.)
                 chunks = _frames(visible, limit, min(self.limits.relay_frame_bytes, p.MAX_MESSAGE_BYTES))
                 visible = chunks.pop() if chunks else []

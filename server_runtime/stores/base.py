@@ -34,9 +34,13 @@ if TYPE_CHECKING:
     from ..auth.storage import AuthStore
 
 __all__ = [
+    "MOVED_FROM",
     "NotifyCallback",
+    "OperationText",
     "RecordKey",
     "RecordRow",
+    "ScopeSelector",
+    "ScopedPage",
     "ServerStore",
     "StoreKind",
     "StoreWriter",
@@ -49,6 +53,10 @@ StoreKind = Literal["memory", "sqlite", "postgresql"]
 RecordKey = tuple[str, str]
 #: Called with the highest delivery sequence another process committed; may be a coroutine function.
 NotifyCallback = Callable[[int], Awaitable[None] | None]
+
+#: Key of a scope snapshot holding the record's scope values before the operation that moved it (no field name
+#: starts with ``$``).
+MOVED_FROM: Final = "$from"
 
 #: Meta key under which ``set_schema`` records the schema version it was last given.
 SCHEMA_VERSION_KEY = "schema_version"
@@ -67,6 +75,89 @@ class StoredOperation:
     delivery: int
     operation: Operation
     scope: dict[str, Any] | None
+
+
+#: An operation as stored, undecoded: ``(delivery, node id, collection, record id, scope JSON or None, wire
+#: JSON)``. The relay sends the wire text as it is.
+OperationText = tuple[int, str, str, str, str | None, str]
+
+
+@dataclass(frozen=True, slots=True)
+class ScopeSelector:
+    """Operations of one collection a session may be shown: all of them (``field`` None), or those whose scope
+    snapshot holds ``value`` under ``field``, after the operation or (``MOVED_FROM``) before it.
+
+    A session's record filter ``{field: value, ...}`` sees a subset of what one of its fields selects, so a
+    catch-up reads the operations of that one field's value through the stores' scope index, and the relay
+    judges each of those few exactly as before (``Session.matches``). Values compare as Python compares them
+    (``1 == 1.0 == True``); ``value`` None selects nothing more narrowly than the whole collection.
+    """
+
+    collection: str
+    field: str | None = None
+    value: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class ScopedPage:
+    """One page of a scoped catch-up (``ServerStore.operations_in_scope``).
+
+    ``operations``: every operation after the page's start, up to and including delivery ``through``, that
+    a selector selects, ascending, each once (a superset of what the session is shown, never less).
+    ``complete``: ``through`` was the highest committed delivery when the page was read.
+    """
+
+    operations: list[OperationText]
+    through: int
+    complete: bool
+
+
+def scope_index_entries(scope: Mapping[str, Any] | None) -> set[tuple[str, str]]:
+    """``(field, value key)`` pairs under which an operation with this scope snapshot is found by a
+    `ScopeSelector` with a value: its values after it and, when it moved its record, before it."""
+    if not scope:
+        return set()
+    out = {(f, key) for f, v in scope.items() if f != MOVED_FROM and (key := scope_value_key(v)) is not None}
+    moved = scope.get(MOVED_FROM)
+    if isinstance(moved, Mapping):
+        out.update((f, key) for f, v in moved.items() if (key := scope_value_key(v)) is not None)
+    return out
+
+
+def scope_value_key(value: Any) -> str | None:
+    """The text a scope value is indexed under: values Python finds equal share a key (``1``, ``1.0`` and
+    ``True``), different strings and numbers do not. None is not indexed (a selector of None reads the whole
+    collection); other values (lists, objects, bytes) share one key, and the relay's exact check sorts them.
+    """
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return "s:" + value
+    if isinstance(value, bool | int):
+        return f"n:{int(value)}"
+    if isinstance(value, float):
+        if value.is_integer():
+            return f"n:{int(value)}"
+        return f"n:{value!r}"
+    return "*"
+
+
+def merge_selected(pages: Sequence[Sequence[OperationText]], limit: int, top: int) -> ScopedPage:
+    """One `ScopedPage` from the pages of each selector (each ascending, at most ``limit`` long, read with
+    deliveries up to ``top``, the highest committed one when reading began).
+
+    A selector whose page is full may have more after its last delivery: the merged page goes only that far.
+    """
+    through = top
+    for page in pages:
+        if limit > 0 and len(page) >= limit:
+            through = min(through, page[-1][0])
+    seen: dict[int, OperationText] = {}
+    for page in pages:
+        for row in page:
+            if row[0] <= through:
+                seen.setdefault(row[0], row)
+    return ScopedPage([seen[d] for d in sorted(seen)], through, through >= top)
 
 
 # A state text that is this prefix and an operation's wire JSON: the state that operation makes of a record
@@ -318,6 +409,14 @@ class ServerStore(abc.ABC):
     async def record_operations(self, collection: str, record_id: str, before: int) -> list[StoredOperation]:
         """Every committed operation of one record with delivery < ``before``, ascending: what a client
         needs to build the record when it moves into that client's scope."""
+
+    @abc.abstractmethod
+    async def operations_in_scope(
+        self, after: int, limit: int, selectors: Sequence[ScopeSelector]
+    ) -> ScopedPage:
+        """The next page of a catch-up that sees only what ``selectors`` select: operations with delivery >
+        ``after``, read through indexes of collections and scope values (at most ``limit`` per selector), so
+        its cost follows what the selectors select, not the length of the log. See `ScopedPage`."""
 
     @abc.abstractmethod
     async def max_delivery(self) -> int:

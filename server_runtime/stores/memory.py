@@ -8,6 +8,7 @@ fails here too.
 from __future__ import annotations
 
 import asyncio
+import bisect
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
@@ -16,7 +17,21 @@ from typing import Any, ClassVar
 from offline.core.operations import Operation
 
 from . import _codec
-from .base import NotifyCallback, RecordKey, RecordRow, ServerStore, StoredOperation, StoreKind, StoreWriter
+from .base import (
+    NotifyCallback,
+    OperationText,
+    RecordKey,
+    RecordRow,
+    ScopedPage,
+    ScopeSelector,
+    ServerStore,
+    StoredOperation,
+    StoreKind,
+    StoreWriter,
+    merge_selected,
+    scope_index_entries,
+    scope_value_key,
+)
 
 __all__ = ["MemoryServerStore"]
 
@@ -29,6 +44,17 @@ class _Op:
 
     def stored(self) -> StoredOperation:
         return StoredOperation(self.delivery, self.operation, _codec.decode_optional(self.scope))
+
+    def text(self) -> OperationText:
+        op = self.operation
+        return (
+            self.delivery,
+            op.node_id,
+            op.collection,
+            op.record_id,
+            self.scope,
+            _codec.encode_operation(op),
+        )
 
 
 # (state JSON, record JSON or None)
@@ -61,6 +87,12 @@ class MemoryServerStore(ServerStore):
         self._places: dict[tuple[str, int], str] = {}  # (node id, sequence number) -> operation id
         self._nodes: dict[str, str] = {}  # node id -> principal
         self._lock = asyncio.Lock()
+        # The deliveries (ascending) of each collection, of each record, and of each (collection, scope field,
+        # value key) an operation's scope snapshot holds (`scope_index_entries`): what the SQL stores' indexes
+        # give catch-ups and moved records' histories.
+        self._by_collection: dict[str, list[int]] = {}
+        self._by_record: dict[RecordKey, list[int]] = {}
+        self._by_scope: dict[tuple[str, str, str], list[int]] = {}
 
     async def _prepare(self) -> None:
         self._check_open()
@@ -88,12 +120,21 @@ class MemoryServerStore(ServerStore):
         for op in writer.ops:
             self._ops.append(op)
             self._ids.add(op.operation.id)
+            self._index(op)
             self._places.setdefault((op.operation.node_id, op.operation.sequence_number), op.operation.id)
             node = op.operation.node_id
             if op.operation.sequence_number > self._vector.get(node, -1):
                 self._vector[node] = op.operation.sequence_number
         self._rows.update(writer.rows)
         self._meta.update(writer.meta)
+
+    def _index(self, op: _Op) -> None:
+        collection = op.operation.collection
+        self._by_collection.setdefault(collection, []).append(op.delivery)
+        self._by_record.setdefault((collection, op.operation.record_id), []).append(op.delivery)
+        if op.scope is not None:
+            for field, key in scope_index_entries(_codec.decode_optional(op.scope)):
+                self._by_scope.setdefault((collection, field, key), []).append(op.delivery)
 
     async def get_meta(self, key: str) -> str | None:
         self._check_open()
@@ -106,11 +147,29 @@ class MemoryServerStore(ServerStore):
 
     async def record_operations(self, collection: str, record_id: str, before: int) -> list[StoredOperation]:
         self._check_open()
-        return [
-            op.stored()
-            for op in self._ops[: max(before - 1, 0)]
-            if op.operation.record_id == record_id and op.operation.collection == collection
-        ]
+        deliveries = self._by_record.get((collection, record_id), [])
+        end = bisect.bisect_left(deliveries, before)
+        return [self._ops[d - 1].stored() for d in deliveries[:end]]
+
+    async def operations_in_scope(
+        self, after: int, limit: int, selectors: Sequence[ScopeSelector]
+    ) -> ScopedPage:
+        self._check_open()
+        top = len(self._ops)
+        limit = max(int(limit), 1)
+        pages: list[list[OperationText]] = []
+        for selector in selectors:
+            if selector.field is None:
+                deliveries = self._by_collection.get(selector.collection, [])
+            else:
+                key = scope_value_key(selector.value)
+                if key is None:
+                    deliveries = self._by_collection.get(selector.collection, [])
+                else:
+                    deliveries = self._by_scope.get((selector.collection, selector.field, key), [])
+            start = bisect.bisect_right(deliveries, after)
+            pages.append([self._ops[d - 1].text() for d in deliveries[start : start + limit] if d <= top])
+        return merge_selected(pages, limit, top)
 
     async def max_delivery(self) -> int:
         self._check_open()

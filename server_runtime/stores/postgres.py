@@ -36,7 +36,20 @@ import asyncpg  # type: ignore[import-untyped, unused-ignore]
 from offline.core.operations import Operation
 
 from . import _codec
-from .base import NotifyCallback, RecordKey, RecordRow, ServerStore, StoredOperation, StoreKind, StoreWriter
+from .base import (
+    NotifyCallback,
+    RecordKey,
+    RecordRow,
+    ScopedPage,
+    ScopeSelector,
+    ServerStore,
+    StoredOperation,
+    StoreKind,
+    StoreWriter,
+    merge_selected,
+    scope_index_entries,
+    scope_value_key,
+)
 
 __all__ = [
     "DEFAULT_CHANNEL",
@@ -69,6 +82,14 @@ CREATE TABLE IF NOT EXISTS offline_operations (
 );
 CREATE INDEX IF NOT EXISTS offline_operations_node_sequence ON offline_operations (node_id, sequence_number);
 CREATE INDEX IF NOT EXISTS offline_operations_record ON offline_operations (collection, record_id, delivery);
+CREATE INDEX IF NOT EXISTS offline_operations_collection ON offline_operations (collection, delivery);
+CREATE TABLE IF NOT EXISTS offline_operation_scopes (
+    collection TEXT NOT NULL,
+    field TEXT NOT NULL,
+    value TEXT NOT NULL,
+    delivery BIGINT NOT NULL,
+    PRIMARY KEY (collection, field, value, delivery)
+);
 CREATE TABLE IF NOT EXISTS offline_records (
     collection TEXT NOT NULL,
     record_id TEXT NOT NULL,
@@ -97,6 +118,23 @@ _LOAD_ROWS_SQL: Final = """
     FROM offline_records r JOIN unnest($1::text[], $2::text[]) AS k(collection, record_id)
         USING (collection, record_id)
 """
+_INSERT_SCOPES_SQL: Final = """
+    INSERT INTO offline_operation_scopes (collection, field, value, delivery)
+    SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[])
+"""
+#: Catch-up pages (``operations_in_scope``): one collection's operations, or one scope value's
+#: (``offline_operation_scopes``, see the SQLite store), in delivery order from the start of the page, each a
+#: search of an index (tests check the plans).
+SCOPED_COLLECTION_SQL: Final = (
+    "SELECT delivery, node_id, collection, record_id, scope::text, wire FROM offline_operations"
+    " WHERE collection = $1 AND delivery > $2 ORDER BY delivery LIMIT $3"
+)
+SCOPED_VALUE_SQL: Final = (
+    "SELECT o.delivery, o.node_id, o.collection, o.record_id, o.scope::text, o.wire"
+    " FROM offline_operation_scopes AS s JOIN offline_operations AS o ON o.delivery = s.delivery"
+    " WHERE s.collection = $1 AND s.field = $2 AND s.value = $3 AND s.delivery > $4"
+    " ORDER BY s.delivery LIMIT $5"
+)
 _DB_ERRORS: Final = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, asyncio.TimeoutError)
 
 
@@ -137,6 +175,57 @@ def _names_for_schema(schema: str) -> tuple[str, int]:
 
 def _quote_literal(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
+
+
+def scoped_statements(
+    after: int, limit: int, selectors: Sequence[ScopeSelector]
+) -> list[tuple[str, tuple[Any, ...]]]:
+    """The query of each selector in a catch-up page (see `PostgresServerStore.operations_in_scope`)."""
+    out: list[tuple[str, tuple[Any, ...]]] = []
+    for selector in selectors:
+        key = None if selector.field is None else scope_value_key(selector.value)
+        if key is None:
+            out.append((SCOPED_COLLECTION_SQL, (selector.collection, int(after), limit)))
+        else:
+            out.append((SCOPED_VALUE_SQL, (selector.collection, selector.field, key, int(after), limit)))
+    return out
+
+
+def _scope_columns(
+    entries: Iterable[tuple[int, str, Mapping[str, Any] | None]],
+) -> tuple[list[str], list[str], list[str], list[int]]:
+    """``offline_operation_scopes`` rows, as columns, of ``(delivery, collection, scope snapshot)``."""
+    columns: tuple[list[str], list[str], list[str], list[int]] = ([], [], [], [])
+    for delivery, collection, scope in entries:
+        if not scope:
+            continue
+        for field, key in sorted(scope_index_entries(scope)):
+            columns[0].append(collection)
+            columns[1].append(field)
+            columns[2].append(key)
+            columns[3].append(delivery)
+    return columns
+
+
+async def _index_scopes(conn: Any) -> None:
+    """Fill ``offline_operation_scopes`` from a log stored before it existed, once, inside the caller's
+    transaction (page by page: the log may be large)."""
+    after = 0
+    while True:
+        rows = await conn.fetch(
+            "SELECT delivery, collection, scope::text FROM offline_operations"
+            " WHERE delivery > $1 AND scope IS NOT NULL ORDER BY delivery LIMIT $2",
+            after,
+            _codec.PAGE_SIZE,
+        )
+        if not rows:
+            return
+        if after == 0:
+            log.warning("PostgreSQL store: indexing the operation log's scopes (once)")
+        columns = _scope_columns((int(r[0]), str(r[1]), _codec.decode_optional(r[2])) for r in rows)
+        if columns[0]:
+            await conn.execute(_INSERT_SCOPES_SQL, *columns)
+        after = int(rows[-1][0])
 
 
 async def _operations_since(conn: Any, after: int, limit: int | None) -> list[StoredOperation]:
@@ -199,7 +288,13 @@ class PostgresServerStore(ServerStore):
                 async with self._pool.acquire() as conn, conn.transaction():
                     # Two processes starting at once must not race on CREATE TABLE IF NOT EXISTS.
                     await conn.execute("SELECT pg_advisory_xact_lock($1)", self.lock_key)
+                    indexed = await conn.fetchval(
+                        "SELECT to_regclass(format('%I.%I', $1::text, 'offline_operation_scopes')) IS NOT NULL",
+                        self.schema_name,
+                    )
                     await conn.execute(_DDL)
+                    if not indexed:
+                        await _index_scopes(conn)
                     sequence = await conn.fetchval(
                         "SELECT pg_get_serial_sequence(format('%I.%I', $1::text, 'offline_operations'), 'delivery')",
                         self.schema_name,
@@ -296,6 +391,26 @@ class PostgresServerStore(ServerStore):
     async def operations_since(self, after: int, limit: int | None = None) -> list[StoredOperation]:
         async with self._reading("reading operations") as conn:
             return await _operations_since(conn, after, limit)
+
+    async def operations_in_scope(
+        self, after: int, limit: int, selectors: Sequence[ScopeSelector]
+    ) -> ScopedPage:
+        limit = max(int(limit), 1)
+        statements = scoped_statements(after, limit, selectors)
+        # One snapshot of the log for the highest delivery and every selector's page.
+        async with (
+            self._reading("reading a catch-up page") as conn,
+            conn.transaction(isolation="repeatable_read", readonly=True),
+        ):
+            top = int(await conn.fetchval("SELECT COALESCE(MAX(delivery), 0) FROM offline_operations"))
+            pages = [
+                [
+                    (int(r[0]), str(r[1]), str(r[2]), str(r[3]), r[4], str(r[5]))
+                    for r in await conn.fetch(sql, *params)
+                ]
+                for sql, params in statements
+            ]
+        return merge_selected(pages, limit, top)
 
     async def record_operations(self, collection: str, record_id: str, before: int) -> list[StoredOperation]:
         async with self._reading("reading a record's operations") as conn:
@@ -580,6 +695,12 @@ class _PostgresWriter(StoreWriter):
                 """,
                 *columns,
             )
+            scopes = _scope_columns(
+                (delivery, op.collection, scope)
+                for delivery, (_, op, scope) in zip(deliveries, fresh, strict=True)
+            )
+            if scopes[0]:
+                await self.conn.execute(_INSERT_SCOPES_SQL, *scopes)
         self.max_appended = max(self.max_appended or 0, deliveries[-1])
         return result
 

@@ -47,11 +47,16 @@ from .base import (
     NotifyCallback,
     RecordKey,
     RecordRow,
+    ScopedPage,
+    ScopeSelector,
     ServerStore,
     StoredOperation,
     StoreKind,
     StoreWriter,
     WriteConflict,
+    merge_selected,
+    scope_index_entries,
+    scope_value_key,
 )
 
 __all__ = ["DEFAULT_SQLITE_FILENAME", "SQLiteServerStore", "create_sqlite_server_store"]
@@ -75,6 +80,18 @@ _OPERATIONS_TABLE: Final = """CREATE TABLE IF NOT EXISTS offline_operations (
     )"""
 _OPERATIONS_COLUMNS: Final = "delivery, id, node_id, sequence_number, collection, record_id, wire, scope"
 
+# Where a scoped catch-up finds the operations of one scope value (`base.scope_index_entries`): one row per
+# (collection, scope field, value key, delivery), for the values an operation's snapshot holds after it and,
+# when it moved its record, before it. Rows of one value sit together in delivery order.
+_SCOPES_TABLE: Final = """CREATE TABLE IF NOT EXISTS offline_operation_scopes (
+        collection TEXT NOT NULL,
+        field TEXT NOT NULL,
+        value TEXT NOT NULL,
+        delivery INTEGER NOT NULL,
+        PRIMARY KEY (collection, field, value, delivery)
+    ) WITHOUT ROWID"""
+_INSERT_SCOPES: Final = "INSERT INTO offline_operation_scopes (collection, field, value, delivery)"
+
 _DDL: Final = (
     _OPERATIONS_TABLE,
     """CREATE INDEX IF NOT EXISTS offline_operations_node_sequence
@@ -86,6 +103,10 @@ _DDL: Final = (
     # where this one is appended to like the records' (UUID v7 ids, mostly written in creation order).
     """CREATE UNIQUE INDEX IF NOT EXISTS offline_operations_record
         ON offline_operations (collection, record_id, id)""",
+    # A catch-up that sees whole collections reads each one's operations in delivery order (the rowid, which
+    # every index ends with), not the whole log.
+    """CREATE INDEX IF NOT EXISTS offline_operations_collection ON offline_operations (collection)""",
+    _SCOPES_TABLE,
     """CREATE TABLE IF NOT EXISTS offline_records (
         collection TEXT NOT NULL,
         record_id TEXT NOT NULL,
@@ -242,6 +263,86 @@ async def _upgrade_operations(conn: aiosqlite.Connection) -> None:
     await _exec(conn, "DROP TABLE offline_operations_before_upgrade")
 
 
+async def _has_table(conn: aiosqlite.Connection, name: str) -> bool:
+    rows = await conn.execute_fetchall(
+        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)
+    )
+    return bool(list(rows))
+
+
+async def _index_scopes(conn: aiosqlite.Connection) -> None:
+    """Fill ``offline_operation_scopes`` from a log stored before it existed, once, inside the caller's
+    transaction (page by page: the log may be large)."""
+    after = 0
+    while True:
+        rows = list(
+            await conn.execute_fetchall(
+                "SELECT delivery, collection, scope FROM offline_operations"
+                " WHERE delivery > ? AND scope IS NOT NULL ORDER BY delivery LIMIT ?",
+                (after, _codec.PAGE_SIZE),
+            )
+        )
+        if not rows:
+            return
+        if after == 0:
+            log.warning("SQLite store: indexing the operation log's scopes (once)")
+        entries = [
+            (collection, field, key, delivery)
+            for delivery, collection, scope in rows
+            for field, key in sorted(scope_index_entries(_codec.decode_optional(scope)))
+        ]
+        for statement, values in row_statements(_INSERT_SCOPES, entries):
+            await _exec(conn, statement, values)
+        after = int(rows[-1][0])
+
+
+def _scope_entries(
+    values: Sequence[tuple[Any, ...]], scopes: Sequence[Mapping[str, Any] | None]
+) -> list[tuple[Any, ...]]:
+    """``offline_operation_scopes`` rows of appended operations (``values`` rows of ``_INSERT_OPERATIONS``)."""
+    return [
+        (value[4], field, key, value[0])
+        for value, scope in zip(values, scopes, strict=True)
+        if scope
+        for field, key in sorted(scope_index_entries(scope))
+    ]
+
+
+#: Catch-up pages (``operations_in_scope``): one collection's operations, or one scope value's, in delivery
+#: order from the start of the page, each a search of an index (tests check the plans).
+SCOPED_COLLECTION_SQL: Final = (
+    "SELECT delivery, node_id, collection, record_id, scope, wire FROM offline_operations"
+    " WHERE collection = ? AND delivery > ? ORDER BY delivery LIMIT ?"
+)
+SCOPED_VALUE_SQL: Final = (
+    "SELECT o.delivery, o.node_id, o.collection, o.record_id, o.scope, o.wire"
+    " FROM offline_operation_scopes AS s CROSS JOIN offline_operations AS o ON o.delivery = s.delivery"
+    " WHERE s.collection = ? AND s.field = ? AND s.value = ? AND s.delivery > ? ORDER BY s.delivery LIMIT ?"
+)
+
+
+#: A record's history (sent to a session the record moves into). Named index: without statistics SQLite
+#: took the collection's index for it, and read every operation of the collection.
+RECORD_HISTORY_SQL: Final = (
+    "SELECT delivery, wire, scope FROM offline_operations INDEXED BY offline_operations_record"
+    " WHERE collection = ? AND record_id = ? AND delivery < ? ORDER BY delivery"
+)
+
+
+def scoped_statements(
+    after: int, limit: int, selectors: Sequence[ScopeSelector]
+) -> list[tuple[str, tuple[Any, ...]]]:
+    """The query of each selector in a catch-up page (see `SQLiteServerStore.operations_in_scope`)."""
+    out: list[tuple[str, tuple[Any, ...]]] = []
+    for selector in selectors:
+        key = None if selector.field is None else scope_value_key(selector.value)
+        if key is None:
+            out.append((SCOPED_COLLECTION_SQL, (selector.collection, int(after), limit)))
+        else:
+            out.append((SCOPED_VALUE_SQL, (selector.collection, selector.field, key, int(after), limit)))
+    return out
+
+
 _OPERATIONS_SINCE: Final = (
     "SELECT delivery, wire, scope FROM offline_operations WHERE delivery > ? ORDER BY delivery LIMIT ?"
 )
@@ -337,8 +438,11 @@ class SQLiteServerStore(ServerStore):
                     await self._configure(writer, write=True)
                     await _exec(writer, "BEGIN IMMEDIATE")
                     await _upgrade_operations(writer)
+                    indexed = await _has_table(writer, "offline_operation_scopes")
                     for statement in _DDL:
                         await _exec(writer, statement)
+                    if not indexed:
+                        await _index_scopes(writer)
                     await _exec(writer, "COMMIT")
                     if self._shared:
                         reader = writer
@@ -503,11 +607,34 @@ class SQLiteServerStore(ServerStore):
             )
         return [(int(d), str(n), str(c), str(r), s, str(w)) for d, n, c, r, s, w in rows]
 
+    async def operations_in_scope(
+        self, after: int, limit: int, selectors: Sequence[ScopeSelector]
+    ) -> ScopedPage:
+        limit = max(int(limit), 1)
+        # One read transaction (one snapshot of the log) in one trip to the connection's thread.
+        steps: list[_Step] = [("execute", "BEGIN", ()), ("fetch", _MAX_DELIVERY, ())]
+        steps += [("fetch", sql, params) for sql, params in scoped_statements(after, limit, selectors)]
+        steps.append(("execute", "COMMIT", ()))
+        async with self._reading("reading a catch-up page") as conn:
+            try:
+                results = await _run_steps(conn, steps)
+            except BaseException:
+                if conn.in_transaction:
+                    with contextlib.suppress(Exception):
+                        await _exec(conn, "ROLLBACK")
+                raise
+        top_rows = results[1]
+        assert top_rows is not None
+        pages = [
+            [(int(d), str(n), str(c), str(r), sc, str(w)) for d, n, c, r, sc, w in rows or ()]
+            for rows in results[2:-1]
+        ]
+        return merge_selected(pages, limit, int(top_rows[0][0]))
+
     async def record_operations(self, collection: str, record_id: str, before: int) -> list[StoredOperation]:
         async with self._reading("reading a record's operations") as conn:
             rows = await conn.execute_fetchall(
-                "SELECT delivery, wire, scope FROM offline_operations"
-                " WHERE collection = ? AND record_id = ? AND delivery < ? ORDER BY delivery",
+                RECORD_HISTORY_SQL,
                 (collection, record_id, int(before)),
             )
         return [_codec.stored_operation(d, w, s) for d, w, s in rows]
@@ -790,10 +917,12 @@ class _SQLiteWriter(StoreWriter):
             delivery = self._max_delivery
             result: list[int | None] = []
             values: list[tuple[Any, ...]] = []
+            scopes: list[Mapping[str, Any] | None] = []
             for op, scope in ops:
                 if op.id in seen:
                     result.append(None)
                     continue
+                scopes.append(scope)
                 seen.add(op.id)
                 delivery += 1
                 result.append(delivery)
@@ -811,6 +940,9 @@ class _SQLiteWriter(StoreWriter):
                 )
             if values:
                 self._queued.append(_rows_step(_INSERT_OPERATIONS, values))
+                entries = _scope_entries(values, scopes)
+                if entries:
+                    self._queued.append(_rows_step(_INSERT_SCOPES, entries))
                 self._max_delivery = delivery
                 tails = self.tails
                 if tails is not None:

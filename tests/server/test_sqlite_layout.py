@@ -62,6 +62,7 @@ def test_the_log_has_no_index_of_ids_alone(tmp_path: Path) -> None:
     assert indexes == {
         "offline_operations_record": (True, ["collection", "record_id", "id"]),
         "offline_operations_node_sequence": (False, ["node_id", "sequence_number"]),
+        "offline_operations_collection": (False, ["collection"]),  # catch-ups of whole collections
     }
 
 
@@ -75,7 +76,7 @@ def test_operations_are_looked_up_through_the_record_index(tmp_path: Path) -> No
     plan = " ".join(row[3] for row in conn.execute("EXPLAIN QUERY PLAN " + sql, params))
     assert "SEARCH o USING COVERING INDEX offline_operations_record" in plan
     # A record's history (sent when it enters a client's scope) too.
-    history = "SELECT delivery, wire, scope FROM offline_operations WHERE collection = ? AND record_id = ? AND delivery < ?"
+    history = sqlite_store.RECORD_HISTORY_SQL
     plan = " ".join(row[3] for row in conn.execute("EXPLAIN QUERY PLAN " + history, ("todos", "r1", 9)))
     assert "SEARCH offline_operations USING INDEX offline_operations_record" in plan
     # Chunks stay within SQLite's smallest parameter limit, in the sizes prepared once (many_rows).
