@@ -9,6 +9,7 @@ import sys
 from bench import (
     backup,
     browser,
+    catch_up,
     cli_startup,
     core,
     cross_record_rules,
@@ -26,6 +27,7 @@ SUITES = {
     "store": store.run,
     "cli": cli_startup.run,
     "sync": sync.run,
+    "catch_up": catch_up.run,
     "load": load.run,
     "trust_boundary": trust_boundary.run,
     "browser": browser.run,

@@ -1,0 +1,303 @@
+"""Catch-up figures (issue 24): what a new session costs the server when its scope sees a few operations of
+a long log. SQLite store, seeded directly through its writer with 100,000 operations of 1,100 owners; each
+of 100 owners (``seen-N``) has 5 of them, spread over the log.
+
+1. ``in_process``: a `SyncService` on that store; a session narrowed to one owner (``lastDeliverySequence``
+   0) runs its relay until the final catch-up batch. ``catch_up_cpu_ms``: the process's CPU time for that
+   (median of several sessions, each a different owner). Beside it, ``whole_log_cpu_ms``: reading the whole
+   log from the store page by page and judging every operation, which is what a catch-up did before it
+   read through the scope index.
+2. ``server``: a real server process (`python -m server_runtime`). ``session_cpu_ms``: its CPU time per
+   session, one after another (WebSocket accept, handshake, node registration, catch-up, close). Then 100
+   such sessions at once: ``rss_growth_mib`` (peak RSS while they catch up, minus RSS before), the wall time
+   until all had their final batch, and the server's CPU time for all of them.
+
+Run: ``python -m bench catch_up`` (or ``python -m bench.catch_up``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from offline import define_schema, t
+
+SCHEMA = define_schema(
+    {
+        "version": 1,
+        "collections": {"todos": {"fields": {"ownerId": t.string(), "title": t.string()}}},
+        "sync": {"todos": {"where": {"ownerId": "userId"}}},
+    }
+)
+
+# The server entry: the server process imports this module for the schema.
+ENTRY_SOURCE = "from bench.catch_up import SCHEMA as schema  # noqa: F401\n"
+
+OPERATIONS = 100_000
+SEEN = 5  # operations of each measured owner
+SESSIONS = 100  # measured owners, and sessions at once
+OTHER_OWNERS = 1_000
+IN_PROCESS_SESSIONS = 20
+SEQUENTIAL_SESSIONS = 20
+TIMEOUT_S = 60.0
+
+TARGETS = {"catch_up_cpu_ms": 10, "rss_growth_mib_100_sessions": 50}
+
+
+def _log(message: str) -> None:
+    print(f"[bench catch_up] {message}", file=sys.stderr, flush=True)
+
+
+def _owner(index: int) -> str:
+    """The owner of the ``index``-th operation: ``seen-N`` at SEEN evenly spread places per N."""
+    stride = OPERATIONS // (SESSIONS * SEEN)
+    if index % stride == stride // 2:
+        return f"seen-{(index // stride) % SESSIONS}"
+    return f"other-{index % OTHER_OWNERS}"
+
+
+async def _seed(db: Path) -> float:
+    """Write the log and its records straight into a server SQLite store, as the sync core stores them."""
+    from offline import HybridLogicalClock, create_operation, generate_uuid_v7
+    from offline.merge.engine import MergeEngine, RecordState
+    from server_runtime.stores import create_sqlite_server_store
+    from server_runtime.stores.base import RecordRow
+
+    store = create_sqlite_server_store(str(db))
+    await store.set_schema(SCHEMA)
+    engine = MergeEngine(SCHEMA)
+    node = generate_uuid_v7()
+    clock = HybridLogicalClock(node)
+    start = time.perf_counter()
+    chunk = 10_000
+    for first in range(0, OPERATIONS, chunk):
+        ops = [
+            create_operation(
+                {
+                    "node_id": node,
+                    "type": "insert",
+                    "collection": "todos",
+                    "record_id": generate_uuid_v7(),
+                    "data": {"ownerId": _owner(i), "title": f"todo {i}"},
+                    "timestamp": clock.now(),
+                    "sequence_number": i + 1,
+                    "schema_version": SCHEMA.version,
+                }
+            )
+            for i in range(first, min(OPERATIONS, first + chunk))
+        ]
+        rows = []
+        for op in ops:
+            state = RecordState()
+            engine.apply(state, op)
+            rows.append(
+                RecordRow(
+                    op.collection, op.record_id, state, engine.materialize(op.collection, op.record_id, state)
+                )
+            )
+        async with store.writer() as writer:
+            # The scope snapshot the sync core stores with each operation.
+            await writer.append([(op, {"ownerId": op.data["ownerId"]}) for op in ops])
+            await writer.save_rows(rows)
+    seconds = time.perf_counter() - start
+    await store.close()
+    return seconds
+
+
+class _Capture:
+    """A session's ``send``: counts the operations relayed, and notes the final catch-up batch."""
+
+    def __init__(self) -> None:
+        self.operations = 0
+        self.done = asyncio.Event()
+
+    async def send(self, text: str) -> None:
+        frame = json.loads(text)
+        self.operations += len(frame["operations"])
+        if frame.get("isFinal"):
+            self.done.set()
+
+
+async def _in_process(db: Path) -> dict[str, Any]:
+    from offline import generate_uuid_v7
+    from server_runtime.stores import create_sqlite_server_store
+    from server_runtime.sync import Session, SyncService
+
+    store = create_sqlite_server_store(str(db))
+    await store.set_schema(SCHEMA)
+    service = SyncService(store)
+    await service.start()
+    try:
+        catch_up: list[float] = []
+        received: list[int] = []
+        for i in range(IN_PROCESS_SESSIONS + 1):  # the first warms up (statements, imports)
+            capture = _Capture()
+            owner = f"seen-{i % SESSIONS}"
+            session = Session(generate_uuid_v7(), {"todos": {"ownerId": owner}}, None, capture.send)
+            cpu = time.process_time()
+            relay = asyncio.create_task(service.relay(session))
+            await asyncio.wait_for(capture.done.wait(), TIMEOUT_S)
+            spent = time.process_time() - cpu
+            relay.cancel()
+            await asyncio.gather(relay, return_exceptions=True)
+            if i:
+                catch_up.append(spent)
+                received.append(capture.operations)
+        # What a catch-up did before: every page of the log from the store, every operation judged.
+        whole: list[float] = []
+        for i in range(3):
+            session = Session(generate_uuid_v7(), {"todos": {"ownerId": f"seen-{i}"}}, None, _Capture().send)
+            cpu = time.process_time()
+            cursor, seen = 0, 0
+            while True:
+                batch = await service.read_since(cursor, service.limits.batch_size)
+                if not batch:
+                    break
+                seen += len(await service._visible(session, batch))
+                cursor = batch[-1].delivery
+            whole.append(time.process_time() - cpu)
+    finally:
+        await service.stop()
+        await store.close()
+    return {
+        "sessions": IN_PROCESS_SESSIONS,
+        "operations_each": sorted(set(received)),
+        "catch_up_cpu_ms": round(statistics.median(catch_up) * 1000, 2),
+        "catch_up_cpu_ms_max": round(max(catch_up) * 1000, 2),
+        "whole_log_cpu_ms": round(statistics.median(whole) * 1000, 1),
+    }
+
+
+class _Crowd:
+    """Sessions catching up at once: each reports its final batch, then stays open until all have theirs."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.caught_up = 0
+        self.all_caught_up = asyncio.Event()
+
+    async def arrived(self) -> None:
+        self.caught_up += 1
+        if self.caught_up >= self.size:
+            self.all_caught_up.set()
+        await self.all_caught_up.wait()
+
+
+async def _session(url: str, owner: str, crowd: _Crowd | None = None) -> int:
+    """One session narrowed to ``owner`` from delivery 0: the operations it got until its final batch."""
+    import websockets
+
+    from offline import generate_uuid_v7
+    from offline.sync import protocol as p
+
+    async with websockets.connect(url, max_size=None) as ws:
+        hello = p.Handshake(
+            message_id=p.new_message_id(),
+            node_id=generate_uuid_v7(),
+            version_vector={},
+            schema_version=SCHEMA.version,
+            last_delivery_sequence=0,
+            sync_scope={"todos": {"ownerId": owner}},
+        )
+        await ws.send(p.encode(hello))
+        reply = p.decode(await asyncio.wait_for(ws.recv(), TIMEOUT_S))
+        assert isinstance(reply, p.HandshakeResponse) and reply.accepted, reply
+        ops = 0
+        while True:
+            message = p.decode(await asyncio.wait_for(ws.recv(), TIMEOUT_S))
+            if not isinstance(message, p.OperationBatch):
+                continue
+            ops += len(message.operations)
+            ack = p.Acknowledgment(p.new_message_id(), message.message_id, 0, message.max_delivery_sequence)
+            await ws.send(p.encode(ack))
+            if message.is_final:
+                break
+        if crowd is not None:
+            await crowd.arrived()
+        return ops
+
+
+async def _server(folder: Path, db: Path) -> dict[str, Any]:
+    from bench.sync import _process_cpu_s
+    from tests.support.abuse import MIB, PeakRss
+    from tests.support.servers import ServerProcess
+
+    entry = folder / "server.py"
+    entry.write_text(ENTRY_SOURCE)
+    server = ServerProcess(
+        entry,
+        store="sqlite",
+        db=str(db),
+        log_path=folder / "server.log",
+        # 100 sessions from one address at once: more than the default allows to be mid-handshake.
+        env={"OFFLINE_MAX_PENDING_PER_ADDRESS": str(2 * SESSIONS)},
+    )
+    server.start(timeout=120)
+    try:
+        assert server.proc is not None
+        pid = server.proc.pid
+        await _session(server.sync_url, "seen-0")  # warm up
+        cpu = _process_cpu_s(pid)
+        for i in range(SEQUENTIAL_SESSIONS):
+            await _session(server.sync_url, f"seen-{i % SESSIONS}")
+        after = _process_cpu_s(pid)
+        per_session = None if cpu is None or after is None else (after - cpu) / SEQUENTIAL_SESSIONS
+        await asyncio.sleep(1.0)  # let the server settle before its RSS baseline
+        crowd = _Crowd(SESSIONS)
+        cpu = _process_cpu_s(pid)
+        with PeakRss(pid) as rss:
+            started = time.perf_counter()
+            tasks = [_session(server.sync_url, f"seen-{i}", crowd) for i in range(SESSIONS)]
+            counts = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 2 * TIMEOUT_S)
+            all_caught_up = time.perf_counter() - started
+        after = _process_cpu_s(pid)
+        failed = [repr(c) for c in counts if isinstance(c, BaseException)]
+        return {
+            "session_cpu_ms": None if per_session is None else round(per_session * 1000, 2),
+            "sessions_at_once": SESSIONS,
+            "at_once_operations_each": sorted({c for c in counts if isinstance(c, int)}),
+            "at_once_failed": failed[:3],
+            "at_once_all_caught_up_s": round(all_caught_up, 2),
+            "at_once_server_cpu_s": None if cpu is None or after is None else round(after - cpu, 2),
+            "baseline_rss_mib": round(rss.before / MIB, 1),
+            "rss_growth_mib": round(rss.growth / MIB, 2),
+        }
+    finally:
+        server.terminate()
+
+
+async def _run_all() -> dict[str, Any]:
+    figures: dict[str, Any] = {
+        "operations": OPERATIONS,
+        "operations_seen_by_each_session": SEEN,
+        "cpus": os.cpu_count(),
+        "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
+    }
+    with tempfile.TemporaryDirectory(prefix="bench-catch-up-") as name:
+        folder = Path(name)
+        db = folder / "server.db"
+        _log(f"seeding the server store with {OPERATIONS} operations")
+        figures["seed_s"] = round(await _seed(db), 1)
+        _log("catch-ups in process")
+        figures["in_process"] = await _in_process(db)
+        _log("catch-ups through a server process")
+        figures["server"] = await _server(folder, db)
+    figures["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
+    figures["targets"] = TARGETS
+    return figures
+
+
+def run() -> dict[str, Any]:
+    return asyncio.run(_run_all())
+
+
+if __name__ == "__main__":
+    json.dump(run(), sys.stdout, indent=2)
+    sys.stdout.write("\n")
