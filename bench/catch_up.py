@@ -8,7 +8,8 @@ of 100 owners (``seen-N``) has 5 of them, spread over the log.
    log from the store page by page and judging every operation, which is what a catch-up did before it
    read through the scope index.
 2. ``server``: a real server process (`python -m server_runtime`). ``session_cpu_ms``: its CPU time per
-   session, one after another (WebSocket accept, handshake, node registration, catch-up, close). Then 100
+   session, one after another (WebSocket accept, handshake, node registration, catch-up, close);
+   ``session_at_head_cpu_ms``: the same for sessions resuming at the end of the log (no catch-up). Then 100
    such sessions at once: ``rss_growth_mib`` (peak RSS while they catch up, minus RSS before), the wall time
    until all had their final batch, and the server's CPU time for all of them.
 
@@ -163,6 +164,7 @@ async def _in_process(db: Path) -> dict[str, Any]:
                 seen += len(await service._visible(session, batch))
                 cursor = batch[-1].delivery
             whole.append(time.process_time() - cpu)
+            assert seen == SEEN
     finally:
         await service.stop()
         await store.close()
@@ -190,8 +192,9 @@ class _Crowd:
         await self.all_caught_up.wait()
 
 
-async def _session(url: str, owner: str, crowd: _Crowd | None = None) -> int:
-    """One session narrowed to ``owner`` from delivery 0: the operations it got until its final batch."""
+async def _session(url: str, owner: str, crowd: _Crowd | None = None, after: int = 0) -> int:
+    """One session narrowed to ``owner`` from delivery ``after``: the operations it got until its final
+    batch."""
     import websockets
 
     from offline import generate_uuid_v7
@@ -203,7 +206,7 @@ async def _session(url: str, owner: str, crowd: _Crowd | None = None) -> int:
             node_id=generate_uuid_v7(),
             version_vector={},
             schema_version=SCHEMA.version,
-            last_delivery_sequence=0,
+            last_delivery_sequence=after,
             sync_scope={"todos": {"ownerId": owner}},
         )
         await ws.send(p.encode(hello))
@@ -249,6 +252,12 @@ async def _server(folder: Path, db: Path) -> dict[str, Any]:
             await _session(server.sync_url, f"seen-{i % SESSIONS}")
         after = _process_cpu_s(pid)
         per_session = None if cpu is None or after is None else (after - cpu) / SEQUENTIAL_SESSIONS
+        # The same sessions resuming at the end of the log: what a session costs with nothing to catch up.
+        cpu = _process_cpu_s(pid)
+        for i in range(SEQUENTIAL_SESSIONS):
+            await _session(server.sync_url, f"seen-{i % SESSIONS}", after=OPERATIONS)
+        after = _process_cpu_s(pid)
+        at_head = None if cpu is None or after is None else (after - cpu) / SEQUENTIAL_SESSIONS
         await asyncio.sleep(1.0)  # let the server settle before its RSS baseline
         crowd = _Crowd(SESSIONS)
         cpu = _process_cpu_s(pid)
@@ -261,6 +270,7 @@ async def _server(folder: Path, db: Path) -> dict[str, Any]:
         failed = [repr(c) for c in counts if isinstance(c, BaseException)]
         return {
             "session_cpu_ms": None if per_session is None else round(per_session * 1000, 2),
+            "session_at_head_cpu_ms": None if at_head is None else round(at_head * 1000, 2),
             "sessions_at_once": SESSIONS,
             "at_once_operations_each": sorted({c for c in counts if isinstance(c, int)}),
             "at_once_failed": failed[:3],

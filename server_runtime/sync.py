@@ -5,7 +5,9 @@ processes for PostgreSQL): catch up on other processes' commits; then judge each
 well formed, id equals content hash, collection and field types, schema version, clock drift, size, scope,
 state machine, Tier 2 constraints and relations — apply the accepted ones with the same merge engine as the
 clients, add the server's own resolution operations, store everything durably, and only then acknowledge.
-Relay reads the committed log (delivery order = commit order) and filters it by each session's scope.
+Relay reads the committed log (delivery order = commit order) and filters it by each session's scope; a
+session that sees only part of the log catches up through the stores' index of scope values
+(`SyncService.catch_up_selectors`), reading what it may see rather than the whole log.
 """
 
 from __future__ import annotations

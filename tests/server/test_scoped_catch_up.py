@@ -349,3 +349,51 @@ def test_a_log_stored_before_the_scope_index_is_indexed_when_opened(
             assert [json.loads(row[5])["id"] for row in page.operations] == wanted
 
     asyncio.run(main())
+
+
+class _CountingStore(MemoryServerStore):
+    """Counts the catch-up pages being read at once (each read takes a while, as a database's does)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reading = 0
+        self.most = 0
+
+    async def operations_in_scope(self, after: int, limit: int, selectors: Any) -> Any:
+        self.reading += 1
+        self.most = max(self.most, self.reading)
+        try:
+            await asyncio.sleep(0.01)
+            return await super().operations_in_scope(after, limit, selectors)
+        finally:
+            self.reading -= 1
+
+
+def test_sessions_catching_up_together_read_a_bounded_number_of_pages_at_once() -> None:
+    async def main() -> None:
+        store = _CountingStore()
+        await store.set_schema(SCHEMA)
+        service = SyncService(store, limits=SyncLimits(batch_size=2, catch_up_reads=3))
+        await service.start()
+        try:
+            writers = Writers()
+            ops = [
+                writers.op(
+                    NODES[0], "insert", "todos", generate_uuid_v7(), {"ownerId": OWNERS[i % 3], "title": "t"}
+                )
+                for i in range(30)
+            ]
+            await service.commit(None, ops)
+            sessions = [
+                Session(f"node-{i}", {"todos": {"ownerId": OWNERS[i % 3]}}, None, _nothing) for i in range(20)
+            ]
+            expected = [await judged_whole_log(service, session) for session in sessions]
+            results = await asyncio.gather(*(relayed_ids(service, session) for session in sessions))
+            for wanted, (ids, watermark) in zip(expected, results, strict=True):
+                assert ids == wanted
+                assert len(ids) == 10 and watermark == 30
+            assert store.most == 3
+        finally:
+            await service.stop()
+
+    asyncio.run(main())
