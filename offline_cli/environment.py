@@ -38,6 +38,7 @@ class Environment:
     env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
     stdin_isatty: bool | None = None
     stdout_isatty: bool | None = None
+    stderr_isatty: bool | None = None
     prompter: Prompter | None = None  # None: questionary on the terminal, created on first use
 
     def __post_init__(self) -> None:
@@ -45,6 +46,8 @@ class Environment:
             self.stdin_isatty = _isatty(self.stdin)
         if self.stdout_isatty is None:
             self.stdout_isatty = _isatty(self.stdout)
+        if self.stderr_isatty is None:
+            self.stderr_isatty = _isatty(self.stderr)
 
     @property
     def is_ci(self) -> bool:
@@ -54,6 +57,12 @@ class Environment:
     def interactive(self) -> bool:
         """True when a prompt may be shown: a terminal on stdin and not running under CI."""
         return bool(self.stdin_isatty) and not self.is_ci
+
+    @property
+    def live_progress(self) -> bool:
+        """True when progress may redraw itself (a live view of vendor output): a terminal on stderr, not CI,
+        and not TERM=dumb. Otherwise progress is plain lines."""
+        return bool(self.stderr_isatty) and not self.is_ci and self.env.get("TERM", "") != "dumb"
 
     @property
     def out(self) -> Console:

@@ -75,7 +75,7 @@ def build_services(env: Environment) -> Services:
     from ..deploy.flow import Services
     from ..deploy.progress import ProgressReporter
 
-    reporter = ProgressReporter(env.err, masked_values(env.env))
+    reporter = ProgressReporter(env.err, masked_values(env.env), live=env.live_progress)
     return Services(
         env=env.env,
         interactive=env.interactive,
@@ -218,7 +218,29 @@ _PROJECT_DIR = click.option(
 )
 
 
+class DeployGroup(click.Group):
+    """`offline deploy`: with --json, a command line click refuses (an unknown --platform, a bad flag) is
+    also answered with one JSON error object on stdout, like every other failure."""
+
+    def make_context(
+        self, info_name: str | None, args: list[str], parent: click.Context | None = None, **extra: Any
+    ) -> click.Context:
+        wants_json = "--json" in args
+        try:
+            return super().make_context(info_name, args, parent=parent, **extra)
+        except click.UsageError as exc:
+            if wants_json:
+                error = {
+                    "code": "USAGE",
+                    "message": exc.format_message(),
+                    "hint": "See `offline deploy --help`.",
+                }
+                _emit(current_environment(), json.dumps({"ok": False, "error": error}) + "\n")
+            raise
+
+
 @click.group(
+    cls=DeployGroup,
     invoke_without_command=True,
     epilog="""\b
 Examples:

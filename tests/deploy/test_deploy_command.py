@@ -903,3 +903,26 @@ def test_plan_secrets_generates_an_admin_token_only_when_neither_shell_nor_platf
         "OFFLINE_ADMIN_TOKEN": "on-aws-token",
         "OFFLINE_BACKUP_TOKEN": "backup-tok",
     }
+
+
+def test_json_usage_errors_are_a_json_object_too(harness: Harness) -> None:
+    outcome = harness.deploy("--platform", "flyy", "--app", "notes", "--json")
+    assert outcome.exit_code == 2
+    error = json.loads(outcome.stdout)["error"]
+    assert error["code"] == "USAGE" and "flyy" in error["message"]
+    assert harness.remote.calls == []
+
+
+@pytest.mark.parametrize(
+    ("alias", "code"),
+    [
+        ("fly", "host-a"),
+        ("railway", "host-b"),
+        ("lightsail", "cloud-a-containers"),
+        ("ecs", "cloud-a-orchestrated"),
+        ("host-a", "host-a"),
+    ],
+)
+def test_platform_aliases_become_the_neutral_code(alias: str, code: str) -> None:
+    assert deploy_command.PlatformChoice().convert(alias, None, None) == code
+    assert platform_adapters.canonical(alias) == code

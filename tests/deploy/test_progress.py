@@ -99,3 +99,15 @@ def test_without_a_terminal_vendor_output_goes_to_the_log_only(fake_cli: FakeCli
     assert log.startswith("    said before the log was opened")
     assert log.count("slow line 3") == 2 and "$ slowvendor (exit 0)" in log
     assert set(reporter.tail()) == {"slow line 1", "slow line 2", "slow line 3"}  # two pipes: any order
+
+
+def test_the_live_view_is_decided_in_the_environment() -> None:
+    from offline_cli.environment import Environment
+
+    def env(**kwargs: object) -> Environment:
+        return Environment(stdin=io.StringIO(), stdout=io.StringIO(), stderr=io.StringIO(), **kwargs)  # type: ignore[arg-type]
+
+    assert env(env={}, stderr_isatty=True).live_progress is True
+    assert env(env={}).live_progress is False  # a pipe or file
+    assert env(env={"CI": "true"}, stderr_isatty=True).live_progress is False
+    assert env(env={"TERM": "dumb"}, stderr_isatty=True).live_progress is False
