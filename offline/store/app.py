@@ -53,6 +53,10 @@ from .subscriptions import SubscriptionRegistry
 
 log = logging.getLogger("offline.store")
 
+# create_app(durability=...): "normal" survives a process crash, "full" also an OS crash or a power cut
+# (SQLite's synchronous=NORMAL / FULL under WAL; see the README).
+DURABILITY = ("normal", "full")
+
 # Bound on records awaiting materialisation, so memory stays small during long write bursts.
 _MAX_DIRTY = 2000
 
@@ -130,6 +134,12 @@ class App:
         if not isinstance(schema, SchemaDefinition):
             raise OfflineError(
                 "create_app needs the result of define_schema(...)", "INVALID_SCHEMA", {"field": "schema"}
+            )
+        if durability not in DURABILITY:
+            raise OfflineError(
+                f"durability must be one of {', '.join(map(repr, DURABILITY))}, got {durability!r}",
+                INVALID_OPERATION,
+                {"field": "durability", "expected": list(DURABILITY), "received": repr(durability)},
             )
         self.schema = schema
         self.path = path

@@ -537,3 +537,31 @@ def test_operations_after_feeds_a_fresh_replica(tmp_path: Path, app: App) -> Non
         replica.apply(delta)
         assert replica.todos.fetch() == [b]
         assert replica.version_vector == app.version_vector
+
+
+@pytest.mark.parametrize(("durability", "synchronous"), [("normal", 1), ("full", 2)])
+def test_the_durability_setting_chooses_what_a_commit_waits_for(
+    db: Path, durability: str, synchronous: int
+) -> None:
+    """normal: the log is synced at checkpoints (a process crash loses nothing, a power cut may lose the last
+    commits); full: at every commit. Both write ahead (WAL)."""
+    app = create_app(SCHEMA, path=str(db), durability=durability)
+    try:
+        assert app.db.conn.execute("PRAGMA synchronous").fetchone()[0] == synchronous
+        assert app.db.conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        app.logs.insert({"line": durability})
+    finally:
+        app.close()
+    again = create_app(SCHEMA, path=str(db), durability=durability)
+    try:
+        assert [r["line"] for r in again.logs.all().fetch()] == [durability]
+    finally:
+        again.close()
+
+
+def test_an_unknown_durability_is_refused_by_name(db: Path) -> None:
+    with pytest.raises(OfflineError) as info:
+        create_app(SCHEMA, path=str(db), durability="paranoid")
+    assert info.value.code == "INVALID_OPERATION"
+    assert info.value.context is not None and info.value.context["field"] == "durability"
+    assert "paranoid" in info.value.message

@@ -18,6 +18,7 @@ import pytest
 
 from offline import create_app, op
 from offline.core.hlc import MAX_DRIFT_MS
+from offline.core.operations import Operation
 from offline.store import App
 from offline.store.database import PENDING, REJECTED
 from offline.store.replication import delivery_watermark
@@ -35,6 +36,11 @@ from tests.sync.test_integration import (
 
 SLOW_MS = -600_000  # ten minutes behind
 FAST_MS = 360_000  # six minutes ahead: past the server's five-minute limit
+
+
+def last_write(app: App) -> Operation:
+    """This replica's latest local operation (by sequence number; `operations()` is in causal order)."""
+    return max((o for o in app.operations() if o.node_id == app.node_id), key=lambda o: o.sequence_number)
 
 
 def time_ms() -> int:
@@ -86,7 +92,7 @@ def test_a_slow_device_applies_what_it_receives_and_acknowledges_only_that(
 
             # Its own writes are stamped by the server's clock: they order among the others' writes.
             mine = slow.items.insert({"title": "slow"})
-            stamp = slow.operations()[-1].timestamp.wall_time
+            stamp = last_write(slow).timestamp.wall_time
             assert abs(stamp - time_ms()) < 30_000, (stamp, time_ms())
             # Offline, then back: it still receives everything written meanwhile, and sends its writes.
             await slow.sync.disconnect()
@@ -143,7 +149,7 @@ def test_a_fast_devices_offline_writes_are_restamped_and_accepted(
             async with clients(fast):
                 assert abs(fast.clock_offset_ms + FAST_MS) < 30_000
                 fast.items.insert({"title": "after restart"})
-                assert fast.operations()[-1].timestamp.wall_time < time_ms() + 30_000
+                assert last_write(fast).timestamp.wall_time < time_ms() + 30_000
                 await fast.sync.connect()
                 state = await converge(other, fast)
                 assert len(state["items"]) == 4
