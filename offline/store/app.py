@@ -42,7 +42,7 @@ from offline.merge.engine import REPEATED, Conflict, MergeEngine, RecordState, T
 from offline.merge.trace import MergeTrace
 from offline.merge.values import compact_json
 
-from . import breaches
+from . import breaches, replication
 from .collection import Collection
 from .database import ACKED, PENDING, REJECTED, STATE_REFERENCE, LocalDatabase, storage_error
 from .events import EventBus
@@ -106,9 +106,26 @@ class Ready:
 
 
 class LocalOnlySync:
-    """`app.sync` of an app created without a sync configuration."""
+    """`app.sync` of an app created without a sync configuration (refusals kept by an earlier session that
+    had one stay listed and recoverable)."""
 
     status = "disabled"
+
+    def __init__(self, app: App) -> None:
+        self._app = app
+
+    @property
+    def clock_offset_ms(self) -> int:
+        return self._app.clock_offset_ms
+
+    def rejected(self) -> list[dict[str, Any]]:
+        return replication.rejected(self._app)
+
+    def retry(self, operation_id: str) -> dict[str, Any] | None:
+        return replication.retry(self._app, operation_id)
+
+    def discard(self, operation_id: str) -> bool:
+        return replication.discard(self._app, operation_id)
 
     async def connect(self) -> None:
         raise OfflineError(
@@ -193,7 +210,7 @@ class App:
         migrate_database(self)
         self._recover()
         self.ready = Ready(self)
-        self.sync: Any = LocalOnlySync()
+        self.sync: Any = LocalOnlySync(self)
         if sync:
             self.sync = self._make_sync(sync)
 

@@ -409,3 +409,36 @@ def test_webauthn_ceremonies_are_relayed_to_the_page(app: App) -> None:
         asyncio.run(scenario())
     finally:
         set_page_webauthn(None)
+
+
+def test_the_page_sees_and_recovers_refused_writes(tmp_path: Path) -> None:
+    """The worker exposes the rejected list (rejected / retry / discard) and puts its size, the clock offset
+    and any operation that could not be applied in the status it pushes."""
+    from offline.store.replication import reject_operation
+
+    page = Page()
+    app = create_app(SCHEMA, sync={"url": "ws://127.0.0.1:9/offline-sync"}, path=str(tmp_path / "c.db"))
+    bridge = WorkerBridge(app, post=page.post, persist=page.persist)
+
+    async def scenario() -> None:
+        todo = (await page.request(bridge, "insert", collection="todos", data={"title": "refused"}))["result"]
+        op_id = app.operations()[-1].id
+        reject_operation(app, op_id, "SCOPE_VIOLATION", "not yours")
+        status = (await page.request(bridge, "status"))["result"]
+        assert (status["rejected"], status["clockOffsetMs"], status["applyError"]) == (1, 0, None)
+        [entry] = (await page.request(bridge, "rejected"))["result"]
+        assert entry["operationId"] == op_id and entry["data"]["title"] == "refused"
+        retried = await page.request(bridge, "retry", operationId=op_id)
+        assert retried["ok"] and retried["result"]["id"] == todo["id"]
+        assert app.todos.find_by_id(todo["id"])["title"] == "refused"
+        second = app.sync.rejected()
+        assert second == []
+        reject_operation(app, app.operations()[-1].id, "SCOPE_VIOLATION", "still not")
+        [entry] = app.sync.rejected()
+        assert (await page.request(bridge, "discard", operationId=entry["operationId"]))["result"] is True
+        assert (await page.request(bridge, "rejected"))["result"] == []
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        app.close()
