@@ -112,8 +112,6 @@ class SyncEngine:
         self._ack_rtt = 0.0  # smoothed time from sending a batch to its acknowledgement
         self.connections = 0
         self._accepted = False  # whether the current session's handshake was accepted
-        # Whether a handshake has told the server's time (then the app's clock offset is current).
-        self._offset_known = False
         #: The received operation that could not be stored, while it is not (a dict: operationId,
         #: collection, recordId, code, message); nothing after it is acknowledged meanwhile.
         self.apply_error: dict[str, Any] | None = None
@@ -431,7 +429,6 @@ class SyncEngine:
         self.server_node_id = reply.node_id
         # The server read its clock about halfway through the round trip.
         app.set_clock_offset(reply.server_time - (asked_at + answered_at) // 2)
-        self._offset_known = True
         self._scope_filters = {
             name: dict(filt)
             for name, filt in (reply.accepted_scope or {}).items()
@@ -636,13 +633,10 @@ class SyncEngine:
         else taken out of the operation set and kept in the rejected list."""
         app = self.app
         place = self._places.get(message.operation_id)
-        if (
-            message.code == p.CLOCK_DRIFT
-            and self._offset_known
-            and (place is None or place[0] == app.node_id)
-        ):
-            # Stamped before this device knew the server's time (its clock is fast): the write is made
-            # again under the corrected clock, in the order refusals come (the order it was sent in).
+        if message.code == p.CLOCK_DRIFT and (place is None or place[0] == app.node_id):
+            # Stamped before this device knew the server's time (its clock is fast; the handshake of this
+            # session corrected it): the write is made again under the corrected clock, in the order the
+            # refusals come (the order it was sent in).
             ceiling = app._physical() + MAX_DRIFT_MS - _RESTAMP_MARGIN_MS
             again = replication.restamp(app, message.operation_id, place=place, ceiling=ceiling)
             if again is not None:
