@@ -160,6 +160,8 @@ class OfflineAuth(MfaMethods, OrgMethods, PasskeyMethods):
         )
         self._credentials: Credentials | None = None
         self._loaded = False
+        # Kept after sign-out: the next sign-in from this device sends it (see sign_in).
+        self._device_token: str | None = None
         self._generation = 0  # bumped whenever the session is replaced or ended
         self._refresh_task: asyncio.Task[Credentials] | None = None
         self._handlers: list[ChangeHandler] = []
@@ -209,6 +211,8 @@ class OfflineAuth(MfaMethods, OrgMethods, PasskeyMethods):
                 log.warning("%s; starting signed out", exc.message)
                 stored = None
             self._credentials = self._usable(stored)
+            if self._credentials is not None and self._credentials.device_token:
+                self._device_token = self._credentials.device_token
         return self._credentials
 
     def _usable(self, stored: Credentials | None) -> Credentials | None:
@@ -220,6 +224,8 @@ class OfflineAuth(MfaMethods, OrgMethods, PasskeyMethods):
     def _set_session(self, creds: Credentials | None) -> None:
         before = self._current()
         self._credentials = creds
+        if creds is not None and creds.device_token:
+            self._device_token = creds.device_token
         try:
             if creds is None:
                 self.credential_store.clear()
@@ -255,6 +261,11 @@ class OfflineAuth(MfaMethods, OrgMethods, PasskeyMethods):
         """Sign in; returns `user`. INVALID_CREDENTIALS for a wrong email or password, RATE_LIMITED (with
         ``context["retry_after"]`` seconds) after too many attempts."""
         body = {"email": check_email(email), "password": check_password(password)}
+        self._current()  # a stored session's device token is read with it
+        if self._device_token:
+            # Proof that this device signed in before: guesses at this account from many other addresses
+            # then do not keep its owner out here (the server checks it is this account's).
+            body["deviceToken"] = self._device_token
         return await self._start_session("POST", "/sign-in", body)
 
     async def _start_session(self, method: str, path: str, body: dict[str, Any]) -> User:

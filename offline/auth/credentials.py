@@ -44,6 +44,8 @@ class Credentials:
     access_issued_at: float
     access_expires_at: float | None = None
     refresh_expires_at: float | None = None
+    #: The server's known-device token (it spares this device the account-wide sign-in limit next time).
+    device_token: str | None = None
 
     def __repr__(self) -> str:
         # Tokens are bearer secrets: a repr may end up in a log or a traceback.
@@ -62,6 +64,7 @@ class Credentials:
             "accessIssuedAt": self.access_issued_at,
             "accessExpiresAt": self.access_expires_at,
             "refreshExpiresAt": self.refresh_expires_at,
+            "deviceToken": self.device_token,
         }
 
     @classmethod
@@ -91,6 +94,7 @@ class Credentials:
             access_issued_at=times["accessIssuedAt"] or 0.0,
             access_expires_at=times["accessExpiresAt"],
             refresh_expires_at=times["refreshExpiresAt"],
+            device_token=data["deviceToken"] if isinstance(data.get("deviceToken"), str) else None,
         )
 
 

@@ -261,6 +261,7 @@ def credentials_from_pair(body: Any, server_url: str, sent_at: float) -> Credent
         refresh_expires_at=None
         if refresh_in is None
         else sent_at + max(0.0, refresh_in - JWT_TIME_GRANULARITY),
+        device_token=body["deviceToken"] if isinstance(body.get("deviceToken"), str) else None,
     )
 
 

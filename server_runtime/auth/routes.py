@@ -28,6 +28,7 @@ from offline.core.uuid7 import generate_uuid_v7
 from ..live_sessions import SessionBinding
 from . import oauth as _oauth
 from . import sessions as _sessions
+from .devices import DeviceTokens
 from .linking import LinkRoutes
 from .mfa import MfaRoutes
 from .orgs import OrgRoutes, current_org_claims, org_claims, roles_from
@@ -142,6 +143,7 @@ class AuthRoutes:
         self._next_purge = 0.0
         self._provider = SyncAuthProvider(self)
         key = secret.encode("utf-8") if isinstance(secret, str) else bytes(secret)
+        self.devices = DeviceTokens(key, now=self._now)
         self.mfa = MfaRoutes(self, key=key, issuer=totp_issuer.strip())
         self.orgs = OrgRoutes(self, roles=self.roles, invite_ttl=_seconds(invite_ttl, "invite_ttl"))
         self.linking = LinkRoutes(self)
@@ -291,15 +293,20 @@ class AuthRoutes:
         access = self.tokens.issue_access(
             user_id=pair.user.id, email=pair.user.email, session_id=pair.session_id, extra=pair.claims
         )
+        body: dict[str, Any] = {
+            "user": {"id": pair.user.id, "email": pair.user.email},
+            "accessToken": access.token,
+            "refreshToken": pair.refresh_token,
+            "tokenType": "Bearer",
+            "expiresIn": access.expires_in,
+            "refreshExpiresIn": self.refresh_ttl,
+        }
+        if pair.user.email is not None:
+            # This device now knows the account: see devices (a sign-in that sends it back is not held to
+            # the account's limit over all addresses).
+            body["deviceToken"] = self.devices.issue(pair.user.email)
         return JSONResponse(
-            {
-                "user": {"id": pair.user.id, "email": pair.user.email},
-                "accessToken": access.token,
-                "refreshToken": pair.refresh_token,
-                "tokenType": "Bearer",
-                "expiresIn": access.expires_in,
-                "refreshExpiresIn": self.refresh_ttl,
-            },
+            body,
             status_code=status,
             headers={"Cache-Control": "no-store"},
         )
@@ -372,9 +379,14 @@ class AuthRoutes:
             raise _invalid("password", "password is required (a non-empty string)")
         if len(password) > MAX_PASSWORD_CHARS:
             raise _invalid("password", f"password must be at most {MAX_PASSWORD_CHARS} characters long")
+        device = body.get("deviceToken")
+        if device is not None and not isinstance(device, str):
+            raise _invalid("deviceToken", "deviceToken must be the string a previous sign-in returned")
         address = _client_address(request)
         # Counted before the check, with no await in between: concurrent guesses cannot all pass the limit.
-        reservation = self.sign_in_limits.reserve(email, address)
+        reservation = self.sign_in_limits.reserve(
+            email, address, known_device=self.devices.valid_for(device, email)
+        )
         if not isinstance(reservation, Reservation):
             log.warning("sign-in refused from %s: too many failed attempts", address)
             raise self._rate_limited(reservation, "failed sign-ins")

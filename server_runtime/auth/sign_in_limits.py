@@ -12,8 +12,9 @@ Three windows, each ``RateLimits``' setting:
 - per account over all addresses: ``account_total_attempts`` failures; what stops guessing spread over many
   addresses. It applies only to addresses that never signed in to that account: an address that did (in this
   process's memory, since its start) keeps its own per-(account, address) allowance, so an attacker elsewhere
-  cannot lock the owner out. The owner from a new address during such an attack waits like the attacker
-  (429 with ``Retry-After``), the one case a distributed attack can still cost the owner.
+  cannot lock the owner out; nor does a device that sends the known-device token a past sign-in gave it
+  (``devices``), whatever its address now. The owner on a new device at a new address during such an attack
+  waits like the attacker (429 with ``Retry-After``), the one case a distributed attack can still cost it.
 
 Unknown accounts are counted like known ones (the key is the email as typed, normalised): a 429 reveals
 nothing about existence.
@@ -86,20 +87,21 @@ class SignInLimiter:
         while len(addresses) > _KNOWN_PER_ACCOUNT:
             addresses.popitem(last=False)
 
-    def reserve(self, account: str, address: str) -> Reservation | float:
-        """A reservation for one password check, or the seconds to wait before trying again."""
+    def reserve(self, account: str, address: str, *, known_device: bool = False) -> Reservation | float:
+        """A reservation for one password check, or the seconds to wait before trying again.
+        ``known_device``: the request proved this device signed in to the account before (``devices``)."""
         checks: list[tuple[SlidingWindow, str]] = [
             (self.pair, _pair(account, address)),
             (self.address, address),
         ]
-        known = self.known(account, address)
+        known = known_device or self.known(account, address)
         if not known:
             checks.append((self.account, account))
         waits = [w for w in (window.retry_after(key) for window, key in checks) if w is not None]
         if waits:
             return max(waits)
-        if known:  # counted all the same: the total is what unknown addresses are held to
-            checks.append((self.account, account))
+        # Only windows below their limit are hit (a known address's failures do not count toward the
+        # account's total), so no hit pushes an older event out and a take-back restores the count exactly.
         reservation = Reservation(self, account, address)
         reservation.stamps = [(window, key, window.hit(key)) for window, key in checks]
         return reservation

@@ -76,6 +76,7 @@ def test_sign_up_sign_in_and_me(stores: StoreFactory) -> None:
                 "tokenType",
                 "expiresIn",
                 "refreshExpiresIn",
+                "deviceToken",
             }
             assert pair["user"]["email"] == "ann@example.com"
             assert pair["tokenType"] == "Bearer"

@@ -7,10 +7,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
+from offline import OfflineError
+from offline.auth import FileCredentialStore, create_offline_auth
 from tests.support.servers import ServerProcess
 
 from .conftest import PASSWORD
@@ -79,17 +82,27 @@ def test_concurrent_guesses_get_at_most_the_limit_of_401s_and_the_owner_still_si
 def test_guesses_spread_over_addresses_stop_new_addresses_but_not_known_ones(server: ServerProcess) -> None:
     async def scenario() -> None:
         await sign_up_from(server, OWNER, "127.0.0.1")
-        await sign_in_from(server, OWNER, PASSWORD, "127.0.0.4")  # a device the owner used before
+        earlier = await sign_in_from(server, OWNER, PASSWORD, "127.0.0.4")  # a device the owner used before
+        device = earlier.json()["deviceToken"]
+        stranger = (await sign_up_from(server, "stranger@example.com", "127.0.0.5"))["deviceToken"]
         # Six attacking addresses at once, five guesses each in turn: 30 guesses, past the account's total of 20.
         answers = await asyncio.gather(*(one_by_one(server, f"127.0.1.{i}", [WRONG] * 5) for i in range(6)))
         counts = statuses([a for batch in answers for a in batch])
         assert counts[401] == 20 and counts[429] == 10, counts
         # A new address now waits, like the attacker's next one...
         assert_rate_limited(await sign_in_from(server, OWNER, PASSWORD, "127.0.2.1"))
-        # ...but the owner's known addresses still sign in.
+        # ...and so does a device token of another account...
+        async with client_from(server, "127.0.2.2") as client:
+            body = {"email": OWNER, "password": PASSWORD, "deviceToken": stranger}
+            assert_rate_limited(await client.post("/auth/sign-in", json=body))
+        # ...but the owner's known addresses still sign in, and so does the owner's device at a new address.
         for address in ("127.0.0.1", "127.0.0.4"):
             ok = await sign_in_from(server, OWNER, PASSWORD, address)
             assert ok.status_code == 200, (address, ok.text)
+        async with client_from(server, "127.0.2.3") as client:
+            body = {"email": OWNER, "password": PASSWORD, "deviceToken": device}
+            moved = await client.post("/auth/sign-in", json=body)
+            assert moved.status_code == 200, moved.text
 
     asyncio.run(scenario())
 
@@ -121,3 +134,26 @@ def test_a_full_password_check_queue_answers_at_once_with_retry_after(tmp_path: 
         asyncio.run(scenario())
     finally:
         assert process.terminate() == 0, process.log_path.read_text()
+
+
+def test_the_auth_client_sends_its_device_token_so_its_owner_gets_in_from_a_new_address(
+    server: ServerProcess, tmp_path: Path
+) -> None:
+    def auth_from(address: str, store: object) -> Any:
+        transport = httpx.AsyncHTTPTransport(local_address=address)
+        client = httpx.AsyncClient(transport=transport, timeout=60)
+        return create_offline_auth(server.http_url, credential_store=store, http_client=client)
+
+    async def scenario() -> None:
+        saved = FileCredentialStore(tmp_path / "credentials.json")
+        await auth_from("127.0.0.6", saved).sign_up(OWNER, PASSWORD)
+        await asyncio.gather(*(one_by_one(server, f"127.0.4.{i}", [WRONG] * 5) for i in range(6)))
+        # The same device (its stored session carries the device token), now at another address, gets in...
+        moved = auth_from("127.0.0.8", saved)
+        assert (await moved.sign_in(OWNER, PASSWORD))["email"] == OWNER
+        # ...while a device that never signed in, at yet another address, waits.
+        with pytest.raises(OfflineError) as refused:
+            await auth_from("127.0.0.9", None).sign_in(OWNER, PASSWORD)
+        assert refused.value.code == "RATE_LIMITED"
+
+    asyncio.run(scenario())

@@ -39,6 +39,7 @@ def credentials(refresh: str = "refresh-token-1", server_url: str = SERVER) -> C
         access_issued_at=1_700_000_000.0,
         access_expires_at=1_700_000_900.0,
         refresh_expires_at=1_702_592_000.0,
+        device_token="1900000000.device-signature",
     )
 
 
@@ -193,6 +194,7 @@ def test_loosened_permissions_are_restored(tmp_path: Path) -> None:
 def test_repr_hides_tokens() -> None:
     creds = credentials("very-secret-refresh")
     assert "very-secret-refresh" not in repr(creds) and creds.access_token not in repr(creds)
+    assert "device-signature" not in repr(creds)
 
 
 def test_decode_claims() -> None:
