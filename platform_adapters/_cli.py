@@ -101,11 +101,14 @@ def run_cli(
     login_hint: str = "",
     update_hint: str = "",
     stream: bool = False,
+    secret_output: bool = False,
 ) -> CommandResult:
     """Run ``argv`` (``stream``: its output is shown as it comes, for long steps); with ``check``, a non-zero exit becomes DeployError (NOT_AUTHENTICATED when the output
     contains one of ``auth_markers``, PLATFORM_ERROR otherwise). Stdin is ``input``, empty by default: a
     vendor CLI then sees no terminal and fails instead of waiting for an answer nobody gives."""
-    result = ctx.runner.run(argv, env=env, cwd=cwd, input=input, timeout=timeout, stream=stream)
+    result = ctx.runner.run(
+        argv, env=env, cwd=cwd, input=input, timeout=timeout, stream=stream, secret_output=secret_output
+    )
     if check and result.returncode != 0:
         raise failure(
             ctx, result, hint=hint, auth_markers=auth_markers, login_hint=login_hint, update_hint=update_hint

@@ -142,7 +142,9 @@ class CommandResult:
 class CommandRunner(Protocol):
     """Runs vendor CLIs. Tests use the real SubprocessRunner with fake executables first on PATH.
 
-    ``stream``: a long step (a remote build, an upload) whose output people want to watch as it comes."""
+    ``stream``: a long step (a remote build, an upload) whose output people want to watch as it comes.
+    ``secret_output``: the output carries secret values (a variables listing): it is for the caller only,
+    never shown or logged."""
 
     def which(self, name: str) -> str | None: ...
 
@@ -155,6 +157,7 @@ class CommandRunner(Protocol):
         input: str | None = None,
         timeout: float | None = None,
         stream: bool = False,
+        secret_output: bool = False,
     ) -> CommandResult: ...
 
 
@@ -187,14 +190,20 @@ class SubprocessRunner:
         input: str | None = None,
         timeout: float | None = None,
         stream: bool = False,
+        secret_output: bool = False,
     ) -> CommandResult:
         full_env = {**self.env, **(env or {})}
         executable = self.which(argv[0]) or argv[0]
-        if stream and self.listener is not None:
+        if stream and not secret_output and self.listener is not None:
             return self._streamed(argv, [executable, *argv[1:]], full_env, cwd, input, timeout, self.listener)
         result = self._captured(argv, [executable, *argv[1:]], full_env, cwd, input, timeout)
         if self.listener is not None:
-            self.listener.vendor_output(argv, result.stdout, result.stderr, result.returncode)
+            if secret_output:
+                self.listener.vendor_output(
+                    argv, "(output not logged: it carries secret values)", "", result.returncode
+                )
+            else:
+                self.listener.vendor_output(argv, result.stdout, result.stderr, result.returncode)
         return result
 
     @staticmethod

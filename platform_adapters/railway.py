@@ -648,7 +648,10 @@ class RailwayAdapter(PlatformAdapter):
         # of a project deployed before the reset. Not linked, or no such service: nothing is set yet.
         if not ctx.deploy_dir.is_dir():
             return {}
-        result = self._run(ctx, railway_variables_list_argv(self._service(ctx)), check=False)
+        # The listing carries every value: only the names are read, and the output is never logged.
+        result = self._run(
+            ctx, railway_variables_list_argv(self._service(ctx)), check=False, secret_output=True
+        )
         if result.returncode != 0:
             return {}
         data = result.json()

@@ -483,8 +483,16 @@ def test_the_first_deploy_sets_an_admin_token_shown_once_and_later_deploys_keep_
     assert secret_scan_text(deploy_cli.project, token) == []
 
     fake_cli.clear_calls()
+    on_platform_only = "postgresql://u:only-on-the-platform-pw@db/x"
+    if vendor == "railway":  # a value the platform holds and the shell does not: listed, never logged
+        fake_cli.update_world(
+            "railway",
+            lambda w: [v.update(DATABASE_URL={"value": on_platform_only}) for v in w["variables"].values()],
+        )
     second = deploy_cli("--confirm")
     assert second.exit_code == 0, second.stderr
+    assert secret_scan_text(deploy_cli.project, on_platform_only) == []
+    assert secret_scan_text(deploy_cli.project, "only-on-the-platform-pw") == []
     assert (
         "Admin token" not in second.stderr
         and "OFFLINE_ADMIN_TOKEN (already set on the platform)" in second.stderr
