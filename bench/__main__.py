@@ -15,6 +15,7 @@ from bench import (
     cross_record_rules,
     load,
     machine,
+    node_identity,
     sign_in,
     store,
     sync,
@@ -34,6 +35,7 @@ SUITES = {
     "sign_in": sign_in.run,
     "backup": backup.run,
     "cross_record_rules": cross_record_rules.run,
+    "node_identity": node_identity.run,
 }
 
 

@@ -405,9 +405,16 @@ def build_strategies(users: list[User], legit_frames: list[str], legit_ops: list
         elif choice == 12:
             wire["data"] = {"name": wire["data"]["name"] + "!"}
         else:
-            wire[draw(st.sampled_from(["nodeId", "recordId", "type", "sequenceNumber", "timestamp"]))] = draw(
-                json_values | huge_numbers
-            )
+            key = draw(st.sampled_from(["nodeId", "recordId", "type", "sequenceNumber", "timestamp"]))
+            if key == "sequenceNumber":
+                # The number is not hashed: a new number of the node's own makes a legitimate write. A
+                # forged one is out of range, or a number the node has given another operation already.
+                wire[key] = draw(
+                    (json_values | huge_numbers).filter(lambda v: not (type(v) is int and 1 <= v < 2**53))
+                    | st.integers(1, len(user.todos))
+                )
+            else:
+                wire[key] = draw(json_values | huge_numbers)
         return wire
 
     @st.composite
