@@ -24,6 +24,8 @@ from .log_budget import LogBudget
 __all__ = ["ConnectionGate", "GateCollector"]
 
 log = logging.getLogger("offline.server")
+# uvicorn's default keep-alive: how long a served connection may wait before its next request starts.
+KEEP_ALIVE = 5.0
 
 
 class ConnectionGate:
@@ -76,6 +78,16 @@ class ConnectionGate:
         with contextlib.suppress(Exception):
             transport.abort()
 
+    def idle(self, transport: Any) -> None:
+        """A response went out on a kept-alive connection: its next request head has the same deadline, on
+        top of the keep-alive time (uvicorn's own keep-alive timer stops at the first byte, so a peer
+        sending one byte now and then would otherwise hold the connection for ever). Not counted against
+        the address: the connection has been served."""
+        if transport in self._waiting or transport.is_closing():
+            return
+        timer = asyncio.get_running_loop().call_later(self.deadline + KEEP_ALIVE, self._expire, transport)
+        self._waiting[transport] = (None, timer)
+
     def headed(self, transport: Any) -> None:
         """The connection's request (or upgrade) reached the application: no longer waited for."""
         self._release(transport)
@@ -113,6 +125,12 @@ class ConnectionGate:
                 super().connection_made(transport)
                 if not transport.is_closing():
                     gate.opened(transport)
+
+            def on_response_complete(self) -> None:
+                super().on_response_complete()
+                transport = getattr(self, "_gate_transport", None)
+                if transport is not None:
+                    gate.idle(transport)
 
             def connection_lost(self, exc: Exception | None) -> None:
                 gate.lost(getattr(self, "_gate_transport", None))

@@ -173,3 +173,34 @@ def test_at_a_limit_a_connection_silent_past_the_grace_period_gives_way() -> Non
         await guard.drain(0.01)
 
     asyncio.run(scenario())
+
+
+def test_a_served_connection_dribbling_its_next_request_is_dropped(tmp_path: Path) -> None:
+    import socket
+    import time
+
+    server = start_server(tmp_path, store="memory", env={"OFFLINE_HANDSHAKE_TIMEOUT": "2"})
+    try:
+        sock = socket.create_connection(("127.0.0.1", server.port), timeout=TIMEOUT)
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+        # Then one byte of the next request every half second: each restarts uvicorn's keep-alive timer, but
+        # the head's deadline (2 s, after the 5 s keep-alive) still ends the connection.
+        closed = False
+        deadline = time.monotonic() + TIMEOUT
+        while time.monotonic() < deadline:
+            try:
+                sock.sendall(b"G")
+                sock.settimeout(0.5)
+                if sock.recv(1) == b"":
+                    closed = True
+                    break
+            except TimeoutError:
+                continue
+            except OSError:
+                closed = True
+                break
+        assert closed, "the dribbling connection was still open"
+        sock.close()
+    finally:
+        server.terminate()
