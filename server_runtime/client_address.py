@@ -16,6 +16,7 @@ an attacker rotating addresses inside its prefix stays one client for every limi
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import os
 from collections.abc import Iterable, Mapping, MutableMapping
@@ -46,6 +47,7 @@ _Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 _Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 
+@functools.lru_cache(maxsize=4096)  # the same few peers (a proxy, a busy client) ask again and again
 def _parse_address(text: str) -> _Address | None:
     """An address from a header entry or a peer: bare, ``[v6]``, ``[v6]:port`` or ``v4:port``."""
     text = text.strip().strip('"')
@@ -70,6 +72,7 @@ def _identity(address: _Address) -> str:
     return str(address)
 
 
+@functools.lru_cache(maxsize=4096)
 def limit_key(host: str) -> str:
     """`_identity` of a peer address as the transport gives it (unparsable: unchanged)."""
     address = _parse_address(host)

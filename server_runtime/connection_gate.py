@@ -3,7 +3,7 @@ bounded time. uvicorn has no deadline of its own for a request head, so a peer o
 sending nothing (or a byte now and then) would hold a file descriptor each, until the process can accept no
 more. Here each new connection must reach the application (its HTTP request or WebSocket upgrade complete)
 within ``handshake_timeout`` or it is dropped, and one address may have at most ``max_pending_per_address``
-such connections at once (see `ConnectionGate.opened`). Trusted proxies (``OFFLINE_TRUSTED_PROXIES``) carry
+such connections at once (see `ConnectionGate.opened`), of which it reads a few at a time. Trusted proxies (``OFFLINE_TRUSTED_PROXIES``) carry
 every client's connections, so their count is not limited; the deadline still applies.
 
 The protocol class wraps uvicorn's own (whichever HTTP implementation it picked); the application side
@@ -26,6 +26,8 @@ __all__ = ["ConnectionGate", "GateCollector"]
 log = logging.getLogger("offline.server")
 # uvicorn's default keep-alive: how long a served connection may wait before its next request starts.
 KEEP_ALIVE = 5.0
+# Connections of one address whose request is read at once; more wait their turn, unread.
+READING_PER_ADDRESS = 16
 
 
 class ConnectionGate:
@@ -38,6 +40,9 @@ class ConnectionGate:
         self.grace = grace
         # Per counted address, its waiting transports (oldest first) and when each arrived.
         self.pending: dict[str, dict[Any, float]] = {}
+        # Per counted address, its connections being read, and those held unread until one of them is done.
+        self.reading: dict[str, set[Any]] = {}
+        self.held: dict[str, dict[Any, None]] = {}
         # transport -> (its counted address or None, the deadline's timer)
         self._waiting: dict[Any, tuple[str | None, asyncio.TimerHandle]] = {}
         self.refused = 0
@@ -63,6 +68,15 @@ class ConnectionGate:
                     self._drop(transport, address)
                     return
             self.pending.setdefault(address, {})[transport] = now  # (the drop above may have emptied it)
+            reading = self.reading.setdefault(address, set())
+            if len(reading) < READING_PER_ADDRESS:
+                reading.add(transport)
+            else:
+                # Its turn comes when one of the address's connections reached the application: one address
+                # opening connections by the thousand gets no more of the event loop than a few clients.
+                with contextlib.suppress(Exception):
+                    transport.pause_reading()
+                self.held.setdefault(address, {})[transport] = None
         timer = asyncio.get_running_loop().call_later(self.deadline, self._expire, transport)
         self._waiting[transport] = (address, timer)
 
@@ -107,6 +121,24 @@ class ConnectionGate:
                 waiting.pop(transport, None)
                 if not waiting:
                     del self.pending[address]
+            held = self.held.get(address)
+            if held is not None and transport in held:
+                del held[transport]
+            reading = self.reading.get(address)
+            if reading is not None and transport in reading:
+                reading.discard(transport)
+                while held:  # the next held connection of the address is read now
+                    nxt = next(iter(held))
+                    del held[nxt]
+                    if not nxt.is_closing():
+                        reading.add(nxt)
+                        with contextlib.suppress(Exception):
+                            nxt.resume_reading()
+                        break
+            if held is not None and not held:
+                del self.held[address]
+            if reading is not None and not reading:
+                del self.reading[address]
 
     def _expire(self, transport: Any) -> None:
         if transport in self._waiting:

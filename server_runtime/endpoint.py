@@ -32,6 +32,7 @@ from .connections import RESYNC, SHUTDOWN, SILENT, Connection, ConnectionGuard
 from .limits import OriginPolicy
 from .live_sessions import EXPIRED, REVOKED
 from .log_budget import LogBudget, is_disconnect
+from .request_limits import TRANSPORT_KEY
 from .sync import Refusal, Session, SyncService
 
 log = logging.getLogger("offline.server.sync")
@@ -112,6 +113,7 @@ async def sync_endpoint(
     if isinstance(conn, str):
         await websocket.accept()
         await _refuse(websocket, None, p.OVERLOADED, conn)
+        _hang_up(websocket)
         return
     try:
         await _serve(websocket, service, guard, conn)
@@ -121,6 +123,15 @@ async def sync_endpoint(
         _abrupt(conn, None)  # gone while being answered (its handshake, say)
     finally:
         guard.release(conn)
+
+
+def _hang_up(websocket: WebSocket) -> None:
+    """Close the TCP connection once the refusal is sent, without waiting (up to 10 s) for the peer to echo
+    the close frame: a flood of connections told to go away must not keep their sockets meanwhile."""
+    transport = websocket.scope.get(TRANSPORT_KEY)
+    if transport is not None:
+        with contextlib.suppress(Exception):
+            transport.close()
 
 
 def _abrupt(conn: Connection, node_id: str | None) -> None:
@@ -195,6 +206,7 @@ async def _session(
             if conn.leaving != SILENT:
                 guard.counts["cut_handshake_timeout"] += 1
             await refuse(p.PROTOCOL_VIOLATION, "no handshake received in time", True)
+            _hang_up(websocket)
         return
     guard.heard(conn)
     try:
