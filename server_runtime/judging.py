@@ -63,13 +63,18 @@ def judge_write(
     before: dict[str, Any] | None,
     *,
     constrained: bool,
+    children: bool = True,
 ) -> list[Action]:
     """The follow-up actions of an accepted insert/update that leaves ``after`` (None: the record does not
-    exist after it) in place of ``before``; raises OfflineError (CONSTRAINT_VIOLATION) to refuse it."""
+    exist after it) in place of ``before``; raises OfflineError (CONSTRAINT_VIOLATION) to refuse it.
+
+    ``children=False`` skips judging the record against its parents: for a log another server already judged
+    (a backup being restored), whose own follow-ups it carries, and which may come from before these rules.
+    """
     if after is None:
         return []
     decision = Decision()
-    if before is None or _repointed(view, op.collection, after, before):
+    if children and (before is None or _repointed(view, op.collection, after, before)):
         # (A child left pointing where it pointed is not judged again: the parent's delete dealt with it,
         # and a record from before these rules stays editable.)
         decision.actions.extend(

@@ -967,7 +967,14 @@ class SyncService:
                 if before is not None:
                     plan_record_delete(view, op.collection, op.record_id)  # raises for 'restrict'/refusals
                 return None, [], trial
-            actions = judge_write(view, op, after, before, constrained=bool(collection.constraints))
+            actions = judge_write(
+                view,
+                op,
+                after,
+                before,
+                constrained=bool(collection.constraints),
+                children=session is not None,  # (None: a restored backup, judged by its own server)
+            )
             return None, actions, trial
         except OfflineError as exc:
             return Refusal(p.CONSTRAINT_VIOLATION, exc.message), refused_insert_tombstone(view, op), None

@@ -661,3 +661,24 @@ def test_a_child_orphaned_before_the_rules_stays_editable() -> None:
         assert service.cache.record("tasks", task["id"])["title"] == "still editable"
 
     asyncio.run(scenario())
+
+
+def test_a_restored_log_from_before_the_rules_is_stored_as_it_is() -> None:
+    """A backup is a log its server already judged (and may predate these rules): restoring it (operations
+    committed without a session) does not judge its children again; a client's same write is refused."""
+    service, _, _ = started(relations_schema("restrict"))
+    legacy = [create_app(relations_schema("no-action"), path=":memory:") for _ in range(2)]
+    project = legacy[0].projects.insert({"name": "p"})
+    legacy[0].projects.delete(project["id"])
+    legacy[0].tasks.insert({"title": "orphaned long ago", "projectId": project["id"]})
+    log = legacy[0].operations()
+    results = asyncio.run(service.commit(None, log))
+    assert all(isinstance(results[op.id], int) for op in log)
+    assert service.cache.find_records("tasks", {"projectId": project["id"]})
+
+    legacy[1].apply(log)
+    legacy[1].tasks.insert({"title": "orphaned now", "projectId": project["id"]})
+    cluster = Cluster(service, [legacy[1]], 0)
+    [sent] = replication.pending_operations(legacy[1])
+    refusal = asyncio.run(service.commit(cluster.sessions[0], [sent]))[sent.id]
+    assert isinstance(refusal, Refusal) and refusal.code == "CONSTRAINT_VIOLATION"
