@@ -141,6 +141,8 @@ async def export_backup(server: ProductionServer, key: BackupKey) -> AsyncIterat
         "createdAt": int(time.time() * 1000),
         "store": store.kind,
         "key": key.source,
+        # Which principal owns each device's node id (SyncService.bind_node): a restored server keeps them.
+        "nodes": await store.node_registrations(),
     }
     mac = hmac.new(key.key, digestmod=hashlib.sha256)
     first = _line(manifest)
@@ -305,6 +307,11 @@ async def import_backup(server: ProductionServer, backup: BackupFile) -> dict[st
         )
     source_node = manifest.get("serverNodeId")
     node_id = str(source_node) if source_node else None
+    nodes = manifest.get("nodes", {})  # absent from older files
+    if not isinstance(nodes, dict) or not all(
+        isinstance(k, str) and k and isinstance(v, str) and v for k, v in nodes.items()
+    ):
+        raise BackupRefused(BACKUP_INVALID, "the manifest's nodes must map node ids to principals")
     refused = await _judge_in_scratch(sync, backup.operations, node_id)
     if refused:
         raise BackupRefused(
@@ -316,6 +323,7 @@ async def import_backup(server: ProductionServer, backup: BackupFile) -> dict[st
     if node_id and sync.watermark == 0:
         # A fresh server adopts the backed-up server's identity, so its writes stay authoritative.
         await sync.adopt_node_id(node_id)
+    await sync.restore_node_owners(nodes)
     imported = duplicates = 0
     late: dict[str, str] = {}
     ops = backup.operations

@@ -389,6 +389,12 @@ class SyncService:
             self._node_owners[node_id] = owner
         return owner == principal
 
+    async def restore_node_owners(self, owners: Mapping[str, str]) -> None:
+        """Register node ids to the principals a backup names, where this store has not registered them
+        already (a restored server goes on refusing each device's id to every other principal)."""
+        for node_id, principal in owners.items():
+            self._node_owners[node_id] = await self.store.claim_node(node_id, principal)
+
     def _may_change(self, owner: str) -> bool:
         """Whether a registration read earlier may have changed since (in another process): only an
         anonymous one, and only on a server with sign-in."""

@@ -455,6 +455,10 @@ class ServerStore(abc.ABC):
     async def node_principals(self, node_ids: Iterable[str]) -> dict[str, str]:
         """The registered principal of each of ``node_ids`` that is registered (the others are absent)."""
 
+    @abc.abstractmethod
+    async def node_registrations(self) -> dict[str, str]:
+        """Every registered node id and its principal (for backups)."""
+
     # -------------------------------------------------------------------------------------- notifications
 
     @abc.abstractmethod

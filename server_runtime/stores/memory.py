@@ -219,6 +219,10 @@ class MemoryServerStore(ServerStore):
         self._check_open()
         return {n: self._nodes[n] for n in node_ids if n in self._nodes}
 
+    async def node_registrations(self) -> dict[str, str]:
+        self._check_open()
+        return dict(self._nodes)
+
     async def listen(self, callback: NotifyCallback) -> None:
         self._check_open()
 

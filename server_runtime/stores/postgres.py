@@ -505,6 +505,11 @@ class PostgresServerStore(ServerStore):
             )
         return {str(r["node_id"]): str(r["principal"]) for r in rows}
 
+    async def node_registrations(self) -> dict[str, str]:
+        async with self._reading("reading node registrations") as conn:
+            rows = await conn.fetch("SELECT node_id, principal FROM offline_nodes ORDER BY node_id")
+        return {str(r["node_id"]): str(r["principal"]) for r in rows}
+
     # -------------------------------------------------------------------------------------- notifications
 
     async def listen(self, callback: NotifyCallback) -> None:

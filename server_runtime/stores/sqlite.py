@@ -730,6 +730,13 @@ class SQLiteServerStore(ServerStore):
                 out.update((str(n), str(p)) for n, p in rows)
         return out
 
+    async def node_registrations(self) -> dict[str, str]:
+        async with self._reading("reading node registrations") as conn:
+            rows = await conn.execute_fetchall(
+                "SELECT node_id, principal FROM offline_nodes ORDER BY node_id"
+            )
+        return {str(n): str(p) for n, p in rows}
+
     async def listen(self, callback: NotifyCallback) -> None:
         self._check_open()
 

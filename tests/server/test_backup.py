@@ -278,3 +278,39 @@ def test_import_needs_the_backup_token(tmp_path: Path, token: str | None) -> Non
             assert response.headers["www-authenticate"].startswith("Bearer")
 
     asyncio.run(scenario())
+
+
+def test_a_restored_server_keeps_each_device_with_its_user(tmp_path: Path) -> None:
+    """Node ids belong to the principal that first used them (SyncService.bind_node); a backup carries the
+    registrations, so after a restore nobody can take another user's device id by connecting first."""
+
+    async def scenario() -> None:
+        async with (
+            serve(tmp_path, auth=ALL_TOKENS, name="old") as old,
+            serve(tmp_path, auth=ALL_TOKENS, name="new") as new,
+            httpx.AsyncClient(timeout=30) as http,
+        ):
+            await fill(tmp_path, sync_url(old))  # its two devices register to the anonymous principal
+            assert await old.sync.bind_node("ada-phone", {"sub": "ada"})
+            registered = await old.store.node_registrations()
+            assert registered["ada-phone"] == "user:ada" and len(registered) == 4  # + server, a, b
+
+            body = (await http.post(f"{old.url}/__offline/backup/export", headers=bearer(BACKUP))).content
+            assert lines_of(body)[0]["nodes"] == registered
+            assert (await import_backup(http, new, body)).status_code == 200
+            assert await new.store.node_principals(registered) == registered
+            assert not await new.sync.bind_node("ada-phone", {"sub": "bob"})
+            assert await new.sync.bind_node("ada-phone", {"sub": "ada"})
+
+            # A manifest whose nodes are not a map of node ids to principals is refused whole.
+            manifest, rest = body.split(b"\n", 1)
+            damaged = json.loads(manifest)
+            damaged["nodes"] = {"ada-phone": 7}
+            unsigned = json.dumps(damaged).encode() + b"\n" + rest[: rest.rindex(b"\n", 0, -1) + 1]
+            trailer = json.loads(rest.splitlines()[-1])
+            trailer["hmac"] = backup_mac(BACKUP, unsigned)
+            refused = await import_backup(http, new, unsigned + json.dumps(trailer).encode() + b"\n")
+            assert refused.status_code == 400 and refused.json()["error"] == "BACKUP_INVALID", refused.text
+            assert "nodes" in refused.json()["message"]
+
+    asyncio.run(scenario())

@@ -493,6 +493,12 @@ def test_node_registry(backend: Backend) -> None:
         assert await store.claim_node("tablet", "user:bob", replacing="anonymous") == "user:bob"
         assert await store.claim_node("tablet", "user:ada", replacing="anonymous") == "user:bob"
         assert await store.claim_node("watch", "user:ada", replacing="anonymous") == "user:ada"
+        assert await store.node_registrations() == {
+            "phone": "user:ada",
+            "laptop": "user:bob",
+            "tablet": "user:bob",
+            "watch": "user:ada",
+        }
         with pytest.raises(TypeError):
             await store.claim_node("", "user:ada")
         with pytest.raises(TypeError):
