@@ -94,7 +94,7 @@ def _fail(env: Environment, exc: DeployError, as_json: bool = False, reporter: A
     err = env.err
     _show_vendor_tail(env, exc, reporter)
     if exc.admin_token:
-        _show_admin_token(env, exc.admin_token, None)
+        _show_admin_token(env, exc.admin_token, None, failed=True)
         secrets = (*secrets, exc.admin_token)
     if as_json:
         error = {
@@ -144,9 +144,9 @@ def _show_vendor_tail(env: Environment, exc: DeployError, reporter: Any) -> None
         env.err.print(f"[dim]Full output of this run: {escape(str(log_path))}[/dim]", highlight=False)
 
 
-def _show_admin_token(env: Environment, token: str, url: str | None) -> None:
+def _show_admin_token(env: Environment, token: str, url: str | None, *, failed: bool = False) -> None:
     """The one time the generated admin token is shown (stderr): it is in no file, and later runs keep the
-    platform's value without printing it."""
+    platform's value without printing it. After a failed run it may or may not have reached the platform."""
     err = env.err
     err.print()
     err.print(
@@ -154,6 +154,12 @@ def _show_admin_token(env: Environment, token: str, url: str | None) -> None:
         "password manager). It guards /__offline/status, the dashboard and backups:",
         highlight=False,
     )
+    if failed:
+        err.print(
+            "(this run failed: if it got as far as setting the token, the app has this one; otherwise the "
+            "next deploy makes a new one and shows it)",
+            highlight=False,
+        )
     err.print(f"  [bold]{escape(token)}[/bold]", highlight=False, soft_wrap=True)
     target = url or "https://<your app>"
     err.print(
