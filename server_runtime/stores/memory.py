@@ -41,6 +41,7 @@ class _Op:
     delivery: int
     operation: Operation
     scope: str | None  # JSON text
+    scope_keys: frozenset[tuple[str, str]]  # `scope_index_entries` of the scope
 
     def stored(self) -> StoredOperation:
         return StoredOperation(self.delivery, self.operation, _codec.decode_optional(self.scope))
@@ -132,9 +133,8 @@ class MemoryServerStore(ServerStore):
         collection = op.operation.collection
         self._by_collection.setdefault(collection, []).append(op.delivery)
         self._by_record.setdefault((collection, op.operation.record_id), []).append(op.delivery)
-        if op.scope is not None:
-            for field, key in scope_index_entries(_codec.decode_optional(op.scope)):
-                self._by_scope.setdefault((collection, field, key), []).append(op.delivery)
+        for field, key in op.scope_keys:
+            self._by_scope.setdefault((collection, field, key), []).append(op.delivery)
 
     async def get_meta(self, key: str) -> str | None:
         self._check_open()
@@ -277,7 +277,9 @@ class _MemoryWriter(StoreWriter):
                 result.append(None)
                 continue
             delivery = len(self.store._ops) + len(self.ops) + 1
-            self.ops.append(_Op(delivery, op, _codec.encode_optional(scope)))
+            self.ops.append(
+                _Op(delivery, op, _codec.encode_optional(scope), frozenset(scope_index_entries(scope)))
+            )
             self.ids.add(op.id)
             result.append(delivery)
         return result

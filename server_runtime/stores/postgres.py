@@ -15,7 +15,8 @@ Several server processes may share one database (DESIGN.md section 4):
 - Lock key and channel are derived from the store's schema (``current_schema()``): ``offline_operations``
   and a constant key for ``public``, so deployments in other schemas of one database stay independent.
 
-Columns ``wire``, ``state`` and ``record`` are TEXT (byte-exact JSON); ``scope`` is JSONB.
+Columns ``wire``, ``state`` and ``record`` are TEXT (byte-exact JSON); ``scope`` is JSONB. Catch-ups of
+sessions that see part of the log read indexes of collections and scope values, as the SQLite store's do.
 """
 
 from __future__ import annotations

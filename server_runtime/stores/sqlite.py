@@ -19,6 +19,9 @@
   history), not through an index of their own: an id is a hash, so such an index took a random page per
   insert. Operations are looked up under their records (``known_operations``); ``known_ids`` of bare ids
   reads the log. A file written with the older layout is rebuilt once when opened.
+- A catch-up of a session that sees part of the log (``operations_in_scope``) reads its collections through
+  ``offline_operations_collection`` and its scope values through ``offline_operation_scopes`` (one row per
+  operation and scope value, written with the operation; filled once for a log stored before it existed).
 - The connections open lazily on first use, so ``create_sqlite_server_store`` needs no running event loop.
 - ``listen`` is a no-op: one server process owns a SQLite store.
 """
