@@ -2,7 +2,8 @@
 
 Each key keeps the times of its recent events; once ``attempts`` of them fall inside the last ``window``
 seconds, further attempts are refused until the oldest one leaves the window. How sign-ins use them is in
-``sign_in_limits``. Several server processes each keep their own counts; the limits then hold per process.
+``sign_in_limits``; server processes sharing a PostgreSQL database also count sign-ins there (``attempts``).
+The other windows (sign-ups, second-factor codes) are kept per process.
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ turns requests into store transactions and answers.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import datetime
 import enum
@@ -15,7 +16,7 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 from argon2 import PasswordHasher
 from starlette.requests import Request
@@ -28,6 +29,7 @@ from offline.core.uuid7 import generate_uuid_v7
 from ..live_sessions import SessionBinding
 from . import oauth as _oauth
 from . import sessions as _sessions
+from .attempts import SharedAttempts
 from .devices import DeviceTokens
 from .linking import LinkRoutes
 from .mfa import MfaRoutes
@@ -36,7 +38,16 @@ from .passkeys import PasskeyRoutes, passkey_config_from
 from .passwords import MAX_PASSWORD_CHARS, PasswordService, QueueFull, check_password_shape
 from .rate_limit import RateLimits, SlidingWindow, rate_limits_from, retry_after_header
 from .sign_in_limits import Reservation, SignInLimiter
-from .storage import AuthStore, AuthTx, Identity, OAuthStateRow, RefreshRow, SessionRow, User
+from .storage import (
+    AuthStore,
+    AuthTx,
+    Identity,
+    OAuthStateRow,
+    PostgresAuthStore,
+    RefreshRow,
+    SessionRow,
+    User,
+)
 from .tokens import AUTH_CONFIG, InvalidToken, TokenService, hash_secret, new_refresh_token
 from .web import AuthError, normalize_email
 from .web import auth_failed as _auth_failed
@@ -140,6 +151,7 @@ class AuthRoutes:
         # Told the ids of sessions revoked through these routes, after the revocation commits (live sync
         # sessions of theirs are then ended; see server_runtime.live_sessions).
         self._revocation_listeners: list[Callable[[list[str]], None]] = []
+        self._shared: SharedAttempts | Literal[False] | None = None  # None: not decided yet
         self._next_purge = 0.0
         self._provider = SyncAuthProvider(self)
         key = secret.encode("utf-8") if isinstance(secret, str) else bytes(secret)
@@ -254,6 +266,10 @@ class AuthRoutes:
         self._next_purge = clock + _PURGE_EVERY
         async with self._store().transaction() as tx:
             await tx.purge(self._ms(), keep_revoked_ms=self.access_ttl * 1000)
+        shared = self._shared_attempts()
+        if shared is not None:
+            longest = max(self.rate_limits.account_window, self.rate_limits.address_window)
+            await shared.purge(self._ms() - int(longest * 1000))
 
     # -- tokens ----------------------------------------------------------------------------------------------------
 
@@ -318,6 +334,21 @@ class AuthRoutes:
             f"too many {what}; wait {retry_after_header(retry)} seconds and try again",
             headers={"Retry-After": retry_after_header(retry)},
         )
+
+    def _shared_attempts(self) -> SharedAttempts | None:
+        """Attempt windows in the database, when it is one several processes may share (PostgreSQL)."""
+        if self._shared is None:
+            store = self._store()
+            self._shared = SharedAttempts(store) if isinstance(store, PostgresAuthStore) else False
+        return self._shared or None
+
+    async def _take_back(self, shared: SharedAttempts | None, reservation: str | None, *reset: str) -> None:
+        if shared is None or reservation is None:
+            return
+        try:
+            await asyncio.shield(shared.take_back(reservation, reset=reset))
+        except OfflineError as exc:  # the attempt stays counted until it leaves its window
+            log.warning("could not take back a sign-in attempt: [%s] %s", exc.code, exc.message)
 
     def _busy(self, full: QueueFull) -> AuthError:
         """The answer when a password check finds no room in the queue: at once, never a long wait."""
@@ -390,7 +421,16 @@ class AuthRoutes:
         if not isinstance(reservation, Reservation):
             log.warning("sign-in refused from %s: too many failed attempts", address)
             raise self._rate_limited(reservation, "failed sign-ins")
+        shared = self._shared_attempts()
+        shared_id: str | None = None
         try:
+            if shared is not None:  # other processes serve this database too: count there as well
+                outcome = await shared.reserve(self.sign_in_limits.shared_windows(reservation), self._ms())
+                if not isinstance(outcome, str):
+                    reservation.cancelled()
+                    log.warning("sign-in refused from %s: too many failed attempts", address)
+                    raise self._rate_limited(outcome, "failed sign-ins")
+                shared_id = outcome
             async with self._store().reader() as tx:
                 user = await tx.user_by_email(email)
             # Unknown accounts cost one argon2 verification too (against a dummy hash): same answer, same time.
@@ -398,15 +438,20 @@ class AuthRoutes:
             matches = await self.passwords.verify(stored, password, key=address)
         except QueueFull as full:
             reservation.cancelled()
+            await self._take_back(shared, shared_id)
             raise self._busy(full) from None
+        except AuthError:
+            raise
         except BaseException:
             reservation.cancelled()  # the password was not checked (storage trouble, a client gone)
+            await self._take_back(shared, shared_id)
             raise
         if user is None or not matches:
             reservation.failed()
             log.info("sign-in failed from %s", address)
             raise _BAD_CREDENTIALS
         reservation.succeeded()
+        await self._take_back(shared, shared_id, self.sign_in_limits.shared_pair_key(reservation))
         upgraded = None
         if user.password_hash is not None and self.passwords.needs_rehash(user.password_hash):
             # Hashed before the transaction (it holds the store's write lock); skipped when the queue is full.

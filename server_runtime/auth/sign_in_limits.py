@@ -16,6 +16,10 @@ Three windows, each ``RateLimits``' setting:
   (``devices``), whatever its address now. The owner on a new device at a new address during such an attack
   waits like the attacker (429 with ``Retry-After``), the one case a distributed attack can still cost it.
 
+On PostgreSQL, which several processes may share, an attempt that passes these windows is also counted in
+the database (``attempts``), so the limits hold over all the processes. Known addresses are remembered per
+process (known-device tokens work everywhere).
+
 Unknown accounts are counted like known ones (the key is the email as typed, normalised): a 429 reveals
 nothing about existence.
 """
@@ -86,6 +90,18 @@ class SignInLimiter:
         addresses.move_to_end(address)
         while len(addresses) > _KNOWN_PER_ACCOUNT:
             addresses.popitem(last=False)
+
+    def shared_windows(self, reservation: Reservation) -> list[tuple[str, int, float]]:
+        """The windows ``reservation`` was counted in, as (key, attempts, seconds) for ``attempts``, whose
+        keys name the window (the same limits, shared by the processes of one database)."""
+        names = {id(self.pair): "pair", id(self.address): "address", id(self.account): "account"}
+        return [
+            (f"{names[id(window)]}\n{key}", window.attempts, window.window)
+            for window, key, _ in reservation.stamps
+        ]
+
+    def shared_pair_key(self, reservation: Reservation) -> str:
+        return f"pair\n{_pair(reservation.account, reservation.address)}"
 
     def reserve(self, account: str, address: str, *, known_device: bool = False) -> Reservation | float:
         """A reservation for one password check, or the seconds to wait before trying again.

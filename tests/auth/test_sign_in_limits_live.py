@@ -157,3 +157,35 @@ def test_the_auth_client_sends_its_device_token_so_its_owner_gets_in_from_a_new_
         assert refused.value.code == "RATE_LIMITED"
 
     asyncio.run(scenario())
+
+
+def test_two_processes_sharing_postgres_share_the_limits(tmp_path: Path, postgres_url: str) -> None:
+    first = auth_server(tmp_path / "one", store="postgres", db=postgres_url)
+    second = auth_server(tmp_path / "two", store="postgres", db=postgres_url)
+    try:
+
+        async def scenario() -> None:
+            await sign_up_from(first, OWNER, "127.0.0.1")
+            # The same 60 guesses, half to each process, at once: still at most 5 wrong passwords checked.
+            halves = await asyncio.gather(
+                burst(first, "127.0.0.2", [WRONG] * 30), burst(second, "127.0.0.2", [WRONG] * 30)
+            )
+            counts = statuses([a for half in halves for a in half])
+            assert counts[401] <= 5 and counts[401] + counts[429] == 60, counts
+            failed = counts[401]
+            for process in [first, second] * 3:  # one at a time, alternating, up to the limit and no further
+                answer = await sign_in_from(process, OWNER, WRONG["password"], "127.0.0.2")
+                if answer.status_code == 429:
+                    continue
+                assert answer.status_code == 401, answer.text
+                failed += 1
+            assert failed == 5
+            for process in (first, second):
+                assert_rate_limited(await sign_in_from(process, OWNER, PASSWORD, "127.0.0.2"))
+                ok = await sign_in_from(process, OWNER, PASSWORD, "127.0.0.3")
+                assert ok.status_code == 200, ok.text
+
+        asyncio.run(scenario())
+    finally:
+        for process in (first, second):
+            assert process.terminate() == 0, process.log_path.read_text()
