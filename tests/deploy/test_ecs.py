@@ -741,3 +741,39 @@ def test_the_last_task_address_is_what_the_next_client_build_starts_from(tmp_pat
     assert EcsAdapter().public_url(ctx) is None  # first deploy: no task has run yet
     ctx.state["url"] = "http://203.0.113.7:3001"
     assert EcsAdapter().public_url(ctx) == "http://203.0.113.7:3001"
+
+
+def test_the_wait_shows_each_new_ecs_event_once(stubbed: tuple[DeployContext, Stubber, Stubber]) -> None:
+    from datetime import UTC, datetime
+
+    ctx, ecs, _ = stubbed
+
+    def with_events(response: dict[str, Any], *messages: str) -> dict[str, Any]:
+        # ECS lists events newest first.
+        response["services"][0]["events"] = [
+            {"id": f"ev-{index}", "createdAt": datetime(2025, 1, 1, tzinfo=UTC), "message": message}
+            for index, message in reversed(list(enumerate(messages)))
+        ]
+        return response
+
+    rolling = (("PRIMARY", TASK_DEFINITION, "IN_PROGRESS"), ("ACTIVE", OLD_TASK_DEFINITION, "COMPLETED"))
+    old = "(service todo-app) has reached a steady state."
+    started = "(service todo-app) has started 1 tasks: (task 0f1e2d)."
+    ecs.add_response("describe_services", with_events(ecs_service(*rolling), old, started), DESCRIBE)
+    ecs.add_response("describe_services", with_events(ecs_service(*rolling), old, started), DESCRIBE)
+    done = with_events(ecs_service(("PRIMARY", TASK_DEFINITION, "COMPLETED")), old, started, old)
+    ecs.add_response("describe_services", done, DESCRIBE)
+    ecs.add_response(
+        "list_tasks", {"taskArns": []}, {"cluster": APP, "serviceName": APP, "desiredStatus": "RUNNING"}
+    )
+    report = EcsAdapter().wait_until_healthy(ctx, OUTCOME)
+    assert report.state == "RUNNING"
+    shown = [message for message in reporter_of(ctx).text().splitlines() if message.startswith("ECS: ")]
+    # The first look shows only the newest event (older ones are history); each new one appears once.
+    assert shown == [f"ECS: {started}", f"ECS: {old}"]
+    rollout = [
+        line.split(": ", 1)[1].split(",")[0]
+        for line in reporter_of(ctx).text().splitlines()
+        if line.startswith("ECS rollout of")
+    ]
+    assert rollout == ["IN_PROGRESS", "COMPLETED"]  # the second identical look said nothing new

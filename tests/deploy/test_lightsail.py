@@ -356,6 +356,12 @@ def test_first_deploy_creates_a_nano_service_pushes_and_waits_for_running(
     assert "aws lightsail update-container-service" in messages
     assert "--power <nano|micro|small|medium|large|xlarge> --scale <n>" in messages
     assert "DEPLOYING" in messages
+    # The wait showed the deployment's state as Lightsail reported it, each change once.
+    states = [line for line in messages.splitlines() if line.startswith("Lightsail: ")]
+    assert states == [
+        "Lightsail: service DEPLOYING, deployment 1 ACTIVATING",
+        "Lightsail: service RUNNING, deployment 1 ACTIVE",
+    ]
     # The secrets reached the deployment's environment (checked by the Stubber) and nothing else.
     assert_no_secrets(messages, json.dumps(outcome.state), json.dumps(log), json.dumps(report.details))
 
