@@ -39,6 +39,7 @@ from offline.core.operations import Operation
 from . import _codec
 from .base import (
     NotifyCallback,
+    OperationText,
     RecordKey,
     RecordRow,
     ScopedPage,
@@ -392,6 +393,18 @@ class PostgresServerStore(ServerStore):
     async def operations_since(self, after: int, limit: int | None = None) -> list[StoredOperation]:
         async with self._reading("reading operations") as conn:
             return await _operations_since(conn, after, limit)
+
+    async def operation_texts_since(self, after: int, limit: int | None = None) -> list[OperationText]:
+        """``operations_since`` as stored, undecoded (`OperationText`): the relay sends the wire text as it
+        is, instead of decoding every operation of a catch-up and encoding it again."""
+        async with self._reading("reading operations") as conn:
+            rows = await conn.fetch(
+                "SELECT delivery, node_id, collection, record_id, scope::text, wire FROM offline_operations"
+                " WHERE delivery > $1 ORDER BY delivery LIMIT $2",
+                int(after),
+                None if limit is None else max(int(limit), 0),
+            )
+        return [(int(r[0]), str(r[1]), str(r[2]), str(r[3]), r[4], str(r[5])) for r in rows]
 
     async def operations_in_scope(
         self, after: int, limit: int, selectors: Sequence[ScopeSelector]
