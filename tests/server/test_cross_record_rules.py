@@ -682,3 +682,51 @@ def test_a_restored_log_from_before_the_rules_is_stored_as_it_is() -> None:
     [sent] = replication.pending_operations(legacy[1])
     refusal = asyncio.run(service.commit(cluster.sessions[0], [sent]))[sent.id]
     assert isinstance(refusal, Refusal) and refusal.code == "CONSTRAINT_VIOLATION"
+
+
+@pytest.mark.parametrize("on_delete", ["set-null", "cascade"])
+@pytest.mark.parametrize("delete_first", [True, False])
+def test_a_many_to_many_reference_to_a_concurrently_deleted_record(
+    on_delete: str, delete_first: bool
+) -> None:
+    """An array of ids: under 'set-null' the deleted id leaves the array (the others stay), under
+    'cascade' the record goes, whichever reaches the server first."""
+    schema = define_schema(
+        {
+            "version": 1,
+            "collections": {
+                "tags": {"fields": {"label": t.string()}},
+                "posts": {"fields": {"title": t.string(), "tagIds": t.array(t.string()).optional()}},
+            },
+            "relations": {
+                "postTags": {
+                    "from": "posts",
+                    "to": "tags",
+                    "type": "many-to-many",
+                    "field": "tagIds",
+                    "onDelete": on_delete,
+                }
+            },
+        }
+    )
+    _service, (deleter, tagger, _), cluster = started(schema)
+
+    async def scenario() -> None:
+        keep, doomed = (deleter.tags.insert({"label": n}) for n in ("keep", "doomed"))
+        post = deleter.posts.insert({"title": "p", "tagIds": [keep["id"]]})
+        await cluster.settle()
+        deleter.tags.delete(doomed["id"])
+        tagger.posts.update(post["id"], {"tagIds": [keep["id"], doomed["id"]]})
+        for i in (0, 1) if delete_first else (1, 0):
+            await cluster.push(i)
+        await cluster.settle()
+        for posts in [
+            cluster.server_records("posts", {post["id"]}),
+            *(local(app, "posts") for app in cluster.apps),
+        ]:
+            if on_delete == "set-null":
+                assert [p["tagIds"] for p in posts] == [[keep["id"]]]
+            else:
+                assert posts == []
+
+    asyncio.run(scenario())
