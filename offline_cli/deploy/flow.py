@@ -669,11 +669,15 @@ def run_deploy(request: DeployRequest, services: Services) -> DeployResult | Non
         for where in save_state(project_dir, state, scrub):
             reporter.warn(f"{where} contained a secret value and was not saved to deploy.json")
 
+    reached: list[str] = []  # the steps begun, so a failure knows whether the platform was touched
     try:
-        result = _execute(plan, ctx, state, persist, services, entry=entry, has_client=has_client)
+        result = _execute(
+            plan, ctx, state, persist, services, entry=entry, has_client=has_client, reached=reached
+        )
     except DeployError as exc:
-        # The token may already be on the platform: the user must see it even when a later step failed.
-        exc.admin_token = token
+        # Once the platform was touched the token may be there: the user must see it, even after a failure.
+        if "platform" in reached:
+            exc.admin_token = token
         raise
     result.admin_token = token
     if plan.ephemeral_data:
@@ -695,6 +699,7 @@ def _execute(
     *,
     entry: Path,
     has_client: bool,
+    reached: list[str],
 ) -> DeployResult:
     reporter = services.reporter
     adapter = plan.adapter
@@ -716,6 +721,7 @@ def _execute(
     )
 
     reporter.step(f"Creating the app on {plan.title} (when it does not exist)")
+    reached.append("platform")
     ctx.state.update(adapter.provision(ctx) or {})
     persist()  # the app exists now: the next run must reuse its name even if a later step fails
 

@@ -926,3 +926,18 @@ def test_json_usage_errors_are_a_json_object_too(harness: Harness) -> None:
 def test_platform_aliases_become_the_neutral_code(alias: str, code: str) -> None:
     assert deploy_command.PlatformChoice().convert(alias, None, None) == code
     assert platform_adapters.canonical(alias) == code
+
+
+def test_a_failure_before_the_platform_was_touched_shows_no_admin_token(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from platform_adapters.base import BUILD_FAILED, DeployError
+
+    def broken(self: FakeBundler, *args: Any, **kwargs: Any) -> Path:
+        raise DeployError("bundling the server failed", BUILD_FAILED)
+
+    monkeypatch.setattr(FakeBundler, "__call__", broken)
+    outcome = harness.deploy("--platform", "fake-host", "--app", "notes", "--region", "iad", "--confirm")
+    assert outcome.exit_code == 1 and "BUILD_FAILED" in outcome.stderr
+    assert "Admin token" not in outcome.stderr  # it was never set anywhere: the next deploy makes one
+    assert harness.remote.calls == ["check_prerequisites"]
