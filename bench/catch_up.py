@@ -1,17 +1,20 @@
 """Catch-up figures (issue 24): what a new session costs the server when its scope sees a few operations of
-a long log. SQLite store, seeded directly through its writer with 100,000 operations of 1,100 owners; each
-of 100 owners (``seen-N``) has 5 of them, spread over the log.
+a long log. Each store is seeded directly through its writer with 100,000 operations of 1,100 owners (and
+the scope snapshots the sync core stores with them); each of 100 owners (``seen-N``) has 5 of them, spread
+over the log.
 
-1. ``in_process``: a `SyncService` on that store; a session narrowed to one owner (``lastDeliverySequence``
-   0) runs its relay until the final catch-up batch. ``catch_up_cpu_ms``: the process's CPU time for that
-   (median of several sessions, each a different owner). Beside it, ``whole_log_cpu_ms``: reading the whole
-   log from the store page by page and judging every operation, which is what a catch-up did before it
-   read through the scope index.
-2. ``server``: a real server process (`python -m server_runtime`). ``session_cpu_ms``: its CPU time per
-   session, one after another (WebSocket accept, handshake, node registration, catch-up, close);
-   ``session_at_head_cpu_ms``: the same for sessions resuming at the end of the log (no catch-up). Then 100
-   such sessions at once: ``rss_growth_mib`` (peak RSS while they catch up, minus RSS before), the wall time
-   until all had their final batch, and the server's CPU time for all of them.
+1. ``sqlite_in_process`` (then ``memory_in_process``, ``postgresql_in_process``): a `SyncService` on the
+   store; a session narrowed to one owner (``lastDeliverySequence`` 0) runs its relay until the final
+   catch-up batch. ``catch_up_cpu_ms``: the process's CPU time for that (median of several sessions, each a
+   different owner). Beside it, ``whole_log_cpu_ms``: reading the whole log from the store page by page and
+   judging every operation, which is what a catch-up did before it read through the scope index.
+   PostgreSQL is the tests' (``OFFLINE_TEST_DATABASE_URL`` / ``DATABASE_URL``), on a schema of its own;
+   skipped, with the reason, when unreachable.
+2. ``server``: a real server process (`python -m server_runtime`) on the SQLite file. ``session_cpu_ms``: its
+   CPU time per session, one after another (WebSocket accept, handshake, node registration, catch-up,
+   close); ``session_at_head_cpu_ms``: the same for sessions resuming at the end of the log (no catch-up).
+   Then 100 such sessions at once: ``rss_growth_mib`` (peak RSS while they catch up, minus RSS before),
+   the wall time until all had their final batch, and the server's CPU time for all of them.
 
 Run: ``python -m bench catch_up`` (or ``python -m bench.catch_up``).
 """
@@ -26,9 +29,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from offline import define_schema, t
+
+if TYPE_CHECKING:
+    from server_runtime.stores import ServerStore
 
 SCHEMA = define_schema(
     {
@@ -64,14 +70,12 @@ def _owner(index: int) -> str:
     return f"other-{index % OTHER_OWNERS}"
 
 
-async def _seed(db: Path) -> float:
-    """Write the log and its records straight into a server SQLite store, as the sync core stores them."""
+async def _seed(store: ServerStore) -> float:
+    """Write the log and its records straight into a server store, as the sync core stores them."""
     from offline import HybridLogicalClock, create_operation, generate_uuid_v7
     from offline.merge.engine import MergeEngine, RecordState
-    from server_runtime.stores import create_sqlite_server_store
     from server_runtime.stores.base import RecordRow
 
-    store = create_sqlite_server_store(str(db))
     await store.set_schema(SCHEMA)
     engine = MergeEngine(SCHEMA)
     node = generate_uuid_v7()
@@ -107,9 +111,7 @@ async def _seed(db: Path) -> float:
             # The scope snapshot the sync core stores with each operation.
             await writer.append([(op, {"ownerId": op.data["ownerId"]}) for op in ops])
             await writer.save_rows(rows)
-    seconds = time.perf_counter() - start
-    await store.close()
-    return seconds
+    return time.perf_counter() - start
 
 
 class _Capture:
@@ -126,12 +128,11 @@ class _Capture:
             self.done.set()
 
 
-async def _in_process(db: Path) -> dict[str, Any]:
+async def _in_process(store: ServerStore) -> dict[str, Any]:
+    """Catch-ups of sessions that each see 5 operations, and the whole log judged, on a seeded store."""
     from offline import generate_uuid_v7
-    from server_runtime.stores import create_sqlite_server_store
     from server_runtime.sync import Session, SyncService
 
-    store = create_sqlite_server_store(str(db))
     await store.set_schema(SCHEMA)
     service = SyncService(store)
     await service.start()
@@ -167,7 +168,6 @@ async def _in_process(db: Path) -> dict[str, Any]:
             assert seen == SEEN
     finally:
         await service.stop()
-        await store.close()
     return {
         "sessions": IN_PROCESS_SESSIONS,
         "operations_each": sorted(set(received)),
@@ -227,8 +227,60 @@ async def _session(url: str, owner: str, crowd: _Crowd | None = None, after: int
         return ops
 
 
-async def _server_step(db: Path) -> dict[str, Any]:
-    return await _server(db.parent, db)
+async def _sqlite_in_process(db: Path) -> dict[str, Any]:
+    """Seed the SQLite file the server process serves next, then measure in process on it."""
+    from server_runtime.stores import create_sqlite_server_store
+
+    store = create_sqlite_server_store(str(db))
+    try:
+        figures = {"seed_s": round(await _seed(store), 1)}
+    finally:
+        await store.close()
+    store = create_sqlite_server_store(str(db))
+    try:
+        return figures | await _in_process(store)
+    finally:
+        await store.close()
+
+
+async def _memory_in_process() -> dict[str, Any]:
+    from server_runtime.stores import MemoryServerStore
+
+    store = MemoryServerStore()
+    try:
+        return {"seed_s": round(await _seed(store), 1)} | await _in_process(store)
+    finally:
+        await store.close()
+
+
+async def _postgresql_in_process() -> dict[str, Any]:
+    """On a fresh schema of the PostgreSQL the tests use (skipped with the reason when unreachable)."""
+    import uuid
+
+    import asyncpg  # type: ignore[import-untyped, unused-ignore]
+
+    from server_runtime.stores import create_relational_server_store
+    from tests.conftest import postgres_base_url, with_search_path
+
+    base = postgres_base_url()
+    name = f"offline_bench_{uuid.uuid4().hex[:12]}"
+    try:
+        conn = await asyncpg.connect(base, timeout=5)
+    except Exception as exc:
+        return {"skipped": f"PostgreSQL is not reachable ({type(exc).__name__}: {exc})"}
+    try:
+        await conn.execute(f'CREATE SCHEMA "{name}"')
+        store = await create_relational_server_store(with_search_path(base, name))
+        try:
+            figures = {"seed_s": round(await _seed(store), 1)}
+            await store.close()
+            store = await create_relational_server_store(with_search_path(base, name))
+            return figures | await _in_process(store)
+        finally:
+            await store.close()
+    finally:
+        await conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
+        await conn.close()
 
 
 async def _server(folder: Path, db: Path) -> dict[str, Any]:
@@ -312,12 +364,16 @@ async def _run_all() -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="bench-catch-up-") as name:
         folder = Path(name)
         db = folder / "server.db"
-        _log(f"seeding the server store with {OPERATIONS} operations")
-        figures["seed_s"] = round(await _seed(db), 1)
-        for key, step in (("in_process", _in_process), ("server", _server_step)):
+        steps = (
+            ("sqlite_in_process", lambda: _sqlite_in_process(db)),
+            ("server", lambda: _server(folder, db)),
+            ("memory_in_process", _memory_in_process),
+            ("postgresql_in_process", _postgresql_in_process),
+        )
+        for key, step in steps:
             _log(f"catch-ups: {key}")
             try:
-                figures[key] = await step(db)
+                figures[key] = await step()
             except Exception as exc:  # report the failure, keep measuring the rest
                 _log(f"{key} failed: {type(exc).__name__}: {exc}")
                 figures[key] = {"error": f"{type(exc).__name__}: {exc}"}
