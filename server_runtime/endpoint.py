@@ -470,17 +470,20 @@ async def _receive_operations(
             op_id = item.get("id") if isinstance(item, dict) else None
             # Echo the id only when the peer can take it back (the protocol's rule for operationId).
             key = _clean(op_id, _MAX_ECHOED_ID) if isinstance(op_id, str) and op_id else "?"
-            refused.append(
-                (
-                    key,
-                    Refusal(exc.code, _clean(exc.message)),
-                    _named(item, "collection"),
-                    _named(item, "recordId"),
-                )
-            )
+            collection, record_id = _named(item, "collection"), _named(item, "recordId")
+            refused.append((key, Refusal(exc.code, _clean(exc.message)), collection, record_id))
             # Counted and published like the pipeline's own refusals (metrics, status, live events).
             service.rejections[exc.code] = service.rejections.get(exc.code, 0) + 1
-            service.emit("rejected", {"operationId": key, "code": exc.code, "message": exc.message})
+            service.emit(
+                "rejected",
+                {
+                    "operationId": key,
+                    "collection": collection,
+                    "recordId": record_id,
+                    "code": exc.code,
+                    "message": exc.message,
+                },
+            )
     results = await service.commit(session, ops)
     if after is not None and not after.done():
         await asyncio.wait({after})  # its failure, if any, is the session's to report

@@ -664,11 +664,22 @@ class SyncService:
             if self.wants_operation_events():
                 for item in stored:
                     self.emit("operation", {"operation": item.operation.to_wire(), "delivery": item.delivery})
-            for results in outcomes:
+            for request, results in zip(group, outcomes, strict=True):
+                records: dict[str, Operation] | None = None  # built only for a batch with a refusal
                 for op_id, value in results.items():
                     if isinstance(value, Refusal):
+                        if records is None:
+                            records = {op.id: op for op in request.ops}
+                        refused = records[op_id]
                         self.emit(
-                            "rejected", {"operationId": op_id, "code": value.code, "message": value.message}
+                            "rejected",
+                            {
+                                "operationId": op_id,
+                                "collection": refused.collection,
+                                "recordId": refused.record_id,
+                                "code": value.code,
+                                "message": value.message,
+                            },
                         )
         self._wake_sessions()
         self.emit("commit", {"seconds": time.perf_counter() - started, "operations": received})

@@ -598,6 +598,7 @@ def test_event_stream_reports_status_then_live_events(
                 assert conflict["strategy"] == "lww" and conflict["recordId"] == made["x"]["id"]
                 rejected = reader.of("rejected")[0]
                 assert rejected["code"] == "SCOPE_VIOLATION" and rejected["message"]
+                assert (rejected["collection"], rejected["recordId"]) == ("todos", made["bad"]["id"])
                 assert not any(data.get("replay") for _, data in live())
 
                 # Server log records become `log` events, with configured secrets redacted.
