@@ -47,6 +47,10 @@ class TokenBucket:
         return 0.0 if self.tokens >= 0 else -self.tokens / self.rate
 
 
+def _no_op() -> None:
+    return None
+
+
 class Connection:
     """One admitted sync WebSocket."""
 
@@ -56,6 +60,7 @@ class Connection:
         "bucket",
         "heard",
         "leaving",
+        "restore_frame_limit",
         "sending_since",
         "session",
         "since",
@@ -68,6 +73,7 @@ class Connection:
         self.address = address  # the client's (see server_runtime.client_address)
         self.since = time.monotonic()
         self.heard = False  # a first frame arrived
+        self.restore_frame_limit: Callable[[], None] = _no_op  # see endpoint._cap_frames
         self.bucket = TokenBucket(limits.operations_per_second, limits.operations_burst)
         self.session: Session | None = None
         self.sending_since = 0.0  # monotonic start of the send in progress; 0 when none

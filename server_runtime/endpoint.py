@@ -125,6 +125,32 @@ async def sync_endpoint(
         guard.release(conn)
 
 
+def _cap_frames(websocket: WebSocket, limit: int) -> Callable[[], None]:
+    """Until the handshake is accepted, frames larger than ``limit`` are refused by the WebSocket layer as they
+    arrive (close 1009), before they are buffered: an unauthenticated peer cannot make the server hold
+    ``max_message_bytes`` per connection. Returns what puts the connection's usual limit back. (The frame
+    parser reads the limit when a frame's first byte arrives, and a client sends nothing after its handshake
+    before the answer, so the larger limit is in place for its first batch.) Best effort: an ASGI server
+    whose protocol object does not expose the limit keeps its own."""
+    transport = websocket.scope.get(TRANSPORT_KEY)
+    protocol = getattr(transport, "get_protocol", lambda: None)()
+    parser = getattr(protocol, "conn", None)  # uvicorn's sans-I/O implementation: a websockets protocol
+    for name in ("max_message_size", "max_size"):  # websockets >= 15, then older releases
+        usual = getattr(parser, name, None)
+        if isinstance(usual, int) and usual > limit:
+
+            def restore(parser: Any = parser, name: str = name, usual: int = usual) -> None:
+                setattr(parser, name, usual)
+
+            setattr(parser, name, limit)
+            return restore
+    return _nothing
+
+
+def _nothing() -> None:
+    return None
+
+
 def _hang_up(websocket: WebSocket) -> None:
     """Close the TCP connection once the refusal is sent, without waiting (up to 10 s) for the peer to echo
     the close frame: a flood of connections told to go away must not keep their sockets meanwhile."""
@@ -162,6 +188,7 @@ async def _serve(
     websocket: WebSocket, service: SyncService, guard: ConnectionGuard, conn: Connection
 ) -> None:
     await websocket.accept()
+    conn.restore_frame_limit = _cap_frames(websocket, guard.limits.max_handshake_bytes)
     send_lock = asyncio.Lock()
 
     async def send(text: str) -> None:
@@ -270,6 +297,7 @@ async def _session(
         supported_schema_min=lo,
         supported_schema_max=hi,
     )
+    conn.restore_frame_limit()  # signed in: the session's frames may be as large as max_message_bytes
     await send(p.encode(response))
     conn.session = session
     service.sessions.add(session)

@@ -30,6 +30,9 @@ What each limit does when it is hit (codes are the protocol's, see ``offline.syn
   that have not sent their handshake yet; one more gets ``error OVERLOADED`` (retriable) and close 1013, so
   one address cannot take every connection slot. ``silent_grace``: at either limit, a connection that has
   sent nothing for this long (1 s) is closed (``PROTOCOL_VIOLATION``) to make room instead.
+- ``max_handshake_bytes``: until its handshake is accepted, a connection's frames may be at most this large
+  (256 KiB); a larger one is refused by the WebSocket layer as it arrives (close 1009), so an unauthenticated
+  peer cannot make the server buffer ``max_message_bytes``.
 - ``max_body_bytes`` / ``max_backup_body_bytes``: the largest HTTP request body (every route / the backup
   import); a larger one gets HTTP 413 ``BODY_TOO_LARGE`` and nothing past the cap is read (see
   ``server_runtime.request_limits``).
@@ -74,6 +77,9 @@ class ConnectionLimits:
     # process) is at its limit. Clients send their handshake as soon as the upgrade completes, so a burst of
     # real clients is not evicted, while sockets held open to take slots are.
     silent_grace: float = 1.0
+    # The largest frame before the handshake is accepted (a handshake with a version vector of some 5,000
+    # nodes); the session's frames may then be max_message_bytes.
+    max_handshake_bytes: int = 256 * 1024
     max_body_bytes: int = 64 * 1024
     max_backup_body_bytes: int = 512 * 1024 * 1024
 

@@ -269,6 +269,28 @@ class SilentFlood:
         await asyncio.sleep(0)
 
 
+async def oversized_first_frame(host: str, port: int, size: int, source: str = "127.0.0.2") -> bytes:
+    """Upgrade, then send one ``size``-byte text frame before any handshake; what the server sent back (up to
+    its close) is returned."""
+    reader, writer = await asyncio.open_connection(host, port, local_addr=(source, 0))
+    answer = b""
+    try:
+        writer.write(upgrade_request(host, port))
+        await reader.readuntil(b"\r\n\r\n")
+        header = struct.pack("!BBQ", 0x81, 0x80 | 127, size) + b"\0\0\0\0"  # a zero mask
+        writer.write(header)
+        block = b"x" * MIB
+        for start in range(0, size, MIB):
+            writer.write(block[: min(MIB, size - start)])
+            await writer.drain()
+        answer = await asyncio.wait_for(reader.read(), 60)
+    except (OSError, TimeoutError, asyncio.IncompleteReadError):
+        pass  # reset: the server stopped reading
+    finally:
+        writer.transport.abort()
+    return answer
+
+
 def reset(sock: socket.socket) -> None:
     """Close with a TCP reset (SO_LINGER 0), as a crashed client or a dropped NAT mapping does."""
     with contextlib.suppress(OSError):
