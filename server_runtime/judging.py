@@ -17,7 +17,7 @@ last-writer-wins on every replica, and the rule it enforces would not hold.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from typing import Any
 
 from offline.core.errors import OfflineError
@@ -45,7 +45,7 @@ def forged_authority(op: Operation, server_ids: Collection[str]) -> str | None:
     return None
 
 
-def parent_deleted(view: StagedView) -> Any:
+def parent_deleted(view: StagedView) -> Callable[[str, str], bool]:
     """The predicate `plan_child_write` needs: the server holds the record and it no longer exists."""
 
     def deleted(collection: str, record_id: str) -> bool:
