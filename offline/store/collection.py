@@ -226,8 +226,11 @@ class Collection:
                     reason="DUPLICATE_ID",
                 )
             # A deleted record's id is not reusable: an insert merged into its history would bring back
-            # the old values of every field the new insert leaves out (and its rich text).
-            if not fresh_id and self.app.cached_state(self.name, record_id) is not None:
+            # the old values of every field the new insert leaves out (and its rich text). A history with no
+            # values has nothing to bring back: the server's delete of a record whose insert it refused
+            # (server_runtime.judging.refused_insert_tombstone), which `app.sync.retry` writes again.
+            state = None if fresh_id else self.app.cached_state(self.name, record_id)
+            if state is not None and (state.has_insert or state.fields):
                 raise _invalid(
                     f"{self.name} had a record with id {record_id!r} (deleted); ids are not reused",
                     collection=self.name,

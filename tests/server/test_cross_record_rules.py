@@ -730,3 +730,53 @@ def test_a_many_to_many_reference_to_a_concurrently_deleted_record(
                 assert posts == []
 
     asyncio.run(scenario())
+
+
+def test_a_refused_insert_can_be_retried_after_the_servers_tombstone() -> None:
+    """The server holds a refused record as deleted (children may point at it); the device can still write
+    it again with `retry` once the conflict is gone, and the server takes it."""
+    schema = define_schema(
+        {
+            "version": 1,
+            "collections": {
+                "users": {
+                    "fields": {"handle": t.string()},
+                    "constraints": {
+                        "uniqueHandle": {
+                            "type": "unique",
+                            "fields": ["handle"],
+                            "onConflict": "first-write-wins",
+                        }
+                    },
+                },
+                "tasks": {"fields": {"title": t.string(), "ownerId": t.string().optional()}},
+            },
+            "relations": {
+                "taskOwner": {
+                    "from": "tasks",
+                    "to": "users",
+                    "type": "many-to-one",
+                    "field": "ownerId",
+                    "onDelete": "cascade",
+                }
+            },
+        }
+    )
+    service, (first, second, _), cluster = started(schema)
+
+    async def scenario() -> None:
+        taken = first.users.insert({"handle": "ada"})
+        await cluster.push(0)
+        mine = second.users.insert({"handle": "ada"})
+        [refused] = replication.pending_operations(second)
+        await cluster.settle()  # refused; the server's tombstone of the record reaches the device
+        assert second.users.find_by_id(mine["id"]) is None
+        assert service.cache.state(("users"), mine["id"]) is not None
+        first.users.update(taken["id"], {"handle": "ada lovelace"})
+        await cluster.settle()
+        assert replication.retry(second, refused.id) == mine
+        await cluster.settle()
+        for users in everywhere(cluster, "users"):
+            assert sorted(u["handle"] for u in users) == ["ada", "ada lovelace"]
+
+    asyncio.run(scenario())
