@@ -35,8 +35,9 @@ PROJECTS = 2
 CLIENTS = 3
 
 
-def relations_schema(on_delete: str) -> SchemaDefinition:
-    """projects <- tasks.projectId <- comments.taskId, both relations with ``on_delete``."""
+def relations_schema(on_delete: str, comments_on_delete: str | None = None) -> SchemaDefinition:
+    """projects <- tasks.projectId <- comments.taskId, with ``on_delete`` (the comments' relation with
+    ``comments_on_delete`` when given)."""
     return define_schema(
         {
             "version": 1,
@@ -58,7 +59,7 @@ def relations_schema(on_delete: str) -> SchemaDefinition:
                     "to": "tasks",
                     "type": "many-to-one",
                     "field": "taskId",
-                    "onDelete": on_delete,
+                    "onDelete": comments_on_delete or on_delete,
                 },
             },
         }
@@ -778,5 +779,28 @@ def test_a_refused_insert_can_be_retried_after_the_servers_tombstone() -> None:
         await cluster.settle()
         for users in everywhere(cluster, "users"):
             assert sorted(u["handle"] for u in users) == ["ada", "ada lovelace"]
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("comment_first", [True, False])
+def test_restrict_under_a_cascade_holds_whatever_the_order(comment_first: bool) -> None:
+    """Tasks cascade with their project; comments restrict their task's delete. A comment written while
+    another device deleted the project: either the comment reached the server first and the project's
+    delete is refused (the project and its task stay), or the delete did and the comment is refused."""
+    _service, (deleter, commenter, _), cluster = started(relations_schema("cascade", "restrict"))
+
+    async def scenario() -> None:
+        project = deleter.projects.insert({"name": "p"})
+        task = deleter.tasks.insert({"title": "t", "projectId": project["id"]})
+        await cluster.settle()
+        deleter.projects.delete(project["id"])
+        commenter.comments.insert({"body": "hold on", "taskId": task["id"]})
+        for i in (1, 0) if comment_first else (0, 1):
+            await cluster.push(i)
+        await cluster.settle()
+        for name, expected in (("projects", 1), ("tasks", 1), ("comments", 1)):
+            for records in everywhere(cluster, name):
+                assert len(records) == (expected if comment_first else 0), (name, records)
 
     asyncio.run(scenario())
