@@ -941,3 +941,21 @@ def test_a_failure_before_the_platform_was_touched_shows_no_admin_token(
     assert outcome.exit_code == 1 and "BUILD_FAILED" in outcome.stderr
     assert "Admin token" not in outcome.stderr  # it was never set anywhere: the next deploy makes one
     assert harness.remote.calls == ["check_prerequisites"]
+
+
+def test_confirm_on_a_terminal_shows_the_plan_without_asking(harness: Harness) -> None:
+    prompter = ScriptedPrompter()  # any question would fail
+    outcome = harness.deploy(
+        "--platform",
+        "fake-host",
+        "--app",
+        "notes",
+        "--region",
+        "iad",
+        "--confirm",
+        interactive=True,
+        prompter=prompter,
+    )
+    assert outcome.exit_code == 0, outcome.stderr
+    assert prompter.asked == []
+    assert "platform:  Fake host" in outcome.stderr and "storage:" in outcome.stderr
