@@ -26,7 +26,9 @@ from typing import Any, ClassVar, Literal, Protocol
 from offline.core.errors import OfflineError
 
 __all__ = [
+    "ADMIN_TOKEN",
     "DEPLOY_ERROR_CODES",
+    "EPHEMERAL_DATA",
     "SECRET_VARIABLES",
     "CommandResult",
     "CommandRunner",
@@ -36,12 +38,14 @@ __all__ = [
     "DeployOutcome",
     "Deployment",
     "DeploymentState",
+    "OutputListener",
     "PlatformAdapter",
     "Reporter",
     "StatusReport",
     "SubprocessRunner",
     "forwarded_environment",
     "masked_values",
+    "report_change",
     "sync_url_for",
 ]
 

@@ -573,7 +573,7 @@ def plan_secrets(shell: Mapping[str, str], existing: Mapping[str, str | None]) -
 
 
 def _mask(reporter: Reporter, value: str) -> None:
-    """Tell a reporter that masks secrets (RichReporter) about a value it did not know at start."""
+    """Tell a reporter that masks secrets (ProgressReporter) about a value it did not know at start."""
     mask = getattr(reporter, "mask", None)
     if callable(mask):
         mask(value)

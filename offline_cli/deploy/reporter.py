@@ -1,12 +1,10 @@
-"""Progress reporters satisfying ``platform_adapters.base.Reporter``: rich on stderr, or a list in tests."""
+"""Masking secrets in what is shown, and the quiet reporters satisfying ``platform_adapters.base.Reporter``
+(a list in tests, nothing for library callers). The CLI's own is offline_cli.deploy.progress."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-
-from rich.console import Console
-from rich.markup import escape
 
 
 def redact(text: str, secrets: Iterable[str]) -> str:
@@ -15,31 +13,6 @@ def redact(text: str, secrets: Iterable[str]) -> str:
     for secret in sorted({s for s in secrets if len(s) >= 4}, key=len, reverse=True):
         text = text.replace(secret, "***")
     return text
-
-
-class RichReporter:
-    """Numbered steps, notes and warnings on a (stderr) rich console. Secret values are masked."""
-
-    def __init__(self, console: Console, secrets: Iterable[str] = ()) -> None:
-        self.console = console
-        self.secrets = tuple(secrets)
-        self.steps = 0
-
-    def _clean(self, message: str) -> str:
-        return escape(redact(message, self.secrets))
-
-    def step(self, title: str) -> None:
-        self.steps += 1
-        self.console.print(f"[bold cyan]\\[{self.steps}][/bold cyan] [bold]{self._clean(title)}[/bold]")
-
-    def info(self, message: str) -> None:
-        self.console.print(f"    {self._clean(message)}", style="dim", highlight=False)
-
-    def warn(self, message: str) -> None:
-        self.console.print(f"[yellow]warning:[/yellow] {self._clean(message)}", highlight=False)
-
-    def success(self, message: str) -> None:
-        self.console.print(f"[green]✓[/green] {self._clean(message)}", highlight=False)
 
 
 @dataclass

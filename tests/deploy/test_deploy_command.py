@@ -444,14 +444,15 @@ def test_secrets_in_progress_messages_are_masked_on_stderr(harness: Harness) -> 
     assert "warning: the database refused password ***\n" in outcome.stderr
 
 
-def test_rich_reporter_masks_every_kind_of_message_and_keeps_markup_literal() -> None:
+def test_the_progress_reporter_masks_every_kind_of_message_and_keeps_markup_literal() -> None:
     from rich.console import Console
 
-    from offline_cli.deploy.reporter import RichReporter, redact
+    from offline_cli.deploy.progress import ProgressReporter
+    from offline_cli.deploy.reporter import redact
 
     out = io.StringIO()
     secret = "[bold]s3cret-value[/bold]"  # rich markup inside a secret must neither render nor leak
-    reporter = RichReporter(Console(file=out, soft_wrap=True, color_system=None), [secret, "abc"])
+    reporter = ProgressReporter(Console(file=out, soft_wrap=True, color_system=None), [secret, "abc"])
     reporter.step(f"step {secret}")
     reporter.info(f"info {secret} [red]literal[/red]")
     reporter.warn(f"warn {secret}")
