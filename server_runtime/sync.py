@@ -130,13 +130,20 @@ class Session:
         return not any(self.filters.values())
 
     def matches(self, collection: str, values: Mapping[str, Any] | None) -> bool:
-        filt = self.filters.get(collection)
-        if filt is None:
-            return False
-        if not filt:  # the whole collection (no generator to build: this runs for every write and relay)
-            return True
-        values = values or {}
-        return all(values.get(k) == v for k, v in filt.items())
+        return _in_scope(self.filters, collection, values)
+
+
+def _in_scope(
+    filters: Mapping[str, Mapping[str, Any]], collection: str, values: Mapping[str, Any] | None
+) -> bool:
+    """Whether a record of ``collection`` with these scope values is visible through ``filters``."""
+    filt = filters.get(collection)
+    if filt is None:
+        return False
+    if not filt:  # the whole collection (no generator to build: this runs for every write and relay)
+        return True
+    values = values or {}
+    return all(values.get(k) == v for k, v in filt.items())
 
 
 @dataclass(slots=True)
@@ -385,9 +392,18 @@ class SyncService:
         if owner is None or self._may_change(owner):
             owner = (await self.store.node_principals([node_id])).get(node_id)
             if owner is None or (owner == ANONYMOUS_PRINCIPAL and principal != ANONYMOUS_PRINCIPAL):
+                if principal != ANONYMOUS_PRINCIPAL and not await self._wrote_within(node_id, claims):
+                    return False
                 owner = await self.store.claim_node(node_id, principal, replacing=ANONYMOUS_PRINCIPAL)
             self._node_owners[node_id] = owner
         return owner == principal
+
+    async def _wrote_within(self, node_id: str, claims: Mapping[str, Any] | None) -> bool:
+        """Whether everything a node no user has registered yet has written (in a database from before the
+        registry, or under the anonymous principal) lies within the scope of these claims: its own user may
+        take it, another may not."""
+        filters = self.resolve_scope(claims, None)
+        return all(_in_scope(filters, c, scope) for c, scope in await self.store.node_scopes(node_id))
 
     async def restore_node_owners(self, owners: Mapping[str, str]) -> None:
         """Register node ids to the principals a backup names, where this store has not registered them

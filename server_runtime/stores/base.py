@@ -456,6 +456,11 @@ class ServerStore(abc.ABC):
         """The registered principal of each of ``node_ids`` that is registered (the others are absent)."""
 
     @abc.abstractmethod
+    async def node_scopes(self, node_id: str) -> list[tuple[str, dict[str, Any] | None]]:
+        """The distinct (collection, scope snapshot) of the stored operations of ``node_id``: where a node
+        that no principal registered yet (a database from before the registry) has written."""
+
+    @abc.abstractmethod
     async def node_registrations(self) -> dict[str, str]:
         """Every registered node id and its principal (for backups)."""
 

@@ -219,6 +219,13 @@ class MemoryServerStore(ServerStore):
         self._check_open()
         return {n: self._nodes[n] for n in node_ids if n in self._nodes}
 
+    async def node_scopes(self, node_id: str) -> list[tuple[str, dict[str, Any] | None]]:
+        self._check_open()
+        seen = dict.fromkeys(
+            (o.operation.collection, o.scope) for o in self._ops if o.operation.node_id == node_id
+        )
+        return [(collection, _codec.decode_optional(scope)) for collection, scope in seen]
+
     async def node_registrations(self) -> dict[str, str]:
         self._check_open()
         return dict(self._nodes)

@@ -519,6 +519,13 @@ class PostgresServerStore(ServerStore):
             )
         return {str(r["node_id"]): str(r["principal"]) for r in rows}
 
+    async def node_scopes(self, node_id: str) -> list[tuple[str, dict[str, Any] | None]]:
+        async with self._reading("reading a node's operations") as conn:
+            rows = await conn.fetch(
+                "SELECT DISTINCT collection, scope::text FROM offline_operations WHERE node_id = $1", node_id
+            )
+        return [(str(r[0]), _codec.decode_optional(r[1])) for r in rows]
+
     async def node_registrations(self) -> dict[str, str]:
         async with self._reading("reading node registrations") as conn:
             rows = await conn.fetch("SELECT node_id, principal FROM offline_nodes ORDER BY node_id")

@@ -733,6 +733,13 @@ class SQLiteServerStore(ServerStore):
                 out.update((str(n), str(p)) for n, p in rows)
         return out
 
+    async def node_scopes(self, node_id: str) -> list[tuple[str, dict[str, Any] | None]]:
+        async with self._reading("reading a node's operations") as conn:
+            rows = await conn.execute_fetchall(
+                "SELECT DISTINCT collection, scope FROM offline_operations WHERE node_id = ?", (node_id,)
+            )
+        return [(str(collection), _codec.decode_optional(scope)) for collection, scope in rows]
+
     async def node_registrations(self) -> dict[str, str]:
         async with self._reading("reading node registrations") as conn:
             rows = await conn.execute_fetchall(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sqlite3
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -333,6 +334,47 @@ def test_turning_sign_in_on_keeps_every_device(tmp_path: Path) -> None:
             assert isinstance(reply, p.ErrorMessage) and reply.code == p.AUTH_FAILED, reply
 
         asyncio.run(with_sign_in())
+    finally:
+        server.terminate()
+
+
+def test_a_device_from_before_the_registry_goes_to_its_own_user(tmp_path: Path) -> None:
+    """A database from before node ids were registered holds operations of devices nobody registered: a user
+    may take such a device's id only when everything it wrote lies within that user's scope."""
+    folder, db = tmp_path / "server", tmp_path / "server.db"
+    server = serve(folder, db=str(db))
+    phone, kiosk = Writer(), Writer()
+    try:
+
+        async def before() -> list[tuple[str, str]]:
+            accounts = await users(server.http_url, "ada@example.com", "bob@example.com")
+            (ada_id, ada_token), _ = accounts
+            async with session(server.sync_url, ada_token, phone) as device:
+                await push(device, phone.op("todos", {"ownerId": ada_id, "title": "ada's"}))
+            async with session(server.sync_url, ada_token, kiosk) as device:
+                await push(device, kiosk.op("boards", {"name": "shared"}))
+            return accounts
+
+        accounts = asyncio.run(before())
+    finally:
+        assert server.terminate() == 0
+    with sqlite3.connect(db) as conn:  # as a database written before the registry
+        conn.execute("DELETE FROM offline_nodes")
+    server = serve(folder, db=str(db))
+    try:
+
+        async def after() -> None:
+            (_, ada_token), (_, bob_token) = accounts
+            # Bob cannot take Ada's phone: it wrote in Ada's scope only.
+            reply = await handshake_reply(server.sync_url, phone.node, bob_token)
+            assert isinstance(reply, p.ErrorMessage) and reply.code == p.AUTH_FAILED, reply
+            async with session(server.sync_url, ada_token, phone) as device:
+                await push(device, phone.op("boards", {"name": "back"}))
+            # A device that wrote only what everyone sees goes to whoever signs in on it first.
+            async with session(server.sync_url, bob_token, kiosk):
+                pass
+
+        asyncio.run(after())
     finally:
         server.terminate()
 

@@ -507,6 +507,20 @@ def test_node_registry(backend: Backend) -> None:
     backend.run(test)
 
 
+def test_node_scopes(backend: Backend) -> None:
+    async def test(store: ServerStore) -> None:
+        assert await store.node_scopes("node-a") == []
+        await append(store, make_op("node-a", 1, "r1"), make_op("node-a", 2, "r2"), scope={"ownerId": "u1"})
+        await append(store, make_op("node-a", 3, "n1", collection="notes"), make_op("node-b", 1, "r3"))
+        assert sorted(await store.node_scopes("node-a"), key=str) == [
+            ("notes", None),
+            ("todos", {"ownerId": "u1"}),
+        ]
+        assert await store.node_scopes("node-b") == [("todos", None)]
+
+    backend.run(test)
+
+
 def test_held_places(backend: Backend) -> None:
     async def test(store: ServerStore) -> None:
         first, second = make_op("node-a", 1, "r1"), make_op("node-a", 2, "r2")
