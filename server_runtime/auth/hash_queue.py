@@ -3,11 +3,15 @@
 argon2 is meant to be slow, so a burst of sign-ins is a queue. Unbounded, that queue made a real sign-in wait
 behind every junk one (40 of them: about 6 s). Here at most ``waiting`` checks wait for one of the ``workers``
 threads, and one key (the client address) may have at most ``per_key`` checks waiting or running; past either
-bound the caller gets ``QueueFull`` at once, with a suggested wait. The next check to run is always one of
-the key served longest ago (a key with nothing in hand counts as never served), so one address's burst
-delays another address's sign-in by at most the checks running and one waiting check of each other busy
-address; and when the queue is full, a key with nothing waiting takes the place of the newest check of a key
-with two or more waiting (which is refused), so many addresses filling their shares cannot keep a new one out.
+bound the caller gets ``QueueFull`` at once, with a suggested wait.
+
+Fairness between keys: the next check to run is one of the key served longest ago (a key with nothing in hand
+counts as never served), so a sign-in waits for the checks running and at most one waiting check of each
+other busy address, not for a burst. When the queue is full, a newcomer that was not refused itself a moment
+ago gets in by refusing someone else's newest waiting check (``_make_room``): one of a key refused a moment
+ago (a flood keeps asking for more than its share, and so keeps being refused), else one of a key with two
+more waiting than the newcomer. A key asking one check at a time is never pushed out, so floods from many
+addresses can neither keep a sign-in out nor push it out.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import math
 import os
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -29,6 +33,9 @@ __all__ = ["HashQueue", "QueueFull"]
 T = TypeVar("T")
 
 
+#: How long a key refused a check counts as flooding, and how many such keys are remembered.
+_REFUSED_MEMORY = 10.0
+_REFUSED_KEYS = 10_000
 #: How much lower the hashing threads' CPU priority is than the rest of the process (Linux nice steps).
 _NICE = 10
 
@@ -72,6 +79,8 @@ class HashQueue:
         # When each key with checks in hand was last served (a turn number); forgotten when it has none.
         self._served: dict[str, int] = {}
         self._turn = 0
+        # Keys refused (or pushed out) lately, when: a flood's mark (see _make_room). Bounded.
+        self._refused: OrderedDict[str, float] = OrderedDict()
         self._queued = 0
         self._running = 0
         self._seconds = 0.1  # moving average of one check's duration, for Retry-After
@@ -89,8 +98,10 @@ class HashQueue:
     async def run(self, key: str, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)`` on a hashing thread, after the checks queued before it (fairly, by key)."""
         if self._per_key.get(key, 0) >= self.per_key:
+            self._note_refused(key)
             raise QueueFull(self.retry_after(), per_key=True)
         if self._running >= self.workers and self._queued >= self.waiting and not self._make_room(key):
+            self._note_refused(key)
             raise QueueFull(self.retry_after(), per_key=False)
         loop = asyncio.get_running_loop()
         job = _Job(key, fn, args, loop, loop.create_future())
@@ -108,20 +119,42 @@ class HashQueue:
             raise
         return result
 
+    def _note_refused(self, key: str) -> None:
+        refused = self._refused
+        refused[key] = time.monotonic()
+        refused.move_to_end(key)
+        while len(refused) > _REFUSED_KEYS:
+            refused.popitem(last=False)
+
+    def _refused_recently(self, key: str) -> bool:
+        when = self._refused.get(key)
+        return when is not None and time.monotonic() - when < _REFUSED_MEMORY
+
     def _make_room(self, key: str) -> bool:
-        """Refuse the newest waiting check of the key with the most waiting, when that is at least two more
-        than ``key`` has: many addresses each filling their share cannot keep a new one out."""
+        """Refuse one waiting check so that ``key``'s may wait instead, unless ``key`` was itself refused a
+        moment ago (a flood does not get to push others out). The check refused is the newest of a key that
+        was refused a moment ago (a flood: it keeps asking for more than its share), the one with the most
+        waiting; failing that, of a key with at least two more waiting than ``key``. A key that asks one
+        check at a time is never pushed out by a newcomer."""
+        if self._refused_recently(key):
+            return False
         mine = len(self._queues.get(key, ()))
-        candidates = [
+        flooding = [
+            (len(queue), place, other)
+            for place, (other, queue) in enumerate(self._queues.items())
+            if self._refused_recently(other)
+        ]
+        longer = [
             (len(queue), place, other)
             for place, (other, queue) in enumerate(self._queues.items())
             if len(queue) >= mine + 2
         ]
-        if not candidates:
+        if not flooding and not longer:
             return False
-        _, _, victim_key = max(candidates)  # the longest; on a tie, the one that came last
+        _, _, victim_key = max(flooding or longer)  # the longest; on a tie, the one that came last
         victim = self._queues[victim_key][-1]
         self._unqueue(victim)
+        self._note_refused(victim_key)
         if not victim.future.done():
             victim.future.set_exception(QueueFull(self.retry_after(), per_key=False))
         return True

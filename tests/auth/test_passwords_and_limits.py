@@ -228,14 +228,56 @@ def test_hash_queue_is_bounded_and_serves_keys_in_turn() -> None:
             with pytest.raises(QueueFull) as evicted:
                 await busy.pop()
             assert not evicted.value.per_key
-            # ...and once no key has two more waiting than the newcomer, the newcomer is refused.
+            # ...then, no key having two more waiting, a newcomer displaces the key served most recently (the
+            # attacker's, which keeps checks in hand)...
+            fifth = asyncio.ensure_future(queue.run("fifth", work, "g0"))
+            await asyncio.sleep(0)
+            with pytest.raises(QueueFull):
+                await busy.pop()
+            # ...and with only keys waiting for their first turn left, a newcomer is refused.
             with pytest.raises(QueueFull) as full:
-                await queue.run("fifth", work, "g0")
+                await queue.run("sixth", work, "h0")
             assert not full.value.per_key
             gate.set()
-            await asyncio.gather(*busy, fair, other, late)
-            # The key served longest ago goes first: the attacker, served just before, waits for the others.
-            assert order == ["a0", "owner", "t0", "f0", "a1"], order
+            await asyncio.gather(*busy, fair, other, late, fifth)
+            # The key served longest ago goes first: the owner waited for no attacker check but the running one.
+            assert order == ["a0", "owner", "t0", "f0", "g0"], order
+        finally:
+            gate.set()
+            queue.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_newcomer_displaces_a_flooding_key_never_one_asking_in_turn() -> None:
+    async def scenario() -> None:
+        queue = HashQueue(1, waiting=2, per_key=2)
+        gate = threading.Event()
+
+        def work(name: str) -> str:
+            gate.wait(10)
+            return name
+
+        try:
+            running = asyncio.ensure_future(queue.run("flood", work, "f0"))
+            flood_waiting = asyncio.ensure_future(queue.run("flood", work, "f1"))
+            first_turn = asyncio.ensure_future(queue.run("owner", work, "o0"))
+            await asyncio.sleep(0)
+            with pytest.raises(QueueFull):  # more than its share: the flood is marked
+                await queue.run("flood", work, "f2")
+            # Full, and no key has two more waiting than a newcomer: the flood's waiting check gives way...
+            newcomer = asyncio.ensure_future(queue.run("new", work, "n0"))
+            await asyncio.sleep(0)
+            with pytest.raises(QueueFull):
+                await flood_waiting
+            # ...but the owner's does not (nor does the newcomer's): the next newcomer is refused, and the
+            # flood, refused a moment ago, cannot push anyone out either.
+            with pytest.raises(QueueFull):
+                await queue.run("another", work, "a0")
+            with pytest.raises(QueueFull):
+                await queue.run("flood", work, "f3")
+            gate.set()
+            assert await asyncio.gather(running, first_turn, newcomer) == ["f0", "o0", "n0"]
         finally:
             gate.set()
             queue.close()
