@@ -13,6 +13,7 @@ from bench import (
     cli_startup,
     core,
     cross_record_rules,
+    growth,
     load,
     machine,
     node_identity,
@@ -26,6 +27,7 @@ SUITES = {
     "machine": machine.run,  # first: the others are read against it
     "core": core.run,
     "store": store.run,
+    "growth": growth.run,
     "cli": cli_startup.run,
     "sync": sync.run,
     "catch_up": catch_up.run,

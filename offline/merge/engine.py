@@ -17,6 +17,40 @@ operations held*. Every register below is a commutative, idempotent fold over wr
 
 The state of one record is a JSON-serialisable `RecordState`; the local store and the server keep it next
 to the materialised row, so applying an operation costs one record, not the history.
+
+Bounded state
+-------------
+A record's state is read and written whole on every write, so its size is the cost of a write. What each
+register keeps is bounded by the record's content and its writers, not by its history: lww, max / min,
+state machines and server-authoritative fields keep the winning write's key and value; a counter the
+latest insert's value and the exact sum of the deltas; append-only sets their elements; rich text the
+document's own encoding (one struct per run of one client's typing; see `richtext`); a Tier 3 field its
+settled value ("rv", resolved once per write, never on a read).
+
+The causal graph (``RecordState.graph``: operation id -> causal deps) is the part that grew with every
+write. None of the registers above reads it to compute a value: a value is a function of the writes
+themselves (their keys, values and deltas), whatever the order they arrive in. The graph serves three
+other things: the causal deps of the next local write (its heads), reporting whether two writes were
+concurrent (MergeTrace), and recognising a repeated operation. So for a collection whose registers are
+all of that kind the state keeps a *window* of the graph: every head, and the latest others up to
+`WINDOW_MAX` operations (`trim_window` drops the oldest non-heads). Heads stay exact (a head is never
+dropped); an operation whose causal past runs beyond the window may be reported as concurrent with a
+write it had seen (a spurious trace, never a different value). Repeats: an operation beyond the window is
+no longer recognised by the state, but no caller folds one twice: the local store and the server keep
+every operation in their log and fold only the ones the log did not hold (by node and sequence number,
+or by id), and `fold` / `state_of` fold a set. Folding an operation changes the state as a function of
+the operation and the state, so the laws (any order, any grouping, repeats held by the log) still hold;
+the property tests fold histories several windows long in random orders.
+
+Two registers do read the graph for their value: an add-wins set (a removal removes the additions in its
+causal past) and a Tier 3 field (a write that has seen the current value replaces it). Causal deps name
+operations by id, and which operations an id's causal past holds is only known by remembering the ids:
+a bounded summary (a version vector per write) would need the writes to carry it. So a collection with
+an add-wins array or a resolver keeps the whole graph, exactly as before, and its write cost still grows
+with the record's history (the quadratic part is gone: a set's additions are checked against the
+removals' causal pasts once per materialisation, see `_or_set_value`).
+
+Older states load as they are (a full graph is a window of any size: it is trimmed by the next write).
 """
 
 from __future__ import annotations
@@ -76,6 +110,9 @@ class Conflict:
     base: Any
     output: Any = None
     duration: float = dataclasses.field(default=0.0, compare=False)  # ms spent resolving (MergeTrace)
+    #: Why a Tier 3 resolver's result was not used (it raised, or returned a value the field cannot hold):
+    #: the field then holds the later write's value (MergeTrace.fallback).
+    fallback: str | None = None
 
 
 @dataclass(slots=True)
@@ -376,6 +413,10 @@ class _Plan:
                 self.kinds[name] = "richtext"
             else:
                 self.kinds[name] = descriptor.effective_merge_strategy
+        # Every register's value is a function of the writes alone, not of their causal order: the state
+        # keeps a window of the causal graph (see the module's "Bounded state"), not all of it.
+        self.windowed = not any(kind in ("union", "resolve") for kind in self.kinds.values())
+        self.sets = [name for name, kind in self.kinds.items() if kind == "union"]
         # Field -> exact value types op_fields passes through unchanged (see _IDENTITY_TYPES).
         self.identity_types: dict[str, frozenset[type]] = {
             name: _IDENTITY_TYPES[descriptor.type]
@@ -515,13 +556,51 @@ class MergeEngine:
     # -- folding ----------------------------------------------------------------------------------------
 
     def apply(self, state: RecordState, op: Operation, *, want_conflicts: bool = True) -> list[Conflict]:
-        """Fold ``op`` into ``state`` (in place). Idempotent; returns the conflicts it resolved."""
+        """Fold ``op`` into ``state`` (in place); returns the conflicts it resolved. A repeat of an operation
+        the state holds (in its window of the causal graph, when it keeps one) changes nothing."""
+        conflicts = self._apply(state, op, want_conflicts)
+        plan = self._plans.get(op.collection)
+        if plan is not None and (plan.sets or plan.resolvers):
+            self.after_fold(plan, state, conflicts)
+        return conflicts
+
+    def after_fold(self, plan: _Plan, state: RecordState, conflicts: list[Conflict]) -> None:
+        """What follows every fold into a record of ``plan``'s collection: removed additions of add-wins
+        sets are forgotten, Tier 3 fields settled."""
+        if not state.fields:
+            return
+        if plan.sets:
+            _drop_removed_additions(plan.sets, state)
+        if plan.resolvers:
+            self._settle_resolvers(plan, state, conflicts)
+
+    def _settle_resolvers(self, plan: _Plan, state: RecordState, conflicts: list[Conflict]) -> None:
+        """Resolve every Tier 3 field of ``state`` once, now, and keep the value in its register ("rv"), so
+        reads do not call resolvers. Any write can change a value (it may complete the causal order of
+        earlier ones), so all of them are settled after each."""
+        for name in plan.resolvers:
+            reg = state.fields.get(name)
+            if not reg or not reg.get("w"):
+                continue
+            value, fallbacks = self._resolve_writes(plan, name, reg, state)
+            reg["rv"] = [value]
+            if fallbacks:
+                reason = "; ".join(fallbacks)
+                log.warning("resolver for %s.%s: %s", plan.collection.name, name, reason)
+                for conflict in conflicts:
+                    if conflict.field == name:
+                        conflict.fallback = reason
+                        conflict.output = value
+
+    def _apply(self, state: RecordState, op: Operation, want_conflicts: bool) -> list[Conflict]:
         graph = state.graph
         op_id = op.id
         if op_id in graph:
             return []
-        graph[op_id] = list(op.causal_deps)
         plan = self._plans.get(op.collection)
+        if plan is not None and plan.windowed and len(graph) >= WINDOW_MAX:
+            trim_window(graph)
+        graph[op_id] = list(op.causal_deps)
         if plan is None:
             return []
         op_type = op.type
@@ -695,11 +774,16 @@ class MergeEngine:
                 reg["r"].setdefault(ek, []).append(op.id)
         elif kind == "richtext":
             reg = register or {}
-            reg["s"] = richtext.merge_update(reg.get("s"), value)
+            reg["s"] = richtext.fold_update(reg.get("s"), value)
         elif kind == "resolve":
             reg = register or {"w": []}
-            reg["w"].append([key, value, base])
-            reg["w"].sort(key=lambda w: w[0])
+            reg.pop("rv", None)  # settled again once the operation is folded (_settle_resolvers)
+            writes = reg["w"]
+            if writes and key < writes[-1][0]:
+                writes.append([key, value, base])
+                writes.sort(key=lambda w: w[0])
+            else:
+                writes.append([key, value, base])  # the usual case: the latest write, already in order
         else:  # pragma: no cover - kinds come from the schema
             raise AssertionError(kind)
 
@@ -754,14 +838,27 @@ class MergeEngine:
         if kind == "richtext":
             return richtext.text_of(reg.get("s"))
         if kind == "resolve":
-            return self._resolved_value(plan, name, reg, state)
+            settled = reg.get("rv")
+            if settled is not None:
+                return settled[0]
+            return self._resolve_writes(plan, name, reg, state)[0]
         raise AssertionError(kind)  # pragma: no cover
 
-    def _resolved_value(self, plan: _Plan, name: str, reg: dict[str, Any], state: RecordState | None) -> Any:
+    def _resolve_writes(
+        self, plan: _Plan, name: str, reg: dict[str, Any], state: RecordState | None
+    ) -> tuple[Any, list[str]]:
+        """A Tier 3 field's value from its writes (HLC order), and why a resolver's result was not used.
+
+        A write that has seen every write the current value combines replaces it; one that has not is
+        combined with it by ``resolve(current, write, base)``. A resolver that raises, or returns a value
+        the field cannot hold, must not wedge the record or store an ill-typed value: the later write's
+        value is used instead, the same on every replica (the result depends on the writes alone)."""
         writes = reg["w"]
         if not writes:
-            return _initial(plan.fields[name])
+            return _initial(plan.fields[name]), []
         resolver = plan.resolvers[name]
+        descriptor = plan.fields[name]
+        fallbacks: list[str] = []
         current = writes[0][1]
         contributors = [writes[0][0][3]]
         for key, value, base in writes[1:]:
@@ -771,13 +868,23 @@ class MergeEngine:
                 current, contributors = value, [op_id]
                 continue
             try:
-                current = resolver(current, value, base)
-            except Exception:
-                # A resolver that raises must not wedge the record: fall back to last-writer-wins.
-                log.exception("resolver for %s.%s raised; using the later value", plan.collection.name, name)
+                out = thaw(resolver(current, value, base))
+            except Exception as exc:
+                fallbacks.append(f"raised {type(exc).__name__}: {exc}; kept the later value")
                 current = value
+            else:
+                if out is None and descriptor.required:
+                    fallbacks.append("returned None for a required field; kept the later value")
+                    current = value
+                elif out is not None and not fits(descriptor, out):
+                    fallbacks.append(
+                        f"returned a {type(out).__name__}, not a {descriptor.type}; kept the later value"
+                    )
+                    current = value
+                else:
+                    current = out if out is None else normalize(descriptor, out)
             contributors.append(op_id)
-        return current
+        return current, fallbacks
 
     def materialize(self, collection: str, record_id: str, state: RecordState) -> dict[str, Any] | None:
         """The record as applications see it (`id` plus every field), or None when it does not exist."""
@@ -856,6 +963,7 @@ class MergeEngine:
         size = len(entries)
         index: dict[str, int] = {}
         keyed: set[int] = set()
+        dangling: list[str] = []
         for i, entry in enumerate(entries):
             if type(entry) is not list:
                 return None
@@ -870,12 +978,20 @@ class MergeEngine:
             if type(entry_id) is not str or entry_id in index or type(deps) is not list:
                 return None
             for dep in deps:
-                if type(dep) is not int or not 0 <= dep < size:
-                    return None  # a dependency the graph does not hold (or something irregular)
+                if type(dep) is str:
+                    dangling.append(dep)  # a dependency the graph does not hold: written as its id
+                elif type(dep) is not int or not 0 <= dep < size:
+                    return None  # something irregular
             index[entry_id] = i
+        if any(dep in index for dep in dangling):
+            return None  # an id where to_json writes an index
         op_id = op.id
         if op_id in index:
             return REPEATED
+        if op_id in dangling:
+            return None  # an entry's dependency arriving: to_json writes it as an index from now on
+        if plan.windowed and size >= WINDOW_MAX:
+            return None  # the general path trims the window
 
         # Every key is an index of a keyed entry, and every keyed entry is referred to (as to_json writes).
         if type(exist[0]) is not int:
@@ -1050,14 +1166,35 @@ class MergeEngine:
         """The state ``ops`` make of a record with none (any order gives the same result); how a state kept
         as a reference to its one operation is read back."""
         state = RecordState()
+        seen: set[str] = set()  # the set of operations: a repeat beyond the state's window is one too
         for op in ops:
-            self.apply(state, op, want_conflicts=False)
+            if op.id not in seen:
+                seen.add(op.id)
+                self.apply(state, op, want_conflicts=False)
         return state
 
     def fold(self, collection: str, record_id: str, ops: Iterable[Operation]) -> tuple[RecordState, Any]:
         """Build a record's state from scratch (any order of ``ops`` gives the same result)."""
         state = self.state_of(ops)
         return state, self.materialize(collection, record_id, state)
+
+
+#: A windowed state (see "Bounded state") holds at most this many operations of its causal graph...
+WINDOW_MAX = 16
+#: ...and a trim leaves this many: the heads and the latest others.
+WINDOW_KEEP = 12
+
+
+def trim_window(graph: dict[str, list[str]], keep: int = WINDOW_KEEP) -> None:
+    """Drop the oldest operations of ``graph`` (in the order it received them) until ``keep`` remain, never
+    a head (an operation no other held one depends on: the causal deps of the next local write)."""
+    referenced = {dep for deps in graph.values() for dep in deps}
+    excess = len(graph) - keep
+    if excess <= 0:
+        return
+    old = [op_id for op_id in graph if op_id in referenced]
+    for op_id in old[:excess]:
+        del graph[op_id]
 
 
 @dataclass(slots=True)
@@ -1083,6 +1220,34 @@ def _initial(descriptor: FieldDescriptor) -> Any:
     if descriptor.has_default:
         return thaw(descriptor.default_value)
     return None
+
+
+def _drop_removed_additions(names: list[str], state: RecordState) -> None:
+    """Forget the additions of add-wins sets that a removal has seen, after each fold.
+
+    Whether a removal has seen an addition only changes from no to yes (a causal past only grows), so an
+    addition once removed stays removed: keeping it would only make every later materialisation check it
+    against the removals again (which made a set with many removed elements quadratic). Removals are kept:
+    an addition that arrives after a removal that had seen it (out of causal order) is judged by them."""
+    for name in names:
+        reg = state.fields.get(name)
+        if not reg or not reg.get("r") or type(reg.get("a")) is not dict:
+            continue
+        added, removed, values = reg["a"], reg["r"], reg["v"]
+        closures: dict[str, set[str]] = {}
+        for ek in [ek for ek in added if ek in removed]:
+            additions = added[ek]
+            for add_id in list(additions):
+                for rem_id in removed[ek]:
+                    closure = closures.get(rem_id)
+                    if closure is None:
+                        closure = closures[rem_id] = state.ancestors(rem_id)
+                    if add_id in closure:
+                        del additions[add_id]
+                        break
+            if not additions:
+                del added[ek]
+                values.pop(ek, None)
 
 
 def _or_set_value(reg: dict[str, Any], state: RecordState | None) -> list[Any]:

@@ -4,12 +4,21 @@ An operation on a rich text field carries a Yjs update (bytes); a record's state
 update applied. Yjs updates commute and are idempotent, so any delivery order gives the same text.
 pycrdt is imported lazily: a schema without rich text never needs it (and a browser without a WebAssembly
 build of pycrdt can still run every other field type).
+
+One document per record and field, one Yjs client per node: a node writes every edit of a document as the
+same Yjs client (`client_id_for`, derived from its node id), so its typing is one run of that client's
+clock, which Yjs stores as a few structs and a one-entry state vector. (A new random client per edit, as
+before, gave every keystroke its own client: 2,000 typed characters kept a 17,876-byte state vector.) A
+node's edits all start from its own latest state, which holds all of its earlier edits, so the client's
+clocks never repeat. The live document of a state is kept (`_Documents`): an edit changes it in place and
+reads take its text, instead of rebuilding the document from the stored update each time.
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
+from collections import OrderedDict
 from typing import Any
 
 from offline.core.errors import OfflineError
@@ -42,30 +51,123 @@ def _text(doc: Any) -> Any:
     return doc.get(TEXT_KEY, type=_pycrdt().Text)
 
 
+def client_id_for(node_id: str) -> int:
+    """The Yjs client id a node writes its rich text edits as: stable, so one node's edits are one client.
+
+    48 bits of the node id's SHA-256 (Yjs client ids are unsigned integers JavaScript holds exactly), far
+    from the 32-bit range of `initial_update`'s text-derived ids."""
+    return (1 << 48) | int.from_bytes(hashlib.sha256(node_id.encode("utf-8")).digest()[:6], "big")
+
+
+class _Documents:
+    """Live documents (and their texts) of recent states, so neither an edit, a fold nor a read rebuilds a
+    document from its stored bytes.
+
+    Keyed by the state's bytes: the document of a state is a function of it. A document also remembers the
+    Yjs client it was made as: an edit needs its node's client (`client_id_for`), a fold or a read any.
+    Small and least-recently-used.
+    """
+
+    def __init__(self, size: int = 16) -> None:
+        self.size = size
+        self.docs: OrderedDict[bytes, Any] = OrderedDict()
+        self.texts: OrderedDict[bytes, str] = OrderedDict()
+
+    def _put(self, cache: OrderedDict[Any, Any], key: Any, value: Any) -> None:
+        cache[key] = value
+        cache.move_to_end(key)
+        while len(cache) > self.size:
+            cache.popitem(last=False)
+
+    def take(self, state: bytes, client_id: int | None = None) -> tuple[Any, bool]:
+        """The document of ``state`` (as ``client_id`` when given), out of the cache: the caller changes it;
+        and whether it holds exactly ``state`` (nothing pending, which a document cannot be trusted with)."""
+        doc = self.docs.pop(state, None)
+        if doc is not None and (client_id is None or doc.client_id == client_id):
+            return doc, True
+        doc = _pycrdt().Doc() if client_id is None else _pycrdt().Doc(client_id=client_id)
+        if not state:
+            return doc, True
+        doc.apply_update(state)
+        encoded = bytes(doc.get_update())
+        return doc, bytes(_pycrdt().merge_updates(encoded, state)) == encoded
+
+    def keep(self, state: bytes, doc: Any, text: str | None = None) -> None:
+        self._put(self.docs, state, doc)
+        if text is not None:
+            self._put(self.texts, state, text)
+
+    def text(self, state: bytes) -> str:
+        text = self.texts.get(state)
+        if text is not None:
+            self.texts.move_to_end(state)
+            return text
+        doc = self.docs.get(state)
+        text = str(_text(doc if doc is not None else _doc(state)))
+        self._put(self.texts, state, text)
+        return text
+
+
+_DOCUMENTS = _Documents()
+
+
 def decode_state(state: str | None) -> bytes | None:
     return base64.b64decode(state) if state else None
 
 
-def merge_update(state: str | None, update: Any) -> str:
-    """Merge a Yjs update (bytes, or a plain string meaning 'initial text') into a base64 state.
+def _encode(raw: bytes) -> str:
+    return base64.b64encode(raw).decode("ascii")
 
-    The state is a merged *update*, not a document snapshot: an update that arrives before one it depends
-    on stays in it as pending structs instead of being lost, so the text is the same in any delivery order.
-    """
+
+def _update_bytes(update: Any) -> bytes | None:
+    """An operation's rich text value as a Yjs update; None when it is not one (ignored everywhere alike)."""
     if isinstance(update, str):
         # Every replica must turn the same text into the same update, or concurrent texts would be
         # ordered by a random Yjs client id (different on each replica): derive the client id from the text.
         update = initial_update(update, client_id=_text_client_id(update))
     if not update:
-        return state or ""
+        return None
+    raw = bytes(update)
     try:
-        _pycrdt().get_state(bytes(update))
+        _pycrdt().get_state(raw)
     except ValueError:
-        # Not a Yjs update (a buggy or hostile peer): ignored alike everywhere instead of wedging the record.
+        return None  # not a Yjs update (a buggy or hostile peer)
+    return raw
+
+
+def fold_update(state: str | None, update: Any) -> str:
+    """Fold a Yjs update (bytes, or a plain string meaning 'initial text') into a rich text state (base64).
+
+    The state is the document's own encoding, which keeps a run of one client's typing as one struct (a
+    merge of updates keeps one struct per keystroke), merged with whatever of the updates the document
+    could not integrate yet (an update that arrived before one it depends on: structs after a gap, deletes
+    of items not seen yet). Those stay in the state as update data, where a later update completes them;
+    a document keeps them too, but applying updates out of order to one pycrdt document does not always
+    give the text applying them in order gives, so the state is only ever made from merged updates.
+
+    The document is always made afresh from the merged update, in one go: a document that took the same
+    updates one at a time encodes the same text with other struct boundaries (it does not join the halves
+    of a run split by an insertion that was later deleted), and every replica must store the same bytes.
+    An update that is not a Yjs update changes nothing (everywhere alike).
+    """
+    raw = _update_bytes(update)
+    if raw is None:
         return state or ""
-    current = decode_state(state)
-    merged = _pycrdt().merge_updates(current, bytes(update)) if current else bytes(update)
-    return base64.b64encode(merged).decode("ascii")
+    current = decode_state(state) or b""
+    pycrdt = _pycrdt()
+    merged = bytes(pycrdt.merge_updates(current, raw)) if current else raw
+    doc = pycrdt.Doc()
+    doc.apply_update(merged)  # one update: integrated as a whole, in its own order
+    encoded = bytes(doc.get_update())
+    compact = bytes(pycrdt.merge_updates(encoded, merged))
+    if compact == encoded:
+        _DOCUMENTS.keep(encoded, doc)  # nothing pending: the document is the state's
+    return _encode(compact)
+
+
+def merge_update(state: str | None, update: Any) -> str:
+    """`fold_update` (the name callers outside the engine know)."""
+    return fold_update(state, update)
 
 
 def text_of(state: str | bytes | None) -> str:
@@ -73,7 +175,7 @@ def text_of(state: str | bytes | None) -> str:
     if not state:
         return ""
     raw = bytes(state) if isinstance(state, (bytes, bytearray, memoryview)) else decode_state(state)
-    return str(_text(_doc(raw)))
+    return _DOCUMENTS.text(raw) if raw else ""
 
 
 def state_bytes(state: str | None) -> bytes:
@@ -85,7 +187,8 @@ def _text_client_id(text: str) -> int:
 
 
 def initial_update(text: str, *, client_id: int | None = None) -> bytes:
-    """A Yjs update that creates a document holding ``text`` (as Yjs client ``client_id``, else a random one)."""
+    """A Yjs update that creates a document holding ``text`` (as Yjs client ``client_id``, else a random
+    one; the store passes the inserting node's `client_id_for`)."""
     doc = _doc(None) if client_id is None else _pycrdt().Doc(client_id=client_id)
     t = _text(doc)
     t += text
@@ -137,14 +240,20 @@ class CharText:
         return self
 
 
-def edit_update(state: str | None, edit: Any) -> tuple[bytes, str]:
-    """Run ``edit(text)`` on a copy of the document; return the Yjs update it produced and the new text.
+def edit_update(state: str | None, edit: Any, *, client_id: int | None = None) -> tuple[bytes, str]:
+    """Run ``edit(text)`` on the document of ``state``; return the Yjs update it produced and the new text.
 
     ``text`` is a `CharText`: `insert(index, s)`, `del text[a:b]`, `text += s`, `len`, `str`, with Python
-    string indices.
+    string indices. ``client_id``: the editing node's Yjs client (`client_id_for`); None, a random one.
+    The document comes from the cache the fold of the previous update left it in (`fold_update`).
     """
-    doc = _doc(decode_state(state))
+    current = decode_state(state) or b""
+    doc, clean = _DOCUMENTS.take(current, client_id)
     before = doc.get_state()
     t = CharText(_text(doc))
-    edit(t)
-    return bytes(doc.get_update(before)), str(t)
+    edit(t)  # if it raises, the document (taken out of the cache) is simply not kept
+    update = bytes(doc.get_update(before))
+    text = str(t)
+    if (not update or update == b"\x00\x00") and clean:
+        _DOCUMENTS.keep(current, doc)  # unchanged: still the document of ``current``
+    return update, text

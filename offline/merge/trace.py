@@ -25,11 +25,14 @@ class MergeTrace:
     tier: Tier
     constraint_violated: str | None = None
     duration: float = 0.0
+    #: Set when a Tier 3 resolver raised or returned a value the field cannot hold: why, and that the later
+    #: write's value was kept instead (``output``), the same on every replica.
+    fallback: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """SPEC's camelCase shape, with operations in wire form (for events and the dashboard); JSON-ready:
+        """SPEC's camelCase shape (plus ``fallback`` when set), with operations in wire form (for events and the dashboard); JSON-ready:
         bytes (a rich text field's Yjs updates) take their wire form ``{"__offline_bytes__": base64}``."""
-        return {
+        out = {
             "operationA": self.operation_a.to_wire(),
             "operationB": self.operation_b.to_wire(),
             "field": self.field,
@@ -42,6 +45,9 @@ class MergeTrace:
             "constraintViolated": self.constraint_violated,
             "duration": self.duration,
         }
+        if self.fallback is not None:
+            out["fallback"] = self.fallback  # only on a resolver's fallback: SPEC's shape otherwise
+        return out
 
 
 def _json_ready(value: Any) -> Any:

@@ -946,6 +946,7 @@ class App:
             output=conflict.output,
             tier=conflict.tier,  # type: ignore[arg-type]
             duration=conflict.duration,
+            fallback=conflict.fallback,
         )
 
     def _after_commit(

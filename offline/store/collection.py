@@ -211,7 +211,7 @@ class Collection:
                 if value is not None and not isinstance(value, str):
                     _refuse_non_text(self.name, name, value)
                 if value:
-                    values[name] = richtext.initial_update(value)
+                    values[name] = richtext.initial_update(value, client_id=self._client_id())
                 continue
             validate_field_value(self.name, name, descriptor, value)
             if value is not None:
@@ -252,6 +252,10 @@ class Collection:
             record = self.find_by_id(record_id) if decision.actions else results[0][1]
         assert record is not None
         return record
+
+    def _client_id(self) -> int:
+        """The Yjs client this node writes rich text as (one per node: see `richtext.client_id_for`)."""
+        return richtext.client_id_for(self.app.node_id)
 
     def _visible(self, record_id: str, values: Mapping[str, Any]) -> dict[str, Any]:
         out: dict[str, Any] = {"id": record_id}
@@ -297,7 +301,9 @@ class Collection:
                         continue
                     state = self.app.cached_state(self.name, record_id)
                     reg_state = (state.fields.get(name) or {}).get("s") if state else None
-                    update, _ = richtext.edit_update(reg_state, lambda t, s=new_text: _replace_text(t, s))
+                    update, _ = richtext.edit_update(
+                        reg_state, lambda t, s=new_text: _replace_text(t, s), client_id=self._client_id()
+                    )
                     data[name] = update
                     previous[name] = current[name]
                     continue
@@ -557,7 +563,7 @@ class RichTextHandle:
                 )
             state = app.cached_state(self.collection.name, self.record_id)
             reg_state = (state.fields.get(self.field) or {}).get("s") if state else None
-            update, _ = richtext.edit_update(reg_state, edit)
+            update, _ = richtext.edit_update(reg_state, edit, client_id=self.collection._client_id())
             if not update or update == b"\x00\x00":
                 return current
             writes = [

@@ -22,7 +22,21 @@ def sorted_concat(a: Any, b: Any, base: Any) -> str:
     return "|".join(sorted(words))
 
 
-def make_schema(*, resolver: Any = sorted_concat) -> SchemaDefinition:
+def make_schema(*, resolver: Any = sorted_concat, causal: bool = True) -> SchemaDefinition:
+    """One field per strategy; ``causal=False`` leaves out the add-wins set and the resolver (the fields
+    whose value depends on causal order), so the engine keeps only a window of each record's history."""
+    if not causal:
+        full = make_schema(resolver=resolver).collections["items"]
+        fields = {name: d for name, d in full.fields.items() if name not in ("tags", "notes")}
+        machine = full.state_machine
+        items: dict[str, Any] = {"fields": fields}
+        if machine is not None:
+            items["stateMachine"] = {
+                "field": machine.field,
+                "transitions": {k: list(v) for k, v in machine.transitions.items()},
+                "onInvalidTransition": machine.on_invalid_transition,
+            }
+        return define_schema({"version": 1, "collections": {"items": items}})
     return define_schema(
         {
             "version": 1,
@@ -56,6 +70,7 @@ def make_schema(*, resolver: Any = sorted_concat) -> SchemaDefinition:
 
 
 SCHEMA = make_schema()
+WINDOWED_SCHEMA = make_schema(causal=False)
 
 #: field -> the strategy it exercises (the name a test reports).
 STRATEGY_FIELDS = {

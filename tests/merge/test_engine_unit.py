@@ -286,9 +286,9 @@ def test_raising_resolver_falls_back_to_the_later_value(caplog: pytest.LogCaptur
         wall=T0 + 2,
         deps=[a.id],
     )
-    with caplog.at_level(logging.ERROR, logger="offline.merge"):
+    with caplog.at_level(logging.WARNING, logger="offline.merge"):
         assert engine.fold("items", "r1", [c, a, b])[1]["notes"] == "c"
-    assert "resolver for items.notes raised" in caplog.text
+    assert "resolver for items.notes: raised RuntimeError: boom" in caplog.text
 
 
 def test_transition_problem_reports_forged_edges(engine: MergeEngine) -> None:

@@ -21,7 +21,7 @@ from offline.core.hlc import HybridLogicalClock
 from offline.core.operations import Operation, create_operation
 from offline.core.uuid7 import UUIDv7Generator
 from offline.core.version_vector import topological_sort
-from offline.merge.engine import REPEATED, Conflict, MergeEngine, RecordState
+from offline.merge.engine import REPEATED, WINDOW_MAX, Conflict, MergeEngine, RecordState, trim_window
 from offline.merge.values import compact_json, op_key, wire_json
 
 from ._support import FakeClock, sorted_concat
@@ -30,10 +30,18 @@ from .test_convergence_properties import ALL_FIELDS, ENGINE_SETTINGS, SCALE, Eng
 
 def general_apply(engine: MergeEngine, state: RecordState, op: Operation, want: bool) -> list[Conflict]:
     """`MergeEngine.apply` without its inlined registers: every field through `_apply_field`."""
+    conflicts = _general_fold(engine, state, op, want)
+    engine.after_fold(engine.plan(op.collection), state, conflicts)
+    return conflicts
+
+
+def _general_fold(engine: MergeEngine, state: RecordState, op: Operation, want: bool) -> list[Conflict]:
     if op.id in state.graph:
         return []
-    state.graph[op.id] = list(op.causal_deps)
     plan = engine.plan(op.collection)
+    if plan.windowed and len(state.graph) >= WINDOW_MAX:
+        trim_window(state.graph)
+    state.graph[op.id] = list(op.causal_deps)
     data = engine.op_fields(op) if op.type != "delete" else {}
     for name, _, _, policy in engine.transition_problems(op):
         if policy == "reject":

@@ -11,7 +11,7 @@ from offline import MergeTrace, op
 from offline.core.operations import Operation
 from offline.store.app import App
 
-from ._support import FakeClock, exchange_all, new_apps
+from ._support import FakeClock, exchange_all, make_schema, new_apps
 
 
 class Recorder:
@@ -191,3 +191,51 @@ def test_no_trace_for_a_field_only_one_side_wrote(pair: list[App], clock: FakeCl
     b.apply(a.operations())
     assert recorder.traces() == []
     assert b.items.find_by_id("r1")["title"] == "A" and b.items.find_by_id("r1")["lo"] == 3
+
+
+@pytest.mark.parametrize(
+    ("resolver", "reason"),
+    [
+        (lambda a, b, base: 1 / 0, "raised ZeroDivisionError"),
+        (lambda a, b, base: 42, "returned a int, not a string"),
+    ],
+)
+def test_a_failing_resolver_falls_back_to_the_later_value_once_and_says_so(
+    clock: FakeClock, resolver: Any, reason: str
+) -> None:
+    """A resolver that raises or returns an ill-typed value: every replica keeps the later write's value,
+    the trace says why (``fallback``), and reads do not call the resolver again."""
+    calls: list[Any] = []
+
+    def counted(a: Any, b: Any, base: Any) -> Any:
+        calls.append((a, b))
+        return resolver(a, b, base)
+
+    apps = new_apps(2, make_schema(resolver=counted), clock=clock)
+    try:
+        a, b = apps
+        a.items.insert({"id": "r1", "notes": "n0"})
+        exchange_all(apps)
+        clock.advance()
+        concurrent_updates(apps, clock, {"notes": "zeta"}, {"notes": "alpha"})
+        recorders = [Recorder(a), Recorder(b)]
+        exchange_all(apps)
+        for recorder in recorders:
+            (trace,) = recorder.traces()
+            assert trace.field == "notes" and trace.tier == 3
+            assert trace.output == "alpha"  # the later write (b's, later HLC)
+            assert trace.fallback is not None and reason in trace.fallback
+            assert json.loads(json.dumps(trace.to_dict()))["fallback"] == trace.fallback
+        called = len(calls)
+        for _ in range(3):
+            for app in apps:
+                assert app.items.find_by_id("r1")["notes"] == "alpha"  # type: ignore[index]
+                assert app.items.where({"notes": "alpha"}).count() == 1
+                app.flush()
+                state = app.cached_state("items", "r1")
+                assert state is not None
+                assert app.engine.materialize("items", "r1", state)["notes"] == "alpha"  # type: ignore[index]
+        assert len(calls) == called  # settled when the operations were folded, not on reads
+    finally:
+        for app in apps:
+            app.close()

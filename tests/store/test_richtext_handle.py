@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from offline import INVALID_OPERATION, OfflineError, create_app, define_schema, t
+from offline.merge import richtext
 from offline.store import App, RichTextHandle
 
 SCHEMA = define_schema(
@@ -223,3 +224,73 @@ def test_concurrent_edits_merge(app: App, peer: App) -> None:
     peer.apply(app.operations(after=peer.version_vector))
     assert app.docs.find_by_id(record["id"])["notes"] == "start middle end"
     assert peer.docs.find_by_id(record["id"])["notes"] == "start middle end"
+
+
+def _pycrdt_typing_bytes(text: str) -> int:
+    """What one pycrdt document holds after ``text`` was typed into it one character at a time."""
+    import pycrdt
+
+    doc = pycrdt.Doc()
+    typed = doc.get("text", type=pycrdt.Text)
+    for i, char in enumerate(text):
+        typed.insert(i, char)
+    return len(doc.get_update())
+
+
+def test_typing_is_stored_as_one_document_of_one_yjs_client(app: App) -> None:
+    """One node's keystrokes are one Yjs client's run: the stored document is about the size one pycrdt
+    document holds for the same typing (a new client per edit made it 21 times larger)."""
+    record = app.docs.insert({"title": "d", "notes": ""})
+    handle = app.docs.richtext(record["id"], "notes")
+    typed = "the quick brown fox jumps over the lazy dog " * 8
+    for char in typed:
+        handle.insert(len(handle), char)
+    app.flush()
+    state = app.cached_state("docs", record["id"])
+    assert state is not None
+    stored = richtext.decode_state(state.fields["notes"]["s"])
+    assert stored is not None
+
+    assert str(handle) == typed
+    assert len(stored) <= 2 * _pycrdt_typing_bytes(typed)
+    assert _clients(stored) == [richtext.client_id_for(app.node_id)]  # one client: this node's
+    other = app.docs.insert({"title": "e", "notes": "x"})
+    app.docs.richtext(other["id"], "notes").insert(1, "y")
+    state = app.cached_state("docs", other["id"])
+    assert state is not None
+    assert _clients(richtext.decode_state(state.fields["notes"]["s"]) or b"") == _clients(stored)
+
+
+def _clients(update: bytes) -> list[int]:
+    """The Yjs client ids in an update's state vector (count, then client and clock, as varints)."""
+    import pycrdt
+
+    vector = bytes(pycrdt.get_state(update))
+    numbers: list[int] = []
+    value = shift = 0
+    for byte in vector:
+        value |= (byte & 0x7F) << shift
+        shift += 7
+        if not byte & 0x80:
+            numbers.append(value)
+            value = shift = 0
+    return numbers[1::2]
+
+
+def test_two_users_typing_concurrently_converge_holding_both(app: App, peer: App) -> None:
+    record = app.docs.insert({"title": "d", "notes": "|"})
+    peer.apply(app.operations())
+    mine, theirs = app.docs.richtext(record["id"], "notes"), peer.docs.richtext(record["id"], "notes")
+    for i, char in enumerate("left side "):
+        mine.insert(i, char)
+        theirs.insert(len(theirs), "right side"[i])
+        if i % 4 == 3:  # exchange now and then, as a connection that comes and goes
+            app.apply(peer.operations(after=app.version_vector))
+            peer.apply(app.operations(after=peer.version_vector))
+    theirs.insert(len(theirs), "!")
+    app.apply(peer.operations(after=app.version_vector))
+    peer.apply(app.operations(after=peer.version_vector))
+
+    text = app.docs.find_by_id(record["id"])["notes"]
+    assert text == peer.docs.find_by_id(record["id"])["notes"]
+    assert text == "left side |right side!"

@@ -1,0 +1,162 @@
+"""Bounded growth (issue 24): the cost of one write to a record after many prior writes to it, per merge
+strategy, on the device; and the size of the record's stored merge state.
+
+Each strategy has a collection of its own holding one record. Its history is built through the fastest
+local path (writes in ``app.batch()`` transactions of 1,000: each is still its own operation, folded into
+the record as any write is), then ``SAMPLE`` single writes are timed and the median reported, with the
+state text's size beside the record's own (its row). Rich text types one character at the end each write
+(the prior writes are the characters typed); its figures also give the bytes one pycrdt document holds
+for the same typing.
+
+``OFFLINE_BENCH_GROWTH=quick`` runs smaller histories (10 / 1,000 / 10,000).
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+from offline import create_app, define_schema, t
+from offline.store.app import App
+
+SAMPLE = 40
+BATCH = 1_000
+
+
+def _keep_later(a: Any, b: Any, base: Any) -> Any:
+    return b
+
+
+SCHEMA = define_schema(
+    {
+        "version": 1,
+        "collections": {
+            "lww": {"fields": {"title": t.string()}},
+            "counter": {"fields": {"votes": t.number().merge("counter").default(0)}},
+            "addwins": {"fields": {"items": t.array(t.string()).default([])}},
+            "resolver": {"fields": {"notes": t.string().optional()}, "resolve": {"notes": _keep_later}},
+            "richtext": {"fields": {"body": t.richtext()}},
+        },
+    }
+)
+
+
+def _writer(app: App, strategy: str, record_id: str) -> Callable[[int], None]:
+    """One write of the strategy's kind (the i-th of the record's history)."""
+    if strategy == "lww":
+        return lambda i: app.lww.update(record_id, {"title": f"title {i}"})
+    if strategy == "counter":
+        return lambda i: app.counter.update(record_id, {"votes": i + 1})
+    if strategy == "addwins":
+
+        def append_or_remove(i: int) -> None:
+            # Append a new element, then (next write) remove it: the pairs the issue measured.
+            current = app.addwins.find_by_id(record_id)
+            assert current is not None
+            items = list(current["items"])
+            if i % 2 == 0:
+                items.append(f"e{i}")
+            else:
+                items = [x for x in items if x != f"e{i - 1}"]
+            app.addwins.update(record_id, {"items": items})
+
+        return append_or_remove
+    if strategy == "resolver":
+        return lambda i: app.resolver.update(record_id, {"notes": f"note {i}"})
+    handle = app.richtext.richtext(record_id, "body")
+    return lambda i: handle.insert(len(handle), "x")
+
+
+def _insert(app: App, strategy: str) -> str:
+    data: dict[str, Any] = {
+        "lww": {"title": "start"},
+        "counter": {"votes": 0},
+        "addwins": {"items": []},
+        "resolver": {"notes": "start"},
+        "richtext": {"body": ""},
+    }[strategy]
+    return str(getattr(app, strategy).insert(data)["id"])
+
+
+def _state_bytes(app: App, strategy: str, record_id: str) -> tuple[int, int]:
+    """(stored merge state text, stored row) sizes in bytes."""
+    app.flush()
+    conn = app.db.conn
+    (state,) = conn.execute(
+        "SELECT length(CAST(state AS BLOB)) FROM _offline_state WHERE collection = ? AND record_id = ?",
+        (strategy, record_id),
+    ).fetchone()
+    codec = app.codecs[strategy]
+    columns = " + ".join(f"coalesce(length(CAST({c} AS BLOB)), 0)" for c in codec.select_columns.split(", "))
+    (row,) = conn.execute(f"SELECT {columns} FROM {codec.table} WHERE id = ?", (record_id,)).fetchone()
+    return int(state), int(row)
+
+
+def _measure(strategy: str, sizes: list[int]) -> dict[str, Any]:
+    app = create_app(SCHEMA, path=":memory:")
+    try:
+        record_id = _insert(app, strategy)
+        write = _writer(app, strategy, record_id)
+        done = 0
+        out: dict[str, Any] = {}
+        build_seconds = 0.0
+        for size in sizes:
+            started = time.perf_counter()
+            while done < size:
+                with app.batch():
+                    for _ in range(min(BATCH, size - done)):
+                        write(done)
+                        done += 1
+            build_seconds += time.perf_counter() - started
+            times = []
+            for _ in range(SAMPLE):
+                start = time.perf_counter()
+                write(done)
+                times.append(time.perf_counter() - start)
+                done += 1
+            state, row = _state_bytes(app, strategy, record_id)
+            out[str(size)] = {
+                "write_ms": round(statistics.median(times) * 1000, 3),
+                "state_bytes": state,
+                "row_bytes": row,
+            }
+        first, last = out[str(sizes[0])]["write_ms"], out[str(sizes[-1])]["write_ms"]
+        out["last_over_first"] = round(last / first, 2) if first else None
+        out["history_build_s"] = round(build_seconds, 1)
+        return out
+    finally:
+        app.close()
+
+
+def _pycrdt_bytes(characters: int) -> int:
+    import pycrdt
+
+    doc = pycrdt.Doc()
+    text = doc.get("text", type=pycrdt.Text)
+    for i in range(characters):
+        text.insert(i, "x")
+    return len(doc.get_update())
+
+
+def run() -> dict[str, Any]:
+    quick = os.environ.get("OFFLINE_BENCH_GROWTH") == "quick"
+    bounded = [10, 1_000, 10_000] if quick else [10, 1_000, 100_000]
+    # These two keep the record's whole causal graph (see offline/merge/engine.py, "Bounded state"): their
+    # write cost grows with the history, so they stop where setting up a longer one takes minutes.
+    unbounded = [10, 1_000, 3_000]
+    text = [10, 1_000, 20_000]
+    figures: dict[str, Any] = {}
+    for strategy, sizes in (
+        ("lww", bounded),
+        ("counter", bounded),
+        ("addwins", unbounded),
+        ("resolver", unbounded),
+        ("richtext", text),
+    ):
+        figures[strategy] = _measure(strategy, sizes)
+    typed = text[-1] + SAMPLE
+    figures["richtext"]["pycrdt_doc_bytes_same_typing"] = _pycrdt_bytes(typed)
+    return {"device": figures, "sample_writes": SAMPLE}
