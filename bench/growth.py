@@ -1,7 +1,9 @@
 """Bounded growth (issue 24): the cost of one write to a record after many prior writes to it, per merge
 strategy, on the device; and the size of the record's stored merge state.
 
-Each strategy has a collection of its own holding one record. Its history is built through the fastest
+Each strategy has a collection of its own holding one record. ``server_fold_ms`` is the server's share of
+the same write: its merge engine reading the record's state text, folding the operation, writing the text
+(the server keeps states as text; its store and network costs are other suites'). Its history is built through the fastest
 local path (writes in ``app.batch()`` transactions of 1,000: each is still its own operation, folded into
 the record as any write is), then ``SAMPLE`` single writes are timed and the median reported, with the
 state text's size beside the record's own (its row). Rich text types one character at the end each write
@@ -20,6 +22,8 @@ from collections.abc import Callable
 from typing import Any
 
 from offline import create_app, define_schema, t
+from offline.core.operations import operation_from_text
+from offline.merge.engine import MergeEngine, RecordState
 from offline.store.app import App
 
 SAMPLE = 40
@@ -95,8 +99,34 @@ def _state_bytes(app: App, strategy: str, record_id: str) -> tuple[int, int]:
     return int(state), int(row)
 
 
+def _state_text(app: App, strategy: str, record_id: str) -> str:
+    (text,) = app.db.conn.execute(
+        "SELECT state FROM _offline_state WHERE collection = ? AND record_id = ?", (strategy, record_id)
+    ).fetchone()
+    return str(text)
+
+
+def _last_operation(app: App) -> Any:
+    (wire,) = app.db.conn.execute(
+        "SELECT wire FROM _offline_ops WHERE node_id = ? ORDER BY sequence_number DESC LIMIT 1",
+        (app.node_id,),
+    ).fetchone()
+    return operation_from_text(wire)
+
+
+def _server_fold(engine: MergeEngine, text: str, op: Any) -> float:
+    """What the server's merge does with one operation of the record: read the state text, fold, write the
+    text (its store and network costs aside)."""
+    start = time.perf_counter()
+    state = RecordState.from_json(text)
+    engine.apply(state, op, want_conflicts=False)
+    state.to_json()
+    return time.perf_counter() - start
+
+
 def _measure(strategy: str, sizes: list[int]) -> dict[str, Any]:
     app = create_app(SCHEMA, path=":memory:")
+    engine = MergeEngine(SCHEMA)
     try:
         record_id = _insert(app, strategy)
         write = _writer(app, strategy, record_id)
@@ -112,14 +142,19 @@ def _measure(strategy: str, sizes: list[int]) -> dict[str, Any]:
                         done += 1
             build_seconds += time.perf_counter() - started
             times = []
+            folds = []
             for _ in range(SAMPLE):
+                app.flush()
+                before = _state_text(app, strategy, record_id)
                 start = time.perf_counter()
                 write(done)
                 times.append(time.perf_counter() - start)
                 done += 1
+                folds.append(_server_fold(engine, before, _last_operation(app)))
             state, row = _state_bytes(app, strategy, record_id)
             out[str(size)] = {
                 "write_ms": round(statistics.median(times) * 1000, 3),
+                "server_fold_ms": round(statistics.median(folds) * 1000, 3),
                 "state_bytes": state,
                 "row_bytes": row,
             }
