@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from offline import create_app
@@ -22,8 +22,9 @@ from offline.sync import protocol as p
 from tests.hardening.support import SCHEMA, RawClient, Writer
 from tests.support.servers import ServerProcess
 
-from .conftest import PASSWORD
+from .conftest import PASSWORD, StoreFactory, http, make_routes, serve, sign_up, sync_url
 from .live import TIMEOUT, auth_server, client_from, sign_up_from, wait_for
+from .part_two import claims_of
 
 WAYS = ["revoke", "revoke-all", "sign-out", "refresh-reuse"]
 
@@ -38,13 +39,16 @@ class Servers:
 
 
 @contextlib.contextmanager
-def servers(kind: str, tmp_path: Path, request: pytest.FixtureRequest, **env: str) -> Iterator[Servers]:
+def servers(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest | None = None, **env: str
+) -> Iterator[Servers]:
     started: list[ServerProcess] = []
     try:
         if kind == "sqlite":
             started.append(auth_server(tmp_path / "server", env=env))
             yield Servers(started[0], started[0])
         else:
+            assert request is not None, "PostgreSQL needs the test's request (for postgres_url)"
             url = request.getfixturevalue("postgres_url")
             for name in ("one", "two"):
                 started.append(auth_server(tmp_path / name, store="postgres", db=url, env=env))
@@ -180,7 +184,7 @@ async def close_app(app: Any) -> None:
 
 
 def test_the_client_refreshes_and_reconnects_after_expiry_and_stops_after_revocation(tmp_path: Path) -> None:
-    with servers("sqlite", tmp_path, None, OFFLINE_AUTH_ACCESS_TTL="3") as where:  # type: ignore[arg-type]
+    with servers("sqlite", tmp_path, OFFLINE_AUTH_ACCESS_TTL="3") as where:
 
         async def scenario() -> None:
             app, auth, reasons = await signed_in_app(where.first, tmp_path, "roaming@example.com")
@@ -210,7 +214,7 @@ def test_the_client_refreshes_and_reconnects_after_expiry_and_stops_after_revoca
 
 
 def test_the_client_stops_on_session_revoked(tmp_path: Path) -> None:
-    with servers("sqlite", tmp_path, None) as where:  # type: ignore[arg-type]
+    with servers("sqlite", tmp_path) as where:
 
         async def scenario() -> None:
             app, auth, reasons = await signed_in_app(where.first, tmp_path, "stopped@example.com")
@@ -233,4 +237,25 @@ def test_the_client_stops_on_session_revoked(tmp_path: Path) -> None:
         asyncio.run(scenario())
 
 
-_ = httpx  # the HTTP client of tests.auth.live
+# -- revocations written to the store by something else -------------------------------------------------------
+
+
+def test_a_revocation_written_to_the_store_by_anything_else_closes_the_socket(stores: StoreFactory) -> None:
+    """What another process, an admin tool or a script writes is found by the poll of live sessions."""
+
+    async def scenario() -> None:
+        store = await stores.open()
+        async with serve(store, make_routes()) as server, http(server) as client:
+            user = await sign_up(client, "polled@example.com")
+            held = RawClient(sync_url(server), token=user["accessToken"])
+            await held.open()
+            try:
+                session_id = claims_of(user["accessToken"])["sid"]
+                async with store.auth_store().transaction() as tx:
+                    assert await tx.revoke_session(session_id, int(time.time() * 1000), "by an admin")
+                assert await held.wait_closed() == 1008
+                assert [e.code for e in held.errors] == ["SESSION_REVOKED"]
+            finally:
+                await held.close()
+
+    asyncio.run(scenario())
