@@ -3,10 +3,10 @@ addresses cannot lock the owner out on a device whose address changed.
 
 Every token pair of a user with an email carries ``deviceToken``: ``<expiry>.<signature>``, an HMAC-SHA256
 (key derived from AUTH_SECRET) over the account's normalised email and the expiry, valid for ``TTL`` seconds.
-A sign-in that sends a valid one for the email it signs in to is treated like one from an address known to
-that account (``sign_in_limits``: the account's total over all addresses does not apply; the limits per
-address and per account from that address still do). The token grants nothing else: it is not a credential,
-and a stolen one only spares its holder the account-wide limit. Stateless, so every server process sharing
+A sign-in that sends a valid one for the email it signs in to is counted in a window of its own, for that
+account and device (``sign_in_limits``), instead of its address's and the account's: guesses from its address
+or from anywhere else do not keep the owner's device out. The token grants nothing else: it is not a
+credential, and a stolen one gives its holder that one window of guesses at that one account. Stateless, so every server process sharing
 AUTH_SECRET accepts it, across restarts.
 """
 
@@ -40,6 +40,11 @@ class DeviceTokens:
     def issue(self, email: str) -> str:
         expires = int(self._now()) + TTL
         return f"{expires}.{self._signature(email, expires)}"
+
+    @staticmethod
+    def device_id(token: str) -> str:
+        """A short id of a (valid) token, to count its attempts by."""
+        return hashlib.sha256(token.encode()).hexdigest()[:32]
 
     def valid_for(self, token: object, email: str) -> bool:
         """True when ``token`` was issued for ``email`` and has not expired."""

@@ -413,11 +413,14 @@ class AuthRoutes:
         device = body.get("deviceToken")
         if device is not None and not isinstance(device, str):
             raise _invalid("deviceToken", "deviceToken must be the string a previous sign-in returned")
+        known_device = (
+            self.devices.device_id(device)
+            if isinstance(device, str) and self.devices.valid_for(device, email)
+            else None
+        )
         address = _client_address(request)
         # Counted before the check, with no await in between: concurrent guesses cannot all pass the limit.
-        reservation = self.sign_in_limits.reserve(
-            email, address, known_device=self.devices.valid_for(device, email)
-        )
+        reservation = self.sign_in_limits.reserve(email, address, device=known_device)
         if not isinstance(reservation, Reservation):
             log.warning("sign-in refused from %s: too many failed attempts", address)
             raise self._rate_limited(reservation, "failed sign-ins")

@@ -12,9 +12,12 @@ Three windows, each ``RateLimits``' setting:
 - per account over all addresses: ``account_total_attempts`` failures; what stops guessing spread over many
   addresses. It applies only to addresses that never signed in to that account: an address that did (in this
   process's memory, since its start) keeps its own per-(account, address) allowance, so an attacker elsewhere
-  cannot lock the owner out; nor does a device that sends the known-device token a past sign-in gave it
-  (``devices``), whatever its address now. The owner on a new device at a new address during such an attack
-  waits like the attacker (429 with ``Retry-After``), the one case a distributed attack can still cost it.
+  cannot lock the owner out. The owner on a new device at a new address during such an attack waits like the
+  attacker (429 with ``Retry-After``), the one case a distributed attack can still cost it.
+
+A device that sends the known-device token a past sign-in gave it (``devices``) is counted in a window of its
+own for that account instead (``account_attempts`` per window), whatever its address: guesses from its
+address or from anywhere else do not keep it out.
 
 On PostgreSQL, which several processes may share, an attempt that passes these windows is also counted in
 the database (``attempts``), so the limits hold over all the processes. Known addresses are remembered per
@@ -46,6 +49,7 @@ class Reservation:
     limiter: SignInLimiter
     account: str
     address: str
+    pair_key: str  # the key of its window in ``limiter.pair``: (account, address), or (account, device)
     stamps: list[tuple[SlidingWindow, str, float]] = field(default_factory=list)
     settled: bool = False
 
@@ -63,7 +67,7 @@ class Reservation:
     def succeeded(self) -> None:
         """The right password: not a failure, and this address now knows the account."""
         self.cancelled()
-        self.limiter.pair.reset(_pair(self.account, self.address))
+        self.limiter.pair.reset(self.pair_key)
         self.limiter.remember(self.account, self.address)
 
 
@@ -101,24 +105,30 @@ class SignInLimiter:
         ]
 
     def shared_pair_key(self, reservation: Reservation) -> str:
-        return f"pair\n{_pair(reservation.account, reservation.address)}"
+        return f"pair\n{reservation.pair_key}"
 
-    def reserve(self, account: str, address: str, *, known_device: bool = False) -> Reservation | float:
+    def reserve(self, account: str, address: str, *, device: str | None = None) -> Reservation | float:
         """A reservation for one password check, or the seconds to wait before trying again.
-        ``known_device``: the request proved this device signed in to the account before (``devices``)."""
-        checks: list[tuple[SlidingWindow, str]] = [
-            (self.pair, _pair(account, address)),
-            (self.address, address),
-        ]
-        known = known_device or self.known(account, address)
-        if not known:
-            checks.append((self.account, account))
+
+        ``device``: the request proved this device signed in to the account before (an id of its
+        known-device token, see ``devices``). Its attempts then count in a window of their own for that
+        account and device only: not the address's (the token is good for this one account, so it cannot be
+        used to try others), nor the account's total; so neither guesses from a shared address (an office,
+        a carrier's NAT) nor guesses from everywhere else keep the owner's own device out."""
+        if device is not None:
+            pair_key = _pair(account, f"device:{device}")
+            checks: list[tuple[SlidingWindow, str]] = [(self.pair, pair_key)]
+        else:
+            pair_key = _pair(account, address)
+            checks = [(self.pair, pair_key), (self.address, address)]
+            if not self.known(account, address):
+                checks.append((self.account, account))
         waits = [w for w in (window.retry_after(key) for window, key in checks) if w is not None]
         if waits:
             return max(waits)
         # Only windows below their limit are hit (a known address's failures do not count toward the
         # account's total), so no hit pushes an older event out and a take-back restores the count exactly.
-        reservation = Reservation(self, account, address)
+        reservation = Reservation(self, account, address, pair_key)
         reservation.stamps = [(window, key, window.hit(key)) for window, key in checks]
         return reservation
 

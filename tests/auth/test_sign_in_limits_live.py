@@ -189,3 +189,29 @@ def test_two_processes_sharing_postgres_share_the_limits(tmp_path: Path, postgre
     finally:
         for process in (first, second):
             assert process.terminate() == 0, process.log_path.read_text()
+
+
+def test_the_owners_device_gets_in_from_an_address_an_attacker_shares(server: ServerProcess) -> None:
+    async def scenario() -> None:
+        shared = "127.0.0.20"  # one office, one carrier NAT: the owner and an attacker behind it
+        device = (await sign_up_from(server, OWNER, "127.0.0.1"))["deviceToken"]
+        guesses = [WRONG] * 6 + [
+            {"email": f"other{i}@example.com", "password": "guess 12345"} for i in range(20)
+        ]
+        counts = statuses(await one_by_one(server, shared, guesses))
+        assert counts[401] == 20 and counts[429] == 6, (
+            counts
+        )  # 5 at the owner, 15 elsewhere: the address is spent
+        # The right password from that address is refused (its address and its account-and-address windows
+        # are full)...
+        assert_rate_limited(await sign_in_from(server, OWNER, PASSWORD, shared))
+        # ...unless it comes with the owner's device token: that device is counted on its own.
+        async with client_from(server, shared) as client:
+            body = {"email": OWNER, "password": PASSWORD, "deviceToken": device}
+            ok = await client.post("/auth/sign-in", json=body)
+            assert ok.status_code == 200, ok.text
+            # The token is good for its own account only.
+            other = {"email": "other0@example.com", "password": PASSWORD, "deviceToken": device}
+            assert_rate_limited(await client.post("/auth/sign-in", json=other))
+
+    asyncio.run(scenario())
