@@ -49,12 +49,11 @@ def test_slow_vendor_output_shows_in_the_live_view_while_it_runs_and_the_log_kee
     try:
         for index in range(1, 13):
             line = f"slow line {index}"
-            wait_for(
-                lambda line=line: any(shown.startswith(line) for shown in reporter.visible_lines()), line
-            )
+            # Drawn on the terminal, not only held in memory: the view takes the line, then redraws, so the
+            # screen is what to wait for.
+            wait_for(lambda line=line: line in screen.getvalue(), line)
             # The tool is still running (it waits for this acknowledgement): the view updated during the run.
             assert worker.is_alive() and not results
-            assert line in screen.getvalue()  # drawn on the terminal, not only held in memory
             visible = reporter.visible_lines()
             assert len(visible) <= VIEW_LINES and visible[-1].startswith(line)
             (fake_cli.state_dir / f"ack-{index}").write_text("")
