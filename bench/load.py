@@ -92,6 +92,7 @@ class LoadClient:
     _reader: asyncio.Task[None] | None = None
     _sequence: int = 0
     _clock: Any = None
+    closed: str = ""  # how the connection ended (close code and reason), when it did
 
     async def open(self) -> None:
         import websockets
@@ -130,6 +131,8 @@ class LoadClient:
                         p.new_message_id(), message.message_id, 0, message.max_delivery_sequence
                     )
                     await self.ws.send(p.encode(ack))
+                elif isinstance(message, p.ErrorMessage):
+                    self.closed = f"error {message.code}: {message.message}"
                 elif isinstance(message, p.Acknowledgment):
                     entry = self._pending.pop(message.acknowledged_message_id, None)
                     if entry is not None:
@@ -137,12 +140,21 @@ class LoadClient:
                         self.latencies.append(time.perf_counter() - sent)
                         if not future.done():
                             future.set_result(None)
-        except ConnectionClosed:
-            pass
+        except ConnectionClosed as exc:
+            received, sent = exc.rcvd, exc.sent
+            self.closed += (
+                ("; " if self.closed else "")
+                + (
+                    f"received close {received.code} {received.reason!r}"
+                    if received is not None
+                    else "no close received"
+                )
+                + (f", sent close {sent.code} {sent.reason!r}" if sent is not None else "")
+            )
         finally:
             for _, future in self._pending.values():
                 if not future.done():
-                    future.set_exception(ConnectionError("connection closed"))
+                    future.set_exception(ConnectionError(f"connection closed: {self.closed}"))
 
     def _operations(self, count: int) -> list[str]:
         from offline import create_operation, generate_uuid_v7

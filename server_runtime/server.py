@@ -189,13 +189,16 @@ class ProductionServer:
         self.operational.install()
         from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
+        from .keepalive import PatientWebSocketProtocol
+
         config = uvicorn.Config(
             TransportInScope(self.app, self.gate),
             http=self.gate.protocol(AutoHTTPProtocol),
             log_level="warning",
             lifespan="off",  # started above, so start() fails loudly instead of inside uvicorn
+            ws=PatientWebSocketProtocol,
             ws_max_size=self.sync.limits.max_message_bytes + 1024,
-            # Pings find peers that vanished without closing; a pong not back in time frees the session.
+            # Pings find peers that vanished without closing; a peer silent until a pong's deadline is cut off.
             ws_ping_interval=self.limits.ping_interval,
             ws_ping_timeout=self.limits.ping_timeout,
             # Batches of JSON compress well but deflate costs more CPU per operation than it saves on

@@ -12,9 +12,10 @@ from typing import Any
 import httpx
 import pytest
 from websockets.asyncio.client import connect as ws_connect
-from websockets.exceptions import InvalidStatus
+from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from offline import OfflineError, create_app
+from offline.core.uuid7 import generate_uuid_v7
 from offline.sync import protocol as p
 from server_runtime import MemoryServerStore, create_production_server
 from server_runtime.limits import ConnectionLimits, OriginPolicy, resolve_limits
@@ -190,6 +191,56 @@ def test_a_peer_that_stops_answering_pings_is_dropped_and_its_session_freed(tmp_
         finally:
             dead.close()
             await live.close()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        assert server.terminate() == 0
+
+
+def test_a_slow_reader_behind_on_relayed_data_is_not_taken_for_a_dead_peer(tmp_path: Path) -> None:
+    """The server's ping waits behind the relay frames already sent, so a client working through a backlog
+    answers it late; while frames keep arriving from it (its acknowledgements) it is alive and stays
+    connected. (The pings' timeout is short against the backlog: a server counting only pongs cuts it.)"""
+    env = {
+        "OFFLINE_PING_INTERVAL": "0.5",
+        "OFFLINE_PING_TIMEOUT": "2",
+        "OFFLINE_RELAY_FRAME_BYTES": "2048",  # many small frames: a deep backlog of frames to read
+    }
+    server = start_server(tmp_path / "server", store="memory", env=env)
+    batches, per_batch = 12, 10
+
+    async def scenario() -> None:
+        writer = RawClient(server.sync_url)
+        await writer.open()
+        # Pings off on the client's side: only the server's judgement is under test.
+        reader = await ws_connect(server.sync_url, max_size=None, ping_interval=None, max_queue=2)
+        hello = p.Handshake(p.new_message_id(), generate_uuid_v7(), {}, SCHEMA.version, 0)
+        await reader.send(p.encode(hello))
+        reply = p.decode(await asyncio.wait_for(reader.recv(), TIMEOUT))
+        assert isinstance(reply, p.HandshakeResponse) and reply.accepted
+        for _ in range(batches):
+            ops = [writer.writer.op("boards", {"name": "n" * 900}) for _ in range(per_batch)]
+            ack = await (await writer.send_batch(ops))
+            assert ack.delivery_sequence is not None
+        received = 0
+        try:
+            while received < batches * per_batch:
+                message = p.decode(await asyncio.wait_for(reader.recv(), TIMEOUT))
+                assert isinstance(message, p.OperationBatch), message
+                received += len(message.operations)
+                ack_message = p.Acknowledgment(
+                    p.new_message_id(), message.message_id, 0, message.max_delivery_sequence
+                )
+                await reader.send(p.encode(ack_message))
+                await asyncio.sleep(0.1)  # a client busy applying what it reads: the backlog takes seconds
+        except ConnectionClosed as exc:
+            raise AssertionError(
+                f"the server cut a reading client after {received} operations: {exc}"
+            ) from exc
+        finally:
+            await reader.close()
+            await writer.close()
 
     try:
         asyncio.run(scenario())
