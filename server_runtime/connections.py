@@ -105,6 +105,8 @@ class ConnectionGuard:
         # insertion order).
         self.pending: dict[str, dict[Connection, None]] = {}
         self.silent: dict[Connection, None] = {}
+        # Connections whose handshake has not been accepted yet (each may buffer max_handshake_bytes).
+        self.unauthenticated: dict[Connection, None] = {}
         self._empty = asyncio.Event()
         self._watchdog: asyncio.Task[None] | None = None
 
@@ -113,7 +115,8 @@ class ConnectionGuard:
 
     def admit(self, abort: Callable[[], None] | None, address: str = "") -> Connection | str:
         """A slot for a new connection from ``address``, or why there is none: the process holds
-        ``max_connections`` already, or that address has ``max_pending_per_address`` connections that have
+        ``max_connections`` already, or ``max_unauthenticated_connections`` (of all addresses) have not had
+        their handshake accepted, or that address has ``max_pending_per_address`` connections that have
         not sent their handshake (so one address cannot hold every slot with sockets that never say hello). Either way a
         connection that has said nothing for ``silent_grace`` seconds gives way to the new one first."""
         now = time.monotonic()
@@ -122,6 +125,14 @@ class ConnectionGuard:
             return (
                 f"this server holds its maximum of {self.limits.max_connections} sync connections; "
                 "retry later (with backoff)"
+            )
+        if len(
+            self.unauthenticated
+        ) >= self.limits.max_unauthenticated_connections and not self._evict_silent(self.silent, now):
+            self.counts["refused_unauthenticated"] += 1
+            return (
+                f"{self.limits.max_unauthenticated_connections} sync connections are waiting for their handshake "
+                "to be accepted; retry later (with backoff)"
             )
         waiting = self.pending.get(address)
         if (
@@ -137,6 +148,7 @@ class ConnectionGuard:
         conn = Connection(self.limits, abort, address)
         self.pending.setdefault(address, {})[conn] = None
         self.silent[conn] = None
+        self.unauthenticated[conn] = None
         self.connections.add(conn)
         self._empty.clear()
         if self._watchdog is None or self._watchdog.done():
@@ -168,8 +180,13 @@ class ConnectionGuard:
             if not waiting:
                 del self.pending[conn.address]  # no entry per address ever seen
 
+    def authenticated(self, conn: Connection) -> None:
+        """``conn``'s handshake was accepted: it no longer counts against max_unauthenticated_connections."""
+        self.unauthenticated.pop(conn, None)
+
     def release(self, conn: Connection) -> None:
         self.heard(conn)
+        self.authenticated(conn)
         self.connections.discard(conn)
         if not self.connections:
             self._empty.set()
@@ -247,6 +264,11 @@ class GuardCollector:
             "offline_sync_connections_silent",
             "Open sync connections that have not sent their handshake yet",
             value=len(guard.silent),
+        )
+        yield GaugeMetricFamily(
+            "offline_sync_connections_unauthenticated",
+            "Open sync connections whose handshake has not been accepted yet",
+            value=len(guard.unauthenticated),
         )
         yield GaugeMetricFamily(
             "offline_sync_connections_limit",

@@ -1,7 +1,7 @@
 """The WebSocket sync endpoint: one `Session` per connection, driven by `SyncService`.
 
 Admission and limits (see ``server_runtime.limits``): the ``Origin`` allow-list is checked before the upgrade
-(HTTP 403); a process at ``max_connections``, or a client address with ``max_pending_per_address``
+(HTTP 403); a process at ``max_connections`` or ``max_unauthenticated_connections``, or a client address with ``max_pending_per_address``
 connections that have not sent their handshake, answers ``error OVERLOADED`` and closes with 1013 (unless a connection silent
 for ``silent_grace`` can give way); a server shutting down answers ``error SERVER_SHUTDOWN``. A connection
 must send its handshake within ``handshake_timeout``. A client that vanishes is one log line, within a budget
@@ -298,6 +298,7 @@ async def _session(
         supported_schema_max=hi,
     )
     conn.restore_frame_limit()  # signed in: the session's frames may be as large as max_message_bytes
+    guard.authenticated(conn)
     await send(p.encode(response))
     conn.session = session
     service.sessions.add(session)

@@ -33,6 +33,10 @@ What each limit does when it is hit (codes are the protocol's, see ``offline.syn
 - ``max_handshake_bytes``: until its handshake is accepted, a connection's frames may be at most this large
   (256 KiB); a larger one is refused by the WebSocket layer as it arrives (close 1009), so an unauthenticated
   peer cannot make the server buffer ``max_message_bytes``.
+- ``max_unauthenticated_connections``: sync connections, from all addresses together, whose handshake has not
+  been accepted yet (256: with ``max_handshake_bytes`` at most 64 MiB of frames buffered before sign-in); one
+  more gets ``error OVERLOADED`` (retriable) and close 1013, unless a connection silent for ``silent_grace``
+  gives way. The per-address limit alone would let many addresses together buffer gigabytes.
 - ``max_body_bytes`` / ``max_backup_body_bytes``: the largest HTTP request body (every route / the backup
   import); a larger one gets HTTP 413 ``BODY_TOO_LARGE`` and nothing past the cap is read (see
   ``server_runtime.request_limits``).
@@ -80,6 +84,9 @@ class ConnectionLimits:
     # The largest frame before the handshake is accepted (a handshake with a version vector of some 5,000
     # nodes); the session's frames may then be max_message_bytes.
     max_handshake_bytes: int = 256 * 1024
+    # Sync connections of all addresses together whose handshake has not been accepted yet: each may buffer
+    # max_handshake_bytes, so this bounds what unauthenticated peers can make the process hold (64 MiB).
+    max_unauthenticated_connections: int = 256
     max_body_bytes: int = 64 * 1024
     max_backup_body_bytes: int = 512 * 1024 * 1024
 

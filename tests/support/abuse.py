@@ -291,6 +291,30 @@ async def oversized_first_frame(host: str, port: int, size: int, source: str = "
     return answer
 
 
+async def unfinished_first_frame(
+    host: str, port: int, size: int, source: str
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
+    """Upgrade, then send all but the last byte of a ``size``-byte text frame before any handshake, and hold the
+    connection: the server buffers what arrived until the frame ends or the connection does. None when the
+    server refused the connection before the frame was out."""
+    try:
+        reader, writer = await asyncio.open_connection(host, port, local_addr=(source, 0))
+    except OSError:
+        return None
+    try:
+        writer.write(upgrade_request(host, port))
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 60)
+        if not head.startswith(b"HTTP/1.1 101"):
+            raise ConnectionError(head[:40])
+        writer.write(struct.pack("!BBQ", 0x81, 0x80 | 127, size) + b"\0\0\0\0")  # a zero mask
+        writer.write(b"x" * (size - 1))
+        await writer.drain()
+    except (OSError, TimeoutError, asyncio.IncompleteReadError):
+        writer.transport.abort()
+        return None
+    return reader, writer
+
+
 def reset(sock: socket.socket) -> None:
     """Close with a TCP reset (SO_LINGER 0), as a crashed client or a dropped NAT mapping does."""
     with contextlib.suppress(OSError):
