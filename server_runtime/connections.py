@@ -115,9 +115,10 @@ class ConnectionGuard:
 
     def admit(self, abort: Callable[[], None] | None, address: str = "") -> Connection | str:
         """A slot for a new connection from ``address``, or why there is none: the process holds
-        ``max_connections`` already, or ``max_unauthenticated_connections`` (of all addresses) have not had
-        their handshake accepted, or that address has ``max_pending_per_address`` connections that have
-        not sent their handshake (so one address cannot hold every slot with sockets that never say hello). Either way a
+        ``max_connections`` already, or that address has ``max_pending_per_address`` connections that have
+        not sent their handshake (so one address cannot hold every slot with sockets that never say hello), or
+        ``max_unauthenticated_connections`` of all addresses together have not had their handshake accepted
+        (so many addresses together cannot make it buffer gigabytes before sign-in). Either way a
         connection that has said nothing for ``silent_grace`` seconds gives way to the new one first."""
         now = time.monotonic()
         if len(self.connections) >= self.limits.max_connections and not self._evict_silent(self.silent, now):
@@ -126,24 +127,26 @@ class ConnectionGuard:
                 f"this server holds its maximum of {self.limits.max_connections} sync connections; "
                 "retry later (with backoff)"
             )
-        if len(
-            self.unauthenticated
-        ) >= self.limits.max_unauthenticated_connections and not self._evict_silent(self.silent, now):
+        waiting = self.pending.get(address)
+        made_room = False  # an evicted connection counts until it is gone: evict one at most per admission
+        if waiting is not None and len(waiting) >= self.limits.max_pending_per_address:
+            made_room = self._evict_silent(waiting, now)
+            if not made_room:
+                self.counts["refused_pending_per_address"] += 1
+                return (
+                    f"{self.limits.max_pending_per_address} sync connections from this address have not sent "
+                    "their handshake yet; retry later (with backoff)"
+                )
+        # Every address together: each of these may buffer max_handshake_bytes before it is signed in.
+        if (
+            len(self.unauthenticated) >= self.limits.max_unauthenticated_connections
+            and not made_room
+            and not self._evict_silent(self.silent, now)
+        ):
             self.counts["refused_unauthenticated"] += 1
             return (
-                f"{self.limits.max_unauthenticated_connections} sync connections are waiting for their handshake "
-                "to be accepted; retry later (with backoff)"
-            )
-        waiting = self.pending.get(address)
-        if (
-            waiting is not None
-            and len(waiting) >= self.limits.max_pending_per_address
-            and not self._evict_silent(waiting, now)
-        ):
-            self.counts["refused_pending_per_address"] += 1
-            return (
-                f"{self.limits.max_pending_per_address} sync connections from this address have not sent "
-                "their handshake yet; retry later (with backoff)"
+                f"{self.limits.max_unauthenticated_connections} sync connections are waiting for their "
+                "handshake to be accepted; retry later (with backoff)"
             )
         conn = Connection(self.limits, abort, address)
         self.pending.setdefault(address, {})[conn] = None
