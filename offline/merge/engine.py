@@ -1181,7 +1181,9 @@ class MergeEngine:
 
 #: A windowed state (see "Bounded state") holds at most this many operations of its causal graph...
 WINDOW_MAX = 16
-#: ...and a trim leaves this many: the heads and the latest others.
+#: ...and a trim leaves this many: the heads and the latest others. More than one: a state whose graph holds
+#: one operation is what that operation makes of an empty state (the local store keeps such a state as a
+#: reference to its operation).
 WINDOW_KEEP = 12
 
 

@@ -12,10 +12,10 @@ import pytest
 from offline import define_schema, migrate, t
 from offline.core.hlc import HLCTimestamp, HybridLogicalClock
 from offline.merge import richtext
-from offline.merge.engine import Conflict, MergeEngine, RecordState
+from offline.merge.engine import WINDOW_MAX, Conflict, MergeEngine, RecordState
 from offline.merge.values import element_key, fits, fraction_to_number, norm_number, normalize, op_key
 
-from ._support import SCHEMA, canonical, make_op, make_schema, new_apps
+from ._support import SCHEMA, WINDOWED_SCHEMA, canonical, make_op, make_schema, new_apps
 
 T0 = 1_700_000_000_000
 
@@ -625,3 +625,82 @@ def test_materialized_defaults(engine: MergeEngine) -> None:
         {"id": "r1", "title": None, "count": 0, "hi": None, "lo": None, "tags": [], "log": [], "owner": None,
          "status": "todo", "phase": "a", "notes": None, "body": ""}
     )  # fmt: skip
+
+
+# -- bounded state ---------------------------------------------------------------------------------------
+
+
+def _counter_history(engine: MergeEngine, writes: int) -> tuple[RecordState, list[Any]]:
+    """A record of the windowed schema (no add-wins set, no resolver) and ``writes`` sequential updates of
+    its counter by two alternating nodes, each write having seen the one before."""
+    state = RecordState()
+    ops = [make_op(node="n1", seq=1, type="insert", data={"title": "t", "count": 0})]
+    engine.apply(state, ops[0])
+    for i in range(writes):
+        node = ("n1", "n2")[i % 2]
+        op = make_op(
+            node=node,
+            seq=i + 2,
+            type="update",
+            data={"count": i + 1},
+            previous={"count": i},
+            wall=T0 + i + 1,
+            deps=state.heads(),
+        )
+        ops.append(op)
+        engine.apply(state, op)
+    return state, ops
+
+
+def test_a_windowed_state_stays_small_whatever_the_history() -> None:
+    engine = MergeEngine(WINDOWED_SCHEMA)
+    short, _ = _counter_history(engine, 20)
+    long, ops = _counter_history(engine, 600)
+
+    assert len(long.to_json()) <= len(short.to_json()) + 100  # bounded: the keys' digits grow, not the graph
+    assert len(long.to_json()) <= 2048
+    assert len(long.graph) <= WINDOW_MAX
+    assert long.heads() == [ops[-1].id]  # heads stay exact
+    assert engine.materialize("items", "r1", long)["count"] == 600  # type: ignore[index]
+    # The whole set folded at once (duplicates included) gives the same record.
+    assert engine.fold("items", "r1", [*reversed(ops), *ops[:50]])[1] == engine.materialize(
+        "items", "r1", long
+    )
+
+
+def test_a_state_stored_with_its_whole_graph_loads_and_is_trimmed_by_its_next_write() -> None:
+    """States written before the window held every operation of the record; they still load, and the
+    next write leaves a window."""
+    engine = MergeEngine(WINDOWED_SCHEMA)
+    _, ops = _counter_history(engine, 60)
+    full = RecordState()
+    for op in ops:  # every id kept, as the engine did before windows
+        full.graph[op.id] = list(op.causal_deps)
+    full_engine_state = RecordState.from_json(engine.fold("items", "r1", ops)[0].to_json())
+    old = RecordState(
+        graph=full.graph, exist=full_engine_state.exist, has_insert=True, fields=full_engine_state.fields
+    )
+    loaded = RecordState.from_json(old.to_json())
+    assert len(loaded.graph) == len(ops)
+    assert engine.materialize("items", "r1", loaded)["count"] == 60  # type: ignore[index]
+
+    nxt = make_op(
+        node="n3",
+        seq=1,
+        type="update",
+        data={"count": 61},
+        previous={"count": 60},
+        wall=T0 + 999,
+        deps=loaded.heads(),
+    )
+    engine.apply(loaded, nxt)
+    assert len(loaded.graph) <= WINDOW_MAX
+    assert loaded.heads() == [nxt.id]
+    assert engine.materialize("items", "r1", loaded)["count"] == 61  # type: ignore[index]
+
+
+def test_collections_with_causal_registers_keep_the_whole_graph() -> None:
+    """An add-wins set or a resolver reads the causal graph for its value: their records keep all of it."""
+    engine = MergeEngine(SCHEMA)
+    state, ops = _counter_history(engine, 40)
+    assert len(state.graph) == len(ops)
