@@ -138,8 +138,8 @@ def reject_operation(
     app.flush()
     with app.db.lock, app.db.transaction():
         op = _find(app, op_id, place)
-        if op is None:
-            return None
+        if op is None or _status(app, op) == REJECTED:
+            return None  # (a refusal delivered twice, or of an operation written again: see restamp)
         entry = _rejection(app, op, code, message)
         _take_out(app, [op])
         app.db.conn.execute(
@@ -169,19 +169,20 @@ def restamp(app: App, op_id: str, *, place: tuple[str, int] | None = None, ceili
     leaves the operation set (status REJECTED) and its write is made again (same type, data and previous
     data, so its effect is the same) with the clock corrected and reseeded below ``ceiling`` (see
     `App.reseed_clock`); several refused in a row are written again in the order the caller gives, which is
-    the order they were sent in. Returns the new operation (None when the refused one is not held here).
+    the order they were sent in. Returns the new operation (the refused one when it was written again
+    already; None when it is not this node's to write again: the caller rejects it then).
     """
     from .app import Write
 
     app.flush()
     with app.batch():
         op = _find(app, op_id, place)
-        if op is None or op.node_id != app.node_id or _status(app, op) != PENDING:
-            return None  # not ours, or taken care of already (the same refusal delivered twice)
+        if op is None or op.node_id != app.node_id or op.collection not in app.codecs:
+            return None  # not ours to write again
+        if _status(app, op) != PENDING:
+            return op  # written again already (the same refusal delivered twice)
         _take_out(app, [op])
         app.reseed_clock(ceiling)
-        if op.collection not in app.codecs:
-            return None
         write = Write(op.collection, op.record_id, op.type, _plain(op.data), _plain(op.previous_data))
         (new, _), *_ = app.commit_local([write])
     return new

@@ -640,11 +640,12 @@ class SyncEngine:
             ceiling = app._physical() + MAX_DRIFT_MS - _RESTAMP_MARGIN_MS
             again = replication.restamp(app, message.operation_id, place=place, ceiling=ceiling)
             if again is not None:
-                log.info(
-                    "sync: operation %s was stamped ahead of the server's clock; sent again as %s",
-                    message.operation_id,
-                    again.id,
-                )
+                if again.id != message.operation_id:  # (else: a refusal delivered twice)
+                    log.info(
+                        "sync: operation %s was stamped ahead of the server's clock; sent again as %s",
+                        message.operation_id,
+                        again.id,
+                    )
                 self._signal()
                 return
         log.warning("server refused operation %s: %s %s", message.operation_id, message.code, message.message)

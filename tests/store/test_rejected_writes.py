@@ -14,7 +14,7 @@ import pytest
 from offline import OfflineError, create_app, define_schema, t
 from offline.store import App
 from offline.store.database import PENDING, REJECTED
-from offline.store.replication import discard, mark_acknowledged, reject_operation, rejected, retry
+from offline.store.replication import discard, mark_acknowledged, reject_operation, rejected, restamp, retry
 
 SCHEMA = define_schema(
     {
@@ -140,5 +140,36 @@ def test_discard_forgets_a_refusal(tmp_path: Path) -> None:
         assert rejected(app) == []
         assert discard(app, op_id) is False
         assert app.notes.count() == 0
+    finally:
+        app.close()
+
+
+def test_a_refusal_delivered_twice_is_listed_and_announced_once(tmp_path: Path) -> None:
+    app = open_app(tmp_path)
+    events: list[Any] = []
+    app.events.on("sync:rejected", events.append)
+    try:
+        app.notes.insert({"body": "once"})
+        op_id = refuse_last(app)
+        assert reject_operation(app, op_id, "SCOPE_VIOLATION", "not yours") is None
+        assert len(rejected(app)) == 1 and len(events) == 1
+    finally:
+        app.close()
+
+
+def test_a_clock_refusal_writes_the_operation_again_once(tmp_path: Path) -> None:
+    """What `restamp` does for a `CLOCK_DRIFT` refusal: the write again under a new id, in its place in the
+    record; the same refusal delivered again changes nothing and lists nothing."""
+    app = open_app(tmp_path)
+    try:
+        note = app.notes.insert({"body": "early", "rank": 1})
+        old = app.operations()[-1]
+        again = restamp(app, old.id, ceiling=old.timestamp.wall_time + 1)
+        assert again is not None and again.id != old.id
+        assert (again.type, again.data, again.sequence_number) == ("insert", old.data, 2)
+        assert app.notes.find_by_id(note["id"]) == note
+        assert restamp(app, old.id, ceiling=old.timestamp.wall_time + 1) == old  # delivered twice
+        assert reject_operation(app, old.id, "CLOCK_DRIFT", "ahead") is None  # nor is it listed
+        assert rejected(app) == [] and statuses(app) == [REJECTED, PENDING]
     finally:
         app.close()
