@@ -89,7 +89,9 @@ class Checkpointer:
                     return
                 try:
                     if self._due():
-                        self._conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+                        busy = self._conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()[0]
+                        if busy:  # another checkpoint (the writer's) had the log: it did the work
+                            continue
                         self.checkpoints += 1
                         self._checkpointed_at = time.monotonic()
                 except (OSError, sqlite3.Error):
