@@ -225,8 +225,9 @@ _PROJECT_DIR = click.option(
 
 
 class DeployGroup(click.Group):
-    """`offline deploy`: with --json, a command line click refuses (an unknown --platform, a bad flag) is
-    also answered with one JSON error object on stdout, like every other failure."""
+    """`offline deploy`: with --json, a command line click refuses (an unknown --platform, a bad flag, for the
+    group or a subcommand such as `logs --lines x`) is also answered with one JSON error object on stdout, like
+    every other failure."""
 
     def make_context(
         self, info_name: str | None, args: list[str], parent: click.Context | None = None, **extra: Any
@@ -236,13 +237,25 @@ class DeployGroup(click.Group):
             return super().make_context(info_name, args, parent=parent, **extra)
         except click.UsageError as exc:
             if wants_json:
-                error = {
-                    "code": "USAGE",
-                    "message": exc.format_message(),
-                    "hint": "See `offline deploy --help`.",
-                }
-                _emit(current_environment(), json.dumps({"ok": False, "error": error}) + "\n")
+                _emit_usage_error(exc)
             raise
+
+    def invoke(self, ctx: click.Context) -> Any:
+        # The subcommand's words are still pending here; click parses them (and may refuse them) inside.
+        pending = [*getattr(ctx, "_protected_args", ()), *ctx.args]
+        wants_json = "--json" in pending or bool(ctx.params.get("as_json"))
+        try:
+            return super().invoke(ctx)
+        except click.UsageError as exc:
+            if wants_json:
+                _emit_usage_error(exc)
+            raise
+
+
+def _emit_usage_error(exc: click.UsageError) -> None:
+    command = exc.ctx.command_path if exc.ctx is not None else "offline deploy"
+    error = {"code": "USAGE", "message": exc.format_message(), "hint": f"See `{command} --help`."}
+    _emit(current_environment(), json.dumps({"ok": False, "error": error}) + "\n")
 
 
 @click.group(

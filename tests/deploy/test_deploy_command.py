@@ -915,6 +915,20 @@ def test_json_usage_errors_are_a_json_object_too(harness: Harness) -> None:
 
 
 @pytest.mark.parametrize(
+    "words",
+    [("logs", "--lines", "x", "--json"), ("status", "--bogus", "--json"), ("--json", "rollback", "--bogus")],
+)
+def test_json_usage_errors_of_a_subcommand_are_a_json_object_too(
+    harness: Harness, words: tuple[str, ...]
+) -> None:
+    outcome = harness.deploy(*words)
+    assert outcome.exit_code == 2
+    error = json.loads(outcome.stdout)["error"]
+    assert error["code"] == "USAGE" and error["message"] and "--help" in error["hint"]
+    assert harness.remote.calls == []
+
+
+@pytest.mark.parametrize(
     ("alias", "code"),
     [
         ("fly", "host-a"),
