@@ -537,7 +537,9 @@ class FlyAdapter(PlatformAdapter):
         org = str(ctx.options.get("org") or ctx.state.get("org") or DEFAULT_ORG)
         lines = [f"Fly.io app {ctx.app} in organization {org} (when missing)"]
         if "DATABASE_URL" not in ctx.forwarded_secrets():
-            lines.append(f"volume {VOLUME_NAME} (1 GB, at {DATA_DIR}; created by the first deploy)")
+            lines.append(
+                f"volume {VOLUME_NAME} (1 GB, at {DATA_DIR}; kept when Fly already has it, else created)"
+            )
         lines.append("a release built on Fly.io's remote builder, on one machine")
         return lines
 
