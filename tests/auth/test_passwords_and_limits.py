@@ -13,6 +13,7 @@ from offline.core.errors import OfflineError
 from server_runtime.auth.hash_queue import HashQueue, QueueFull
 from server_runtime.auth.passwords import PasswordService, check_password_shape
 from server_runtime.auth.rate_limit import RateLimits, SlidingWindow, rate_limits_from, retry_after_header
+from server_runtime.auth.settings import auth_options_from_environment
 from server_runtime.auth.sign_in_limits import Reservation, SignInLimiter
 
 from .conftest import FAST_HASHER
@@ -283,3 +284,25 @@ def test_a_newcomer_displaces_a_flooding_key_never_one_asking_in_turn() -> None:
             queue.close()
 
     asyncio.run(scenario())
+
+
+def test_auth_settings_from_the_environment() -> None:
+    options = auth_options_from_environment(
+        {
+            "OFFLINE_AUTH_ACCESS_TTL": "120",
+            "OFFLINE_AUTH_ADDRESS_ATTEMPTS": "100",
+            "OFFLINE_AUTH_MFA_WINDOW": "60.5",
+        }
+    )
+    assert options["access_ttl"] == 120.0
+    assert options["rate_limits"].address_attempts == 100 and options["rate_limits"].mfa_window == 60.5
+    assert auth_options_from_environment({}) == {}
+    for name, value in (
+        ("OFFLINE_AUTH_ADDRESS_ATTEMPTS", "2.5"),
+        ("OFFLINE_AUTH_ACCOUNT_WINDOW", "-1"),
+        ("OFFLINE_AUTH_REFRESH_TTL", "soon"),
+    ):
+        with pytest.raises(OfflineError) as bad:
+            auth_options_from_environment({name: value})
+        assert bad.value.code == "AUTH_CONFIG" and bad.value.context["field"] == name
+        assert name in bad.value.message
