@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import threading
 from collections import OrderedDict
 from typing import Any
 
@@ -72,17 +73,21 @@ class _Documents:
         self.size = size
         self.docs: OrderedDict[bytes, Any] = OrderedDict()
         self.texts: OrderedDict[bytes, str] = OrderedDict()
+        # Apps on several threads share the cache; a document is only used by whoever took it out.
+        self.lock = threading.Lock()
 
     def _put(self, cache: OrderedDict[Any, Any], key: Any, value: Any) -> None:
-        cache[key] = value
-        cache.move_to_end(key)
-        while len(cache) > self.size:
-            cache.popitem(last=False)
+        with self.lock:
+            cache[key] = value
+            cache.move_to_end(key)
+            while len(cache) > self.size:
+                cache.popitem(last=False)
 
     def take(self, state: bytes, client_id: int | None = None) -> tuple[Any, bool]:
         """The document of ``state`` (as ``client_id`` when given), out of the cache: the caller changes it;
         and whether it holds exactly ``state`` (nothing pending, which a document cannot be trusted with)."""
-        doc = self.docs.pop(state, None)
+        with self.lock:
+            doc = self.docs.pop(state, None)
         if doc is not None and (client_id is None or doc.client_id == client_id):
             return doc, True
         doc = _pycrdt().Doc() if client_id is None else _pycrdt().Doc(client_id=client_id)
@@ -98,12 +103,16 @@ class _Documents:
             self._put(self.texts, state, text)
 
     def text(self, state: bytes) -> str:
-        text = self.texts.get(state)
-        if text is not None:
-            self.texts.move_to_end(state)
-            return text
-        doc = self.docs.get(state)
-        text = str(_text(doc if doc is not None else _doc(state)))
+        with self.lock:
+            text = self.texts.get(state)
+            if text is not None:
+                self.texts.move_to_end(state)
+                return text
+            doc = self.docs.get(state)
+            if doc is not None:
+                text = str(_text(doc))
+        if text is None:
+            text = str(_text(_doc(state)))
         self._put(self.texts, state, text)
         return text
 
