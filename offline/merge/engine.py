@@ -561,24 +561,39 @@ class MergeEngine:
         conflicts = self._apply(state, op, want_conflicts)
         plan = self._plans.get(op.collection)
         if plan is not None and (plan.sets or plan.resolvers):
-            self.after_fold(plan, state, conflicts)
+            self.after_fold(plan, state, op, conflicts)
         return conflicts
 
-    def after_fold(self, plan: _Plan, state: RecordState, conflicts: list[Conflict]) -> None:
-        """What follows every fold into a record of ``plan``'s collection: removed additions of add-wins
-        sets are forgotten, Tier 3 fields settled."""
+    def after_fold(self, plan: _Plan, state: RecordState, op: Operation, conflicts: list[Conflict]) -> None:
+        """What follows the fold of ``op`` into a record of ``plan``'s collection: removed additions of
+        add-wins sets are forgotten, Tier 3 fields settled. Only registers ``op`` may have changed: those it
+        writes, or all of them when it arrived after an operation that depends on it (it may complete the
+        causal order between earlier writes)."""
         if not state.fields:
             return
+        graph = state.graph
+        op_id = op.id
+        late = op.schema_version != plan.schema_version or any(op_id in deps for deps in graph.values())
+        written: Mapping[str, Any] = op.data or {}
         if plan.sets:
-            _drop_removed_additions(plan.sets, state)
+            names = plan.sets if late else [n for n in plan.sets if n in written]
+            if names:
+                _drop_removed_additions(names, state)
         if plan.resolvers:
-            self._settle_resolvers(plan, state, conflicts)
+            settle = [
+                name
+                for name in plan.resolvers
+                if late or name in written or "rv" not in (state.fields.get(name) or {"rv": None})
+            ]
+            if settle:
+                self._settle_resolvers(plan, state, conflicts, settle)
 
-    def _settle_resolvers(self, plan: _Plan, state: RecordState, conflicts: list[Conflict]) -> None:
-        """Resolve every Tier 3 field of ``state`` once, now, and keep the value in its register ("rv"), so
-        reads do not call resolvers. Any write can change a value (it may complete the causal order of
-        earlier ones), so all of them are settled after each."""
-        for name in plan.resolvers:
+    def _settle_resolvers(
+        self, plan: _Plan, state: RecordState, conflicts: list[Conflict], names: list[str]
+    ) -> None:
+        """Resolve Tier 3 fields ``names`` of ``state`` once, now, and keep each value in its register
+        ("rv"), so reads do not call resolvers."""
+        for name in names:
             reg = state.fields.get(name)
             if not reg or not reg.get("w"):
                 continue

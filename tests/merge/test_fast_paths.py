@@ -31,7 +31,7 @@ from .test_convergence_properties import ALL_FIELDS, ENGINE_SETTINGS, SCALE, Eng
 def general_apply(engine: MergeEngine, state: RecordState, op: Operation, want: bool) -> list[Conflict]:
     """`MergeEngine.apply` without its inlined registers: every field through `_apply_field`."""
     conflicts = _general_fold(engine, state, op, want)
-    engine.after_fold(engine.plan(op.collection), state, conflicts)
+    engine.after_fold(engine.plan(op.collection), state, op, conflicts)
     return conflicts
 
 
