@@ -136,6 +136,16 @@ class RecordState:
             return cls(graph=graph, exist=raw["e"], has_insert=raw["i"], fields=raw["f"])
         return _decode_state(cls, raw)
 
+    def copy(self) -> RecordState:
+        """An independent copy (what ``from_json(to_json())`` gives), without encoding the causal graph: its
+        dependency lists are never changed in place, so the copy shares them; registers are copied whole."""
+        return RecordState(
+            graph=dict(self.graph),
+            exist=None if self.exist is None else list(self.exist),
+            has_insert=self.has_insert,
+            fields=_loads(compact_json(self.fields)),
+        )
+
     @property
     def alive(self) -> bool:
         return self.has_insert and self.exist is not None and self.exist[1] != "delete"

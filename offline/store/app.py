@@ -586,12 +586,9 @@ class App:
                     state = RecordState()
                 else:
                     dirty = self._dirty.get(key)
-                    if dirty is not None:
-                        # Work on a copy: if the transaction fails, the cache must not hold its effects.
-                        state = RecordState.from_json(dirty.to_json())
-                    else:
-                        # Read from the database: already a private copy.
-                        state = self.db.load_state(*key) or RecordState()
+                    # Work on a copy of a cached state (if the transaction fails, the cache must not hold its
+                    # effects); one read from the database is a private copy already.
+                    state = dirty.copy() if dirty is not None else self.db.load_state(*key) or RecordState()
                 staged[key] = state
             self._seq += 1
             op, wire = _local_operation(

@@ -704,3 +704,24 @@ def test_collections_with_causal_registers_keep_the_whole_graph() -> None:
     engine = MergeEngine(SCHEMA)
     state, ops = _counter_history(engine, 40)
     assert len(state.graph) == len(ops)
+
+
+def test_a_state_copy_is_independent_and_encodes_like_a_decoded_one() -> None:
+    engine = MergeEngine(SCHEMA)
+    state, _ = _counter_history(engine, 30)
+    tagged = make_op(
+        node="n3", seq=1, type="update", data={"tags": ["x"], "notes": "n"}, previous={"tags": []}, wall=T0 + 99,
+        deps=state.heads(),
+    )  # fmt: skip
+    engine.apply(state, tagged)
+    copied = state.copy()
+    assert copied == RecordState.from_json(state.to_json())
+    assert copied.to_json() == state.to_json()
+    later = make_op(
+        node="n3", seq=2, type="update", data={"tags": [], "count": 99}, previous={"tags": ["x"], "count": 30},
+        wall=T0 + 100, deps=copied.heads(),
+    )  # fmt: skip
+    before = state.to_json()
+    engine.apply(copied, later)
+    assert state.to_json() == before  # the original did not change
+    assert engine.materialize("items", "r1", copied)["tags"] == []  # type: ignore[index]
