@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
 import json
 import os
@@ -93,6 +94,7 @@ class LoadClient:
     _sequence: int = 0
     _clock: Any = None
     closed: str = ""  # how the connection ended (close code and reason), when it did
+    failure: str = ""  # why its writes stopped (the connection closed, or no acknowledgement came)
 
     async def open(self) -> None:
         import websockets
@@ -180,14 +182,21 @@ class LoadClient:
 
     async def write(self, count: int = 1) -> None:
         """Send ``count`` new operations in one batch and wait for the acknowledgement."""
+        from websockets.exceptions import ConnectionClosed
+
         from offline.sync import protocol as p
 
+        if self._reader is not None and self._reader.done():
+            raise ConnectionError(f"connection closed: {self.closed or 'by the server'}")
         message_id = p.new_message_id()
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._pending[message_id] = (time.perf_counter(), future)
-        await self.ws.send(
-            p.encode_batch_frame(message_id, self._operations(count), is_final=True, batch_index=0)
-        )
+        try:
+            await self.ws.send(
+                p.encode_batch_frame(message_id, self._operations(count), is_final=True, batch_index=0)
+            )
+        except ConnectionClosed as exc:
+            raise ConnectionError(f"connection closed: {self.closed or exc}") from exc
         await asyncio.wait_for(future, 120)
         self.acked += count
 
@@ -224,9 +233,14 @@ async def drive(
 
     async def loop(client: LoadClient) -> None:
         due = time.monotonic() + (random.uniform(0, interval) if interval else 0.0)
-        while due < stop:
+        while due < stop and not client.failure:
             await asyncio.sleep(max(0.0, due - time.monotonic()))
-            await client.write(batch)
+            try:
+                await client.write(batch)
+            except (ConnectionError, TimeoutError) as exc:
+                # Reported with the figures (how many, and why), not a crash of the whole run.
+                client.failure = str(exc) or type(exc).__name__
+                return
             due = time.monotonic() if not interval else due + interval * random.uniform(0.5, 1.5)
 
     started = time.monotonic()
@@ -238,6 +252,7 @@ async def drive(
         "acked": sum(c.acked - a for c, (a, _, _) in zip(clients, before, strict=True)),
         "received": sum(c.received - r for c, (_, r, _) in zip(clients, before, strict=True)),
         "latencies_ms": [round(x * 1000, 3) for x in latencies],
+        "failed": dict(collections.Counter(c.failure for c in clients if c.failure)),
     }
 
 
@@ -356,6 +371,9 @@ def _figures(window: dict[str, Any], clients: int) -> dict[str, Any]:
         "relayed_ops_per_s": round(window["received"] / seconds, 1),
         "ack_latency_ms": {"p50": pct(0.5), "p90": pct(0.9), "p99": pct(0.99), "max": pct(1.0)},
         "expected_relays_per_write": GROUP_SIZE - 1,
+        # Clients whose writes stopped, by reason (so far in the run): the server closed them, or no ack came.
+        "clients_failed": sum(window["failed"].values()),
+        "failures": dict(window["failed"].most_common(5)),
     }
 
 
@@ -371,6 +389,7 @@ async def _drive_all(workers: list[Worker], **command: Any) -> dict[str, Any]:
         "acked": sum(r["acked"] for r in reports),
         "received": sum(r["received"] for r in reports),
         "latencies_ms": [x for r in reports for x in r["latencies_ms"]],
+        "failed": sum((collections.Counter(r["failed"]) for r in reports), collections.Counter()),
     }
     return merged
 
