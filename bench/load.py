@@ -12,7 +12,8 @@ applies what the relay sends (acknowledging each batch) and writes operations of
 3. ``saturated``: every client writes batches of 10 back to back (the next once the last is acknowledged):
    the same figures at the server's ceiling with all clients connected.
 
-Nothing is asserted; the figures are printed as JSON. Both sides raise their open-file limit first.
+Nothing is asserted; the figures are printed as JSON. A client whose connection closes stops writing and is
+counted in its phase's ``clients_failed``, with the close reason in ``failures`` (the run goes on). Both sides raise their open-file limit first.
 Run: ``python -m bench load`` or ``python -m bench.load [--clients N] [--workers W]``.
 """
 
