@@ -66,6 +66,11 @@ class ServerProcess:
         return env
 
     def start(self, timeout: float = 30.0) -> ServerProcess:
+        """Start the process and wait until it answers /health. Already running: nothing to do (``with
+        start_server(...) as server`` enters a started server; a second process on the same port would fail
+        to listen, and the health check, answered by the first, raced that failure on a busy machine)."""
+        if self.proc is not None and self.proc.poll() is None:
+            return self
         log = open(self.log_path, "ab")  # noqa: SIM115 - kept open for the process's lifetime
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "server_runtime", str(self.entry)],
