@@ -57,10 +57,15 @@ def device(tmp_path: Path, name: str, url: str, skew_ms: int = 0, **options: Any
     )
 
 
-@pytest.fixture(params=["memory", "sqlite"])
+@pytest.fixture(params=["memory", "sqlite", "postgres"])
 def server_backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
     kind = request.param
-    backend = Backend(kind, str(tmp_path / "server.db") if kind == "sqlite" else None, tmp_path)
+    db: str | None = None
+    if kind == "sqlite":
+        db = str(tmp_path / "server.db")
+    elif kind == "postgres":
+        db = request.getfixturevalue("postgres_url")  # skipped, saying why, when PostgreSQL is unreachable
+    backend = Backend(kind, db, tmp_path)
     try:
         yield backend
     finally:
