@@ -204,7 +204,7 @@ def test_a_slow_reader_behind_on_relayed_data_is_not_taken_for_a_dead_peer(tmp_p
     connected. (The pings' timeout is short against the backlog: a server counting only pongs cuts it.)"""
     env = {
         "OFFLINE_PING_INTERVAL": "0.5",
-        "OFFLINE_PING_TIMEOUT": "2",
+        "OFFLINE_PING_TIMEOUT": "3",
         "OFFLINE_RELAY_FRAME_BYTES": "2048",  # many small frames: a deep backlog of frames to read
     }
     server = start_server(tmp_path / "server", store="memory", env=env)
