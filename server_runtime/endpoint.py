@@ -111,6 +111,7 @@ async def sync_endpoint(
         return
     conn = guard.admit(websocket.scope.get(ABORT_KEY), client_address(websocket))
     if isinstance(conn, str):
+        _stop_reading(websocket)
         await websocket.accept()
         await _refuse(websocket, None, p.OVERLOADED, conn)
         _hang_up(websocket)
@@ -149,6 +150,16 @@ def _cap_frames(websocket: WebSocket, limit: int) -> Callable[[], None]:
 
 def _nothing() -> None:
     return None
+
+
+def _stop_reading(websocket: WebSocket) -> None:
+    """A refused connection is answered and hung up without reading another byte: what its peer sends meanwhile
+    (a frame of up to max_handshake_bytes) stays in the kernel instead of this process, so a flood of refused
+    connections costs no memory."""
+    transport = websocket.scope.get(TRANSPORT_KEY)
+    if transport is not None:
+        with contextlib.suppress(Exception):
+            transport.pause_reading()
 
 
 def _hang_up(websocket: WebSocket) -> None:
