@@ -9,17 +9,24 @@ the session took the last one, and a session behind on its own work leaves the p
 
 So here the pong's deadline moves on, by ``ping_timeout`` each time, while the peer sent anything since the
 ping (or its frames wait on us, unread); a peer that went silent for a whole ``ping_timeout`` is cut as
-before. A peer that stops reading is the send watchdog's (``send_stall_timeout``, see
+before, with a line in the log (uvicorn logs nothing at its usual levels). A peer that stops reading is the send watchdog's (``send_stall_timeout``, see
 ``server_runtime.connections``): its socket stops accepting our frames.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
+from .log_budget import LogBudget
+
 __all__ = ["PatientWebSocketProtocol"]
+
+log = logging.getLogger("offline.server.sync")
+# uvicorn says nothing (below DEBUG) when its keepalive closes a connection: one line here, within a budget.
+_SILENT_PEERS = LogBudget(log, "peers cut for not answering pings", period=30.0, burst=1)
 
 
 class PatientWebSocketProtocol(WebSocketsSansIOProtocol):
@@ -42,4 +49,14 @@ class PatientWebSocketProtocol(WebSocketsSansIOProtocol):
             self.heard_since_ping = False
             self.pong_timer = self.loop.call_later(self.ping_timeout, self.keepalive_timeout)
             return
+        if not (self.close_sent or self.transport.is_closing()):
+            peer = self.client
+            _SILENT_PEERS.log(
+                logging.INFO,
+                "sync client %s has not answered a ping for %.1f s and sent nothing in the last %g s: "
+                "disconnecting it (close 1011)",
+                peer[0] if peer else "?",
+                self.loop.time() - self.ping_sent_at,
+                self.ping_timeout,
+            )
         super().keepalive_timeout()

@@ -183,6 +183,11 @@ def test_a_peer_that_stops_answering_pings_is_dropped_and_its_session_freed(tmp_
                 timeout=15,
             )
             assert dead.is_closed_by_peer(timeout=2.0)
+            # Said in the server's log (uvicorn's own keepalive said nothing an operator would see).
+            await wait_for(
+                lambda: "sent nothing in the last" in server.log_path.read_text(errors="replace"),
+                "the server's log line for the peer cut for not answering pings",
+            )
             # The live client answered every ping meanwhile: still connected, still served.
             assert live.closed is None
             assert live.writer.node in session_nodes(server)
