@@ -9,8 +9,9 @@ the session took the last one, and a session behind on its own work leaves the p
 
 So here the pong's deadline moves on, by ``ping_timeout`` each time, while the peer sent anything since the
 ping (or its frames wait on us, unread); a peer that went silent for a whole ``ping_timeout`` is cut as
-before, with a line in the log (uvicorn logs nothing at its usual levels). A peer that stops reading is the send watchdog's (``send_stall_timeout``, see
-``server_runtime.connections``): its socket stops accepting our frames.
+before, with a line in the log (uvicorn logs nothing at its usual levels). A peer that stops reading is the
+send watchdog's (``send_stall_timeout``, see ``server_runtime.connections``): its socket stops accepting our
+frames.
 """
 
 from __future__ import annotations
