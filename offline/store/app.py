@@ -238,10 +238,12 @@ class App:
         time was known is refused by the server and written again (`replication.restamp`): those stamps
         must not drag the new ones along into the future, or the server would refuse them as well.
         """
+        # Refused stamps within the ceiling count too: a write made again in the same millisecond as the
+        # refused one would otherwise get its timestamp, and so its content-addressed id.
         with self.db.lock:
             row = self.db.conn.execute(
-                "SELECT max(hlc) FROM _offline_ops WHERE status != ? AND hlc <= ?",
-                (REJECTED, "%015d:99999:\U0010ffff" % ceiling),  # noqa: UP031
+                "SELECT max(hlc) FROM _offline_ops WHERE hlc <= ?",
+                ("%015d:99999:\U0010ffff" % ceiling,),  # noqa: UP031
             ).fetchone()
             last = parse_timestamp(row[0]) if row and row[0] else None
             self.clock = HybridLogicalClock(self.node_id, now=self._physical, last=last)

@@ -6,6 +6,7 @@ called directly (the server side of a refusal is tested in tests/sync/test_rejec
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,8 +33,8 @@ SCHEMA = define_schema(
 )
 
 
-def open_app(tmp_path: Path) -> App:
-    return create_app(SCHEMA, path=str(tmp_path / "app.db"))
+def open_app(tmp_path: Path, now: Callable[[], int] | None = None) -> App:
+    return create_app(SCHEMA, path=str(tmp_path / "app.db"), now=now)
 
 
 def refuse_last(app: App, code: str = "SCOPE_VIOLATION", message: str = "not yours") -> str:
@@ -159,8 +160,9 @@ def test_a_refusal_delivered_twice_is_listed_and_announced_once(tmp_path: Path) 
 
 def test_a_clock_refusal_writes_the_operation_again_once(tmp_path: Path) -> None:
     """What `restamp` does for a `CLOCK_DRIFT` refusal: the write again under a new id, in its place in the
-    record; the same refusal delivered again changes nothing and lists nothing."""
-    app = open_app(tmp_path)
+    record; the same refusal delivered again changes nothing and lists nothing. The clock stands still, so the
+    write made again falls in the refused one's millisecond (its id must differ all the same)."""
+    app = open_app(tmp_path, now=lambda: 1_700_000_000_000)
     try:
         note = app.notes.insert({"body": "early", "rank": 1})
         old = app.operations()[-1]
