@@ -142,6 +142,22 @@ def scope_value_key(value: Any) -> str | None:
     return "*"
 
 
+def scoped_statements(
+    after: int, limit: int, selectors: Sequence[ScopeSelector], *, collection_sql: str, value_sql: str
+) -> list[tuple[str, tuple[Any, ...]]]:
+    """The query of each selector in a catch-up page, in a store's own SQL: ``collection_sql`` takes
+    (collection, after, limit) for a collection seen whole, ``value_sql`` (collection, field, value key,
+    after, limit) for one scope value."""
+    out: list[tuple[str, tuple[Any, ...]]] = []
+    for selector in selectors:
+        key = None if selector.field is None else scope_value_key(selector.value)
+        if key is None:
+            out.append((collection_sql, (selector.collection, int(after), limit)))
+        else:
+            out.append((value_sql, (selector.collection, selector.field, key, int(after), limit)))
+    return out
+
+
 def merge_selected(pages: Sequence[Sequence[OperationText]], limit: int, top: int) -> ScopedPage:
     """One `ScopedPage` from the pages of each selector (each ascending, at most ``limit`` long, read with
     deliveries up to ``top``, the highest committed one when reading began).

@@ -50,8 +50,8 @@ from .base import (
     StoreWriter,
     merge_selected,
     scope_index_entries,
-    scope_value_key,
 )
+from .base import scoped_statements as base_scoped_statements
 
 __all__ = [
     "DEFAULT_CHANNEL",
@@ -183,14 +183,9 @@ def scoped_statements(
     after: int, limit: int, selectors: Sequence[ScopeSelector]
 ) -> list[tuple[str, tuple[Any, ...]]]:
     """The query of each selector in a catch-up page (see `PostgresServerStore.operations_in_scope`)."""
-    out: list[tuple[str, tuple[Any, ...]]] = []
-    for selector in selectors:
-        key = None if selector.field is None else scope_value_key(selector.value)
-        if key is None:
-            out.append((SCOPED_COLLECTION_SQL, (selector.collection, int(after), limit)))
-        else:
-            out.append((SCOPED_VALUE_SQL, (selector.collection, selector.field, key, int(after), limit)))
-    return out
+    return base_scoped_statements(
+        after, limit, selectors, collection_sql=SCOPED_COLLECTION_SQL, value_sql=SCOPED_VALUE_SQL
+    )
 
 
 def _scope_columns(

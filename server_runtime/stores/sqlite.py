@@ -59,8 +59,8 @@ from .base import (
     WriteConflict,
     merge_selected,
     scope_index_entries,
-    scope_value_key,
 )
+from .base import scoped_statements as base_scoped_statements
 
 __all__ = ["DEFAULT_SQLITE_FILENAME", "SQLiteServerStore", "create_sqlite_server_store"]
 
@@ -336,14 +336,9 @@ def scoped_statements(
     after: int, limit: int, selectors: Sequence[ScopeSelector]
 ) -> list[tuple[str, tuple[Any, ...]]]:
     """The query of each selector in a catch-up page (see `SQLiteServerStore.operations_in_scope`)."""
-    out: list[tuple[str, tuple[Any, ...]]] = []
-    for selector in selectors:
-        key = None if selector.field is None else scope_value_key(selector.value)
-        if key is None:
-            out.append((SCOPED_COLLECTION_SQL, (selector.collection, int(after), limit)))
-        else:
-            out.append((SCOPED_VALUE_SQL, (selector.collection, selector.field, key, int(after), limit)))
-    return out
+    return base_scoped_statements(
+        after, limit, selectors, collection_sql=SCOPED_COLLECTION_SQL, value_sql=SCOPED_VALUE_SQL
+    )
 
 
 _OPERATIONS_SINCE: Final = (
