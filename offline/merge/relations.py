@@ -48,29 +48,36 @@ class _Pending:
         self.previous: dict[_Key, dict[str, Any]] = {}
 
     def find_records(self, collection: str, filters: Mapping[str, Any]) -> list[dict[str, Any]]:
-        out = []
-        for record in self.lookup.find_records(collection, filters):
-            key = (collection, record["id"])
-            if key in self.deleted:
-                continue
-            changed = self.changes.get(key)
-            if changed:
-                record = {**record, **changed}
-                if any(record.get(k) != v for k, v in filters.items()):
-                    continue
-            out.append(record)
-        return out
+        return self._as_planned(
+            collection,
+            self.lookup.find_records(collection, filters),
+            lambda record: all(record.get(k) == v for k, v in filters.items()),
+        )
 
     def find_containing(self, collection: str, field: str, value: Any) -> list[dict[str, Any]]:
+        return self._as_planned(
+            collection,
+            records_containing(self.lookup, collection, field, value),
+            lambda record: value in (record.get(field) or ()),
+        )
+
+    def _as_planned(
+        self,
+        collection: str,
+        records: Iterable[dict[str, Any]],
+        still_matches: Callable[[dict[str, Any]], bool],
+    ) -> list[dict[str, Any]]:
+        """The stored records as the plan leaves them: deleted ones gone, changed ones changed, and those
+        whose change moves them out of the query dropped."""
         out = []
-        for record in records_containing(self.lookup, collection, field, value):
+        for record in records:
             key = (collection, record["id"])
             if key in self.deleted:
                 continue
             changed = self.changes.get(key)
             if changed:
                 record = {**record, **changed}
-                if value not in (record.get(field) or ()):
+                if not still_matches(record):
                     continue
             out.append(record)
         return out
