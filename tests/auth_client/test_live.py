@@ -142,9 +142,12 @@ def test_reconnect_after_expiry_uses_a_refreshed_token_and_sign_out_revokes(tmp_
             first_token, accepted = live.provider.seen[-1]
             assert accepted and first_token is not None and decode_claims(first_token)["sub"] == user["id"]
 
-            # The access token expires while the app stays connected.
+            # The access token expires while the app is connected: the server ends that socket (TOKEN_EXPIRED)
+            # and the client refreshes its token and reconnects on its own.
             await wait_for(lambda: _not(live.accepted(first_token)), "the first access token to expire")
-            assert app.sync.status in ("connected", "syncing")
+            await wait_for(
+                lambda: _reconnected(app, live, first_token), "the client to reconnect with a refreshed token"
+            )
 
             # A reconnect after expiry: the handshake must carry a refreshed token, and sync works on.
             await app.sync.disconnect()
@@ -199,6 +202,11 @@ def test_reconnect_after_expiry_uses_a_refreshed_token_and_sign_out_revokes(tmp_
 
 async def _not(value: Awaitable[bool]) -> bool:
     return not await value
+
+
+async def _reconnected(app: App, live: Any, old_token: str) -> bool:
+    token, accepted = live.provider.seen[-1]
+    return bool(accepted) and token != old_token and app.sync.status in ("connected", "syncing")
 
 
 def test_contract_errors_and_refresh_reuse(tmp_path: Path) -> None:
