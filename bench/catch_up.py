@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from bench.seeding import insert_chunks
 from offline import define_schema, t
 
 if TYPE_CHECKING:
@@ -72,41 +73,13 @@ def _owner(index: int) -> str:
 
 async def _seed(store: ServerStore) -> float:
     """Write the log and its records straight into a server store, as the sync core stores them."""
-    from offline import HybridLogicalClock, create_operation, generate_uuid_v7
-    from offline.merge.engine import MergeEngine, RecordState
-    from server_runtime.stores.base import RecordRow
-
     await store.set_schema(SCHEMA)
-    engine = MergeEngine(SCHEMA)
-    node = generate_uuid_v7()
-    clock = HybridLogicalClock(node)
     start = time.perf_counter()
-    chunk = 10_000
-    for first in range(0, OPERATIONS, chunk):
-        ops = [
-            create_operation(
-                {
-                    "node_id": node,
-                    "type": "insert",
-                    "collection": "todos",
-                    "record_id": generate_uuid_v7(),
-                    "data": {"ownerId": _owner(i), "title": f"todo {i}"},
-                    "timestamp": clock.now(),
-                    "sequence_number": i + 1,
-                    "schema_version": SCHEMA.version,
-                }
-            )
-            for i in range(first, min(OPERATIONS, first + chunk))
-        ]
-        rows = []
-        for op in ops:
-            state = RecordState()
-            engine.apply(state, op)
-            rows.append(
-                RecordRow(
-                    op.collection, op.record_id, state, engine.materialize(op.collection, op.record_id, state)
-                )
-            )
+
+    def data(i: int) -> dict[str, Any]:
+        return {"ownerId": _owner(i), "title": f"todo {i}"}
+
+    for ops, rows in insert_chunks(SCHEMA, OPERATIONS, data):
         async with store.writer() as writer:
             # The scope snapshot the sync core stores with each operation.
             await writer.append([(op, {"ownerId": op.data["ownerId"]}) for op in ops])

@@ -506,49 +506,20 @@ def _server(folder: Path, db: Path) -> Any:
 
 async def _seed_store(db: Path, n: int) -> dict[str, Any]:
     """Write ``n`` insert operations (and their folded rows) straight into a server SQLite store."""
-    from offline import HybridLogicalClock, create_operation, generate_uuid_v7
-    from offline.merge.engine import MergeEngine, RecordState
+    from bench.seeding import insert_chunks
     from server_runtime.stores import create_sqlite_server_store
-    from server_runtime.stores.base import RecordRow
 
     store = create_sqlite_server_store(str(db))
     await store.set_schema(SCHEMA)
-    engine = MergeEngine(SCHEMA)
-    node = generate_uuid_v7()
-    clock = HybridLogicalClock(node)
     start = time.perf_counter()
     build_s = 0.0
-    chunk = 10_000
-    for first in range(0, n, chunk):
-        t0 = time.perf_counter()
-        ops = [
-            create_operation(
-                {
-                    "node_id": node,
-                    "type": "insert",
-                    "collection": "todos",
-                    "record_id": generate_uuid_v7(),
-                    "data": {"title": f"todo {i}", "n": i},
-                    "timestamp": clock.now(),
-                    "sequence_number": i + 1,
-                    "schema_version": SCHEMA.version,
-                }
-            )
-            for i in range(first, min(n, first + chunk))
-        ]
-        rows = []
-        for op in ops:
-            state = RecordState()
-            engine.apply(state, op)
-            rows.append(
-                RecordRow(
-                    op.collection, op.record_id, state, engine.materialize(op.collection, op.record_id, state)
-                )
-            )
-        build_s += time.perf_counter() - t0
+    built = time.perf_counter()  # the chunks are built as the loop asks for them
+    for ops, rows in insert_chunks(SCHEMA, n, lambda i: {"title": f"todo {i}", "n": i}):
+        build_s += time.perf_counter() - built
         async with store.writer() as writer:
             await writer.append([(op, None) for op in ops])
             await writer.save_rows(rows)
+        built = time.perf_counter()
     total = time.perf_counter() - start
     await store.close()
     return {"seed_direct_s": round(total, 2), "seed_build_ops_s": round(build_s, 2)}
