@@ -145,16 +145,6 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]
         backend.stop_all()
 
 
-@pytest.fixture
-def memory_backend(tmp_path: Path) -> Iterator[Backend]:
-    """For tests of client behaviour that does not depend on the server's store."""
-    backend = Backend("memory", None, tmp_path)
-    try:
-        yield backend
-    finally:
-        backend.stop_all()
-
-
 # -- clients -----------------------------------------------------------------------------------------------------
 
 

@@ -8,10 +8,7 @@ with the record as the device wrote it, across restarts, until `retry` or `disca
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from offline import create_app
 from offline.store import App
@@ -33,15 +30,6 @@ WITH_COLOR = load_schema(
     )
 )
 assert "color" in WITH_COLOR.collections["notes"].fields
-
-
-@pytest.fixture
-def memory_backend(tmp_path: Path) -> Iterator[Backend]:
-    backend = Backend("memory", None, tmp_path)
-    try:
-        yield backend
-    finally:
-        backend.stop_all()
 
 
 async def synced(*apps: App) -> None:

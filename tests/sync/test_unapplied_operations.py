@@ -9,7 +9,6 @@ the next session delivers it and everything after it.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -35,15 +34,6 @@ ITEMS_ONLY = load_schema(
     GENERAL_SOURCE.replace('"notes": {"fields": {"body": t.string(), "rank": t.number().optional()}},', "")
 )
 assert "notes" not in ITEMS_ONLY.collections and ITEMS_ONLY.version == GENERAL.version
-
-
-@pytest.fixture
-def memory_backend(tmp_path: Path) -> Iterator[Backend]:
-    backend = Backend("memory", None, tmp_path)
-    try:
-        yield backend
-    finally:
-        backend.stop_all()
 
 
 def test_an_operation_that_cannot_be_stored_is_not_acknowledged_until_it_can(
