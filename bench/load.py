@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from offline import define_schema, t
+from tests.support.abuse import raise_open_file_limit, rss_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
 GROUP_SIZE = 10
@@ -57,23 +58,8 @@ def _log(message: str) -> None:
     print(f"[bench load] {message}", file=sys.stderr, flush=True)
 
 
-def raise_open_file_limit() -> int:
-    """The soft limit on open files, raised to the hard limit; returns the new soft limit."""
-    import resource
-
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    target = hard if hard != resource.RLIM_INFINITY else 1 << 20
-    if soft != resource.RLIM_INFINITY and soft < target:
-        with contextlib.suppress(OSError, ValueError):
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-
-
 def rss_kb(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    raise RuntimeError(f"no VmRSS for process {pid}")
+    return rss_bytes(pid) // 1024
 
 
 # -- one client -----------------------------------------------------------------------------------------------------
