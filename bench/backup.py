@@ -29,8 +29,8 @@ def _log(message: str) -> None:
 async def _measure(folder: Path, count: int) -> dict[str, Any]:
     import httpx
 
-    from offline import HybridLogicalClock, create_operation, define_schema, t
-    from offline.core.uuid7 import generate_uuid_v7
+    from bench.seeding import insert_operations
+    from offline import define_schema, t
     from server_runtime import backup, create_production_server, create_sqlite_server_store
 
     schema = define_schema(
@@ -47,23 +47,7 @@ async def _measure(folder: Path, count: int) -> dict[str, Any]:
         servers.append(server)
     source, target = servers
     try:
-        node = generate_uuid_v7()
-        clock = HybridLogicalClock(node)
-        ops = [
-            create_operation(
-                {
-                    "node_id": node,
-                    "type": "insert",
-                    "collection": "notes",
-                    "record_id": generate_uuid_v7(),
-                    "data": {"body": f"note {i} " + "x" * 40, "n": i},
-                    "timestamp": clock.now(),
-                    "sequence_number": i + 1,
-                    "schema_version": 1,
-                }
-            )
-            for i in range(count)
-        ]
+        ops = list(insert_operations("notes", count, lambda i: {"body": f"note {i} " + "x" * 40, "n": i}, 1))
         for start in range(0, count, 500):
             await source.sync.commit(None, ops[start : start + 500])
         _log(f"{count} operations stored")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -11,34 +12,41 @@ if TYPE_CHECKING:
     from server_runtime.stores.base import RecordRow
 
 
+def insert_operations(
+    collection: str, count: int, data: Callable[[int], dict[str, Any]], schema_version: int
+) -> Iterator[Operation]:
+    """``count`` inserts into ``collection`` by one new node, numbered from 1 (the i-th holding ``data(i)``),
+    made as they are asked for."""
+    from offline import HybridLogicalClock, create_operation, generate_uuid_v7
+
+    node = generate_uuid_v7()
+    clock = HybridLogicalClock(node)
+    for i in range(count):
+        yield create_operation(
+            {
+                "node_id": node,
+                "type": "insert",
+                "collection": collection,
+                "record_id": generate_uuid_v7(),
+                "data": data(i),
+                "timestamp": clock.now(),
+                "sequence_number": i + 1,
+                "schema_version": schema_version,
+            }
+        )
+
+
 def insert_chunks(
     schema: SchemaDefinition, n: int, data: Callable[[int], dict[str, Any]], chunk: int = 10_000
 ) -> Iterator[tuple[list[Operation], list[RecordRow]]]:
     """``n`` inserts into ``todos`` by one node (the i-th holding ``data(i)``) with their folded record rows,
     ``chunk`` at a time: what the sync core would store for them, built without it."""
-    from offline import HybridLogicalClock, create_operation, generate_uuid_v7
     from offline.merge.engine import MergeEngine, RecordState
     from server_runtime.stores.base import RecordRow
 
     engine = MergeEngine(schema)
-    node = generate_uuid_v7()
-    clock = HybridLogicalClock(node)
-    for first in range(0, n, chunk):
-        ops = [
-            create_operation(
-                {
-                    "node_id": node,
-                    "type": "insert",
-                    "collection": "todos",
-                    "record_id": generate_uuid_v7(),
-                    "data": data(i),
-                    "timestamp": clock.now(),
-                    "sequence_number": i + 1,
-                    "schema_version": schema.version,
-                }
-            )
-            for i in range(first, min(n, first + chunk))
-        ]
+    operations = insert_operations("todos", n, data, schema.version)
+    while ops := list(itertools.islice(operations, chunk)):
         rows = []
         for op in ops:
             state = RecordState()

@@ -527,7 +527,7 @@ async def _seed_store(db: Path, n: int) -> dict[str, Any]:
 
 async def _seed_pipeline_rate(folder: Path, n: int) -> float:
     """Operations/s the server's write pipeline (`SyncService.commit`, 500 per batch) accepts, in process."""
-    from offline import HybridLogicalClock, create_operation, generate_uuid_v7
+    from bench.seeding import insert_operations
     from server_runtime.stores import create_sqlite_server_store
     from server_runtime.sync import SyncService
 
@@ -535,23 +535,7 @@ async def _seed_pipeline_rate(folder: Path, n: int) -> float:
     await store.set_schema(SCHEMA)
     service = SyncService(store)
     await service.start()
-    node = generate_uuid_v7()
-    clock = HybridLogicalClock(node)
-    ops = [
-        create_operation(
-            {
-                "node_id": node,
-                "type": "insert",
-                "collection": "todos",
-                "record_id": generate_uuid_v7(),
-                "data": {"title": f"todo {i}", "n": i},
-                "timestamp": clock.now(),
-                "sequence_number": i + 1,
-                "schema_version": SCHEMA.version,
-            }
-        )
-        for i in range(n)
-    ]
+    ops = list(insert_operations("todos", n, lambda i: {"title": f"todo {i}", "n": i}, SCHEMA.version))
     start = time.perf_counter()
     for first in range(0, n, WRITE_BATCH):
         await service.commit(None, ops[first : first + WRITE_BATCH])
