@@ -71,6 +71,13 @@ async def _main(argv: list[str]) -> int:
             print(f"{entry} defines neither `server` nor `schema`", file=sys.stderr)
             return 2
         server = await server_from_environment(schema)
+    # Before the server starts: it answers /health while start() still awaits, and a SIGTERM sent as soon as
+    # it answers (a supervisor, a test) must stop it gracefully, not kill it with the default action.
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
     try:
         url = await server.start()
     except OSError as exc:
@@ -79,11 +86,6 @@ async def _main(argv: list[str]) -> int:
         return 1
     _tune_garbage_collector()
     print(f"offline server listening on {url} (sync: {server.sync_path})", file=sys.stderr, flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
     try:
         await stop.wait()
         print("offline server stopping", file=sys.stderr, flush=True)
