@@ -264,8 +264,11 @@ async def _session(
         return
     try:
         claims = await service.authenticate(hello.auth_token)
-    except OfflineError:
-        await refuse(p.AUTH_FAILED, "authentication failed", False)
+    except OfflineError as exc:
+        if exc.code == p.USER_DISABLED:  # the provider's own words: not retriable, not a token problem
+            await refuse(p.USER_DISABLED, _clean(exc.message), False)
+        else:
+            await refuse(p.AUTH_FAILED, "authentication failed", False)
         return
     if not await service.bind_node(hello.node_id, claims):
         await refuse(p.AUTH_FAILED, "this node id belongs to another principal", False)

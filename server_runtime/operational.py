@@ -1,5 +1,9 @@
 """Operational endpoints (DESIGN.md section 5): status, Prometheus metrics, live events, backup.
 
+The live event stream carries ``status``, ``connection``, ``operation``, ``conflict``, ``rejected``, ``log``
+and, with auth routes, ``audit`` events (``server_runtime.auth.audit``: security events of this process).
+User administration (``/__offline/users``, ``/__offline/audit``) is in ``user_admin``.
+
 Token rules: `/__offline/status`, `/__offline/events` and the dashboard take the admin token; metrics take
 the metrics token (the admin token only when no metrics token is set); backup takes the backup token (the
 admin token only when no backup token is set). A token that is not configured leaves its endpoint open,
@@ -180,6 +184,7 @@ class EventHub:
             "rejected": deque(maxlen=50),
             "connection": deque(maxlen=50),
             "log": deque(maxlen=200),
+            "audit": deque(maxlen=50),
         }
         self.loop: asyncio.AbstractEventLoop | None = None  # the server's loop, which owns the queues
 
@@ -324,6 +329,8 @@ class Operational:
         server.sync.listeners.append(self._on_sync_event)
         # "operation" events only reach live event streams (they are not kept in `recent`).
         server.sync.wants_operation_events = lambda: bool(self.hub.subscribers)
+        if server.auth_routes is not None:  # security events of the auth routes (server_runtime.auth.audit)
+            server.auth_routes.audit.listeners.append(lambda entry: self.hub.publish("audit", entry))
 
     def install(self) -> None:
         logging.getLogger("offline").addHandler(self.log_handler)
@@ -406,7 +413,7 @@ class Operational:
         async def stream() -> AsyncIterator[str]:
             try:
                 yield _sse("status", await self.status())
-                for kind in ("connection", "conflict", "rejected", "log"):
+                for kind in ("connection", "conflict", "rejected", "log", "audit"):
                     for item in list(self.hub.recent[kind])[-20:]:
                         yield _sse(kind, {**item, "replay": True})
                 yield _sse("ready", {"replayed": True})  # history ends here; live events follow

@@ -151,6 +151,9 @@ class ProductionServer:
             Route("/__offline/", bind(dashboard.dashboard)),
         ]
         if self.auth_routes is not None:
+            from .user_admin import UserAdmin
+
+            routes.extend(UserAdmin(ops, self.auth_routes).routes())
             routes.append(Mount("/auth", routes=self.auth_routes.routes))
         if self.static_dir:  # last: its SPA fallback answers every path not matched above
             routes.append(spa_static(self.static_dir))

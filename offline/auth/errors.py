@@ -51,9 +51,13 @@ PASSKEY_INVALID: Final = "PASSKEY_INVALID"
 PASSKEY_EXISTS: Final = "PASSKEY_EXISTS"
 PASSKEY_FAILED: Final = "PASSKEY_FAILED"
 PASSKEY_NOT_FOUND: Final = "PASSKEY_NOT_FOUND"
+# User administration: an administrator disabled the account (sign-in, refresh and sync are refused).
+USER_DISABLED: Final = "USER_DISABLED"
 
 #: Refresh answers meaning the session is over for good: the only way back is a new sign-in.
-SESSION_ENDED_CODES: Final = frozenset({REFRESH_TOKEN_REUSED, INVALID_REFRESH_TOKEN, AUTH_FAILED})
+SESSION_ENDED_CODES: Final = frozenset(
+    {REFRESH_TOKEN_REUSED, INVALID_REFRESH_TOKEN, AUTH_FAILED, USER_DISABLED}
+)
 
 __all__ = [
     "ALREADY_MEMBER",
@@ -91,6 +95,7 @@ __all__ = [
     "REFRESH_TOKEN_REUSED",
     "SESSION_ENDED_CODES",
     "STORAGE_ERROR",
+    "USER_DISABLED",
     "AuthError",
     "MfaRequired",
 ]

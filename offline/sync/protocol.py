@@ -61,6 +61,7 @@ __all__ = [
     "SESSION_REVOKED",
     "TOKEN_EXPIRED",
     "UNKNOWN_MESSAGE_TYPE",
+    "USER_DISABLED",
     "Acknowledgment",
     "ErrorMessage",
     "Handshake",
@@ -116,6 +117,8 @@ INTERNAL_ERROR: Final = "INTERNAL_ERROR"
 SESSION_REVOKED: Final = "SESSION_REVOKED"
 #: ... or its access token expired (refresh, then reconnect).
 TOKEN_EXPIRED: Final = "TOKEN_EXPIRED"
+#: The handshake's account was disabled by an administrator (only the administrator can change that).
+USER_DISABLED: Final = "USER_DISABLED"
 
 # One operation is refused: sent as an `operation-rejected` message.
 SCOPE_VIOLATION: Final = "SCOPE_VIOLATION"
@@ -143,6 +146,7 @@ CONNECTION_ERROR_CODES: Final = frozenset(
         INTERNAL_ERROR,
         SESSION_REVOKED,
         TOKEN_EXPIRED,
+        USER_DISABLED,
     }
 )
 OPERATION_ERROR_CODES: Final = frozenset(

@@ -20,10 +20,11 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from . import oauth as _oauth
+from .audit import user_actor
 from .storage import Identity
 from .storage_ext import ChallengeRow
 from .tokens import hash_secret
-from .web import AuthError, invalid, normalize_email, read_body, string_field
+from .web import AuthError, client_address, invalid, normalize_email, read_body, string_field
 
 if TYPE_CHECKING:
     from .routes import AuthRoutes
@@ -141,6 +142,13 @@ class LinkRoutes:
             raise AuthError(401, "AUTH_FAILED", "the account no longer exists; sign in again")
         if outcome == "linked":
             log.info("user %s linked a %s identity", user_id, provider.name)
+            await self.core.audit.record(
+                "identity-linked",
+                actor=user_actor(user_id),
+                subject=user_id,
+                address=client_address(request),
+                detail={"provider": provider.name},
+            )
         return JSONResponse(
             {
                 "linked": True,

@@ -18,12 +18,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
+from .audit import user_actor
 from .rate_limit import SlidingWindow
 from .storage import AuthTx, User
 from .storage_ext import ChallengeRow, TotpRow
 from .tokens import hash_secret
 from .totp import DIGITS, PERIOD, TotpKeys, hash_recovery_code, new_recovery_codes
-from .web import AuthError, invalid, read_body, string_field
+from .web import AuthError, client_address, invalid, read_body, string_field
 
 if TYPE_CHECKING:
     from .routes import AuthRoutes
@@ -161,6 +162,12 @@ class MfaRoutes:
             raise
         if outcome != "ok":
             log.info("second factor failed for user %s", user_id)
+            await self.core.audit.record(
+                "sign-in-failed",
+                subject=user_id,
+                address=client_address(request),
+                detail={"method": "mfa", "reason": "invalid-mfa-code", "recovery": recovery is not None},
+            )
             raise _wrong_code()
         self.limiter.reset(user_id)
         if recovery is not None:
@@ -168,6 +175,13 @@ class MfaRoutes:
                 left = await reader.recovery_codes_left(user_id)
             log.warning("user %s signed in with a recovery code (%d left)", user_id, left)
         log.info("user %s signed in with a second factor (session %s)", user_id, pair.session_id)
+        await self.core.audit.record(
+            "sign-in",
+            actor=user_actor(user_id),
+            subject=user_id,
+            address=client_address(request),
+            detail={"method": "mfa", "recovery": recovery is not None, "session": pair.session_id},
+        )
         return self.core._pair_response(pair)
 
     # -- enrolment --------------------------------------------------------------------------------------------
@@ -244,6 +258,13 @@ class MfaRoutes:
             raise _wrong_code()
         self.limiter.reset(user_id)
         log.info("user %s enabled TOTP", user_id)
+        await self.core.audit.record(
+            "mfa-enabled",
+            actor=user_actor(user_id),
+            subject=user_id,
+            address=client_address(request),
+            detail={"type": "totp"},
+        )
         return JSONResponse({"enabled": True, "recoveryCodes": codes}, headers=_NO_STORE)
 
     async def disable(self, request: Request) -> Response:
@@ -274,6 +295,13 @@ class MfaRoutes:
         if outcome == "wrong":
             raise _wrong_code()
         log.info("user %s disabled TOTP", user_id)
+        await self.core.audit.record(
+            "mfa-disabled",
+            actor=user_actor(user_id),
+            subject=user_id,
+            address=client_address(request),
+            detail={"type": "totp"},
+        )
         return Response(status_code=204, headers=_NO_STORE)
 
 

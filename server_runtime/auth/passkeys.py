@@ -30,6 +30,7 @@ from starlette.routing import BaseRoute, Route
 
 from offline.core.errors import OfflineError
 
+from .audit import user_actor
 from .oauth import _is_loopback
 from .storage_ext import ChallengeRow, PasskeyRow
 from .tokens import AUTH_CONFIG, hash_secret
@@ -267,6 +268,13 @@ class PasskeyRoutes:
         if not added:
             raise _failed(409, "PASSKEY_EXISTS", "this passkey is already registered")
         log.info("user %s registered a passkey", user_id)
+        await self.core.audit.record(
+            "passkey-added",
+            actor=user_actor(user_id),
+            subject=user_id,
+            address=client_address(request),
+            detail={"credentialId": credential_id},
+        )
         return JSONResponse(
             {"credentialId": credential_id, "createdAt": iso(now)}, status_code=201, headers=_NO_STORE
         )
@@ -334,11 +342,24 @@ class PasskeyRoutes:
         if pair is None:
             self.core.address_limiter.hit(address)
             log.info("passkey sign-in refused from %s: %s", address, reason)
+            await self.core.audit.record(
+                "sign-in-failed",
+                subject=None if user is None else user.id,
+                address=address,
+                detail={"method": "passkey", "reason": "passkey-not-verified"},
+            )
             raise _failed(
                 401, "PASSKEY_FAILED", "the passkey could not be verified; try again or sign in another way"
             )
         assert user is not None
         log.info("user %s signed in with a passkey (session %s)", user.id, pair.session_id)
+        await self.core.audit.record(
+            "sign-in",
+            actor=user_actor(user.id),
+            subject=user.id,
+            address=address,
+            detail={"method": "passkey", "session": pair.session_id},
+        )
         return self.core._pair_response(pair)
 
     # -- management ------------------------------------------------------------------------------------------
@@ -370,4 +391,11 @@ class PasskeyRoutes:
             deleted = await tx.delete_passkey(str(claims["sub"]), credential_id)
         if not deleted:
             raise _failed(404, "PASSKEY_NOT_FOUND", "no such passkey on this account")
+        await self.core.audit.record(
+            "passkey-removed",
+            actor=user_actor(str(claims["sub"])),
+            subject=str(claims["sub"]),
+            address=client_address(request),
+            detail={"credentialId": credential_id},
+        )
         return Response(status_code=204, headers=_NO_STORE)

@@ -25,11 +25,14 @@ from starlette.routing import BaseRoute, Route, Router
 
 from offline.core.errors import OfflineError
 from offline.core.uuid7 import generate_uuid_v7
+from offline.sync.protocol import USER_DISABLED
 
 from ..live_sessions import SessionBinding
+from . import accounts as _accounts
 from . import oauth as _oauth
 from . import sessions as _sessions
 from .attempts import SharedAttempts
+from .audit import AuditLog, AuditRetention, user_actor
 from .devices import DeviceTokens
 from .linking import LinkRoutes
 from .mfa import MfaRoutes
@@ -78,6 +81,22 @@ _BAD_CREDENTIALS: Final = AuthError(
 )
 
 
+class UserDisabled(AuthError):
+    """USER_DISABLED: an administrator disabled the account (told only after the credentials were right)."""
+
+    def __init__(self, user_id: str) -> None:
+        super().__init__(
+            403,
+            "USER_DISABLED",
+            "this account is disabled; ask the application's administrator to enable it again",
+        )
+        self.user_id = user_id
+
+
+#: The reason ``verify_access_token`` gives when the token's account is disabled (the handshake says so).
+DISABLED_REASON: Final = "account disabled"
+
+
 def _invalid_refresh() -> AuthError:
     return AuthError(
         401,
@@ -123,6 +142,7 @@ class AuthRoutes:
         invite_ttl: float | datetime.timedelta = DEFAULT_INVITE_TTL,
         passkeys: Mapping[str, Any] | None = None,
         totp_issuer: str = "offline",
+        audit_retention: AuditRetention | None = None,
         now: Callable[[], float] | None = None,
     ) -> None:
         self._now = now or time.time
@@ -154,6 +174,8 @@ class AuthRoutes:
         self._shared: SharedAttempts | Literal[False] | None = None  # None: not decided yet
         self._next_purge = 0.0
         self._provider = SyncAuthProvider(self)
+        #: The audit log of security events (``server_runtime.auth.audit``): ``await audit.record(kind, ...)``.
+        self.audit = AuditLog(self._store, retention=audit_retention, now=self._now)
         key = secret.encode("utf-8") if isinstance(secret, str) else bytes(secret)
         self.devices = DeviceTokens(key, now=self._now)
         self.mfa = MfaRoutes(self, key=key, issuer=totp_issuer.strip())
@@ -247,6 +269,14 @@ class AuthRoutes:
             try:
                 await self._maybe_purge()
                 return await method(request)
+            except UserDisabled as exc:
+                await self.audit.record(
+                    "sign-in-failed",
+                    subject=exc.user_id,
+                    address=_client_address(request),
+                    detail={"reason": "user-disabled", "path": request.url.path},
+                )
+                return exc.response()
             except AuthError as exc:
                 return exc.response()
             except OfflineError as exc:
@@ -280,6 +310,9 @@ class AuthRoutes:
         async with self._store().reader() as tx:
             session = await tx.session(str(claims["sid"]))
             if session is None or session.revoked_at is not None or session.user_id != claims["sub"]:
+                # Disabling revokes every session: say why, so the client stops instead of signing in again.
+                if await _accounts.disabled(tx, str(claims["sub"])) is not None:
+                    raise InvalidToken(DISABLED_REASON)
                 raise InvalidToken("session revoked")
             if current_orgs:
                 claims = await current_org_claims(tx, claims)
@@ -293,7 +326,9 @@ class AuthRoutes:
             raise _auth_failed() from None
 
     async def _open_session(self, tx: AuthTx, user: User) -> _Pair:
-        """A new session of ``user`` and its first refresh token (no organization is active yet)."""
+        """A new session of ``user`` and its first refresh token (no organization is active yet); refused with
+        USER_DISABLED (rolling the caller's transaction back) when the account is disabled."""
+        await self.refuse_disabled(tx, user.id)
         now = self._ms()
         session_id = generate_uuid_v7()
         await tx.insert_session(SessionRow(session_id, user.id, now))
@@ -304,6 +339,11 @@ class AuthRoutes:
             )
         )
         return _Pair(user, session_id, refresh, await org_claims(tx, user.id, session_id))
+
+    async def refuse_disabled(self, tx: AuthTx, user_id: str) -> None:
+        """Raise USER_DISABLED when an administrator disabled the account."""
+        if await _accounts.disabled(tx, user_id) is not None:
+            raise UserDisabled(user_id)
 
     def _pair_response(self, pair: _Pair, status: int = 200) -> Response:
         access = self.tokens.issue_access(
@@ -400,6 +440,9 @@ class AuthRoutes:
             pair = await self._open_session(tx, user)
         self.sign_in_limits.remember(email, address)
         log.info("user %s signed up (session %s)", user.id, pair.session_id)
+        await self.audit.record(
+            "sign-up", actor=user_actor(user.id), subject=user.id, address=address, detail={"email": email}
+        )
         return self._pair_response(pair, 201)
 
     async def sign_in(self, request: Request) -> Response:
@@ -452,6 +495,12 @@ class AuthRoutes:
         if user is None or not matches:
             reservation.failed()
             log.info("sign-in failed from %s", address)
+            await self.audit.record(
+                "sign-in-failed",
+                subject=None if user is None else user.id,
+                address=address,
+                detail={"email": email, "method": "password", "reason": "invalid-credentials"},
+            )
             raise _BAD_CREDENTIALS
         reservation.succeeded()
         await self._take_back(shared, shared_id, self.sign_in_limits.shared_pair_key(reservation))
@@ -463,11 +512,19 @@ class AuthRoutes:
         async with self._store().transaction() as tx:
             if upgraded is not None:
                 await tx.set_password_hash(user.id, upgraded)
+            await self.refuse_disabled(tx, user.id)
             second_factor = await self.mfa.required(tx, user, "password")
             if second_factor is not None:
                 return second_factor
             pair = await self._open_session(tx, user)
         log.info("user %s signed in (session %s)", user.id, pair.session_id)
+        await self.audit.record(
+            "sign-in",
+            actor=user_actor(user.id),
+            subject=user.id,
+            address=address,
+            detail={"method": "password", "session": pair.session_id},
+        )
         return self._pair_response(pair)
 
     # -- refresh, sign-out, revocation --------------------------------------------------------------------------
@@ -496,6 +553,8 @@ class AuthRoutes:
             session = await tx.session(row.session_id) if row is not None else None
             if row is None or session is None:
                 outcome = "invalid"
+            elif await _accounts.disabled(tx, row.user_id) is not None:
+                outcome = "disabled"
             elif row.used_at is not None:
                 await tx.revoke_session(row.session_id, now, "refresh token reused")
                 outcome = "reused"
@@ -533,11 +592,17 @@ class AuthRoutes:
             log.warning(
                 "refresh token reuse detected: session %s of user %s revoked", row.session_id, row.user_id
             )
+            await self.audit.record(
+                "refresh-reused", subject=row.user_id, detail={"session": row.session_id, "revoked": True}
+            )
             raise AuthError(
                 401,
                 "REFRESH_TOKEN_REUSED",
                 "this refresh token was already used, so the session has been revoked; sign in again",
             )
+        if outcome == "disabled":
+            assert row is not None
+            raise UserDisabled(row.user_id)
         if outcome == "not-member":
             raise AuthError(
                 404, "ORG_NOT_FOUND", "no such organization among yours; check the id (GET /auth/orgs)"
@@ -555,20 +620,33 @@ class AuthRoutes:
         if token is None and bearer is None:
             raise _invalid("refreshToken", "send the refreshToken (or an access token as Bearer) to sign out")
         sessions: set[str] = set()
+        users: set[str] = set()
         if bearer is not None:
             # The signature proves the session is the caller's; a revoked one needs no second revocation.
             with contextlib.suppress(InvalidToken):
-                sessions.add(str(self.tokens.verify_access(bearer)["sid"]))
+                claims = self.tokens.verify_access(bearer)
+                sessions.add(str(claims["sid"]))
+                users.add(str(claims["sub"]))
         now = self._ms()
         async with self._store().transaction() as tx:
             if token is not None:
                 row = await tx.refresh(hash_secret(token))
                 if row is not None:
                     sessions.add(row.session_id)
+                    users.add(row.user_id)
             revoked = [sid for sid in sorted(sessions) if await tx.revoke_session(sid, now, "signed out")]
         for sid in revoked:
             log.info("session %s signed out", sid)
         self._announce_revoked(revoked)
+        if revoked:
+            for user_id in sorted(users):
+                await self.audit.record(
+                    "sign-out",
+                    actor=user_actor(user_id),
+                    subject=user_id,
+                    address=_client_address(request),
+                    detail={"sessions": revoked},
+                )
         return Response(status_code=204, headers={"Cache-Control": "no-store"})
 
     async def revoke(self, request: Request) -> Response:
@@ -587,6 +665,13 @@ class AuthRoutes:
                 count = int(await tx.revoke_session(str(claims["sid"]), now, "revoked by the user"))
         log.info("user %s revoked %d session(s)", claims["sub"], count)
         self._announce_revoked(ended)
+        await self.audit.record(
+            "sessions-revoked",
+            actor=user_actor(str(claims["sub"])),
+            subject=str(claims["sub"]),
+            address=_client_address(request),
+            detail={"all": everything, "count": count},
+        )
         return Response(status_code=204, headers={"Cache-Control": "no-store"})
 
     async def me(self, request: Request) -> Response:
@@ -667,6 +752,7 @@ class AuthRoutes:
         email = normalize_email(profile.email) if profile.email else None
         user, created = await self._oauth_user(provider.name, profile.subject, email)
         async with self._store().transaction() as tx:
+            await self.refuse_disabled(tx, user.id)
             second_factor = await self.mfa.required(tx, user, f"oauth:{provider.name}")
             if second_factor is not None:
                 return second_factor
@@ -677,6 +763,13 @@ class AuthRoutes:
             provider.name,
             "new account" if created else "existing account",
             pair.session_id,
+        )
+        await self.audit.record(
+            "sign-up" if created else "sign-in",
+            actor=user_actor(user.id),
+            subject=user.id,
+            address=_client_address(request),
+            detail={"method": f"oauth:{provider.name}", "session": pair.session_id},
         )
         return self._pair_response(pair)
 
@@ -736,6 +829,12 @@ class SyncAuthProvider:
             return await self.routes.verify_access_token(token, current_orgs=True)
         except InvalidToken as exc:
             log.info("sync handshake refused: %s", exc.reason)
+            if exc.reason == DISABLED_REASON:
+                raise OfflineError(
+                    "this account is disabled; ask the application's administrator to enable it again",
+                    USER_DISABLED,
+                    {},
+                ) from None
         except OfflineError as exc:
             log.error(
                 "sync handshake refused: the token could not be checked: [%s] %s", exc.code, exc.message
@@ -773,13 +872,15 @@ def create_auth_routes(
     invite_ttl: float | datetime.timedelta = DEFAULT_INVITE_TTL,
     passkeys: Mapping[str, Any] | None = None,
     totp_issuer: str = "offline",
+    audit_retention: AuditRetention | None = None,
 ) -> AuthRoutes:
     """Auth routes signing tokens with ``secret`` (AUTH_SECRET, at least 32 bytes). ``access_ttl`` and
     ``refresh_ttl`` in seconds (15 minutes and 30 days by default); ``oauth_providers``: name -> provider dict
     (see ``server_runtime.auth.oauth``); ``rate_limits``: a ``RateLimits`` or a dict of its fields.
     ``roles``: organization roles beyond owner, admin and member; ``invite_ttl``: how long an organization
     invite stays valid (7 days); ``passkeys``: WebAuthn relying-party settings (``server_runtime.auth.passkeys``;
-    None: no passkeys); ``totp_issuer``: the name authenticator apps show next to the account."""
+    None: no passkeys); ``totp_issuer``: the name authenticator apps show next to the account;
+    ``audit_retention``: how much of the audit log is kept (``server_runtime.auth.audit``)."""
     return AuthRoutes(
         secret=secret,
         oauth_providers=oauth_providers,
@@ -791,4 +892,5 @@ def create_auth_routes(
         invite_ttl=invite_ttl,
         passkeys=passkeys,
         totp_issuer=totp_issuer,
+        audit_retention=audit_retention,
     )

@@ -2,7 +2,8 @@
 
 ``OFFLINE_AUTH_ACCESS_TTL`` and ``OFFLINE_AUTH_REFRESH_TTL`` (seconds) set the token lifetimes; every field of
 ``RateLimits`` can be set as ``OFFLINE_AUTH_<FIELD>`` (upper case, e.g. ``OFFLINE_AUTH_ADDRESS_ATTEMPTS=100``
-for many users behind one NAT). Unset variables keep the defaults; a bad value is an error naming the variable.
+for many users behind one NAT); ``OFFLINE_AUDIT_MAX_ENTRIES`` and ``OFFLINE_AUDIT_MAX_AGE_DAYS`` bound the audit
+log (``audit``). Unset variables keep the defaults; a bad value is an error naming the variable.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 
 from offline.core.errors import OfflineError
 
+from .audit import retention_from_environment
 from .rate_limit import RateLimits, rate_limits_from
 from .tokens import AUTH_CONFIG
 
@@ -52,4 +54,7 @@ def auth_options_from_environment(env: Mapping[str, str]) -> dict[str, Any]:
             limits[f.name] = value
     if limits:
         options["rate_limits"] = rate_limits_from(limits)
+    retention = retention_from_environment(env)  # OFFLINE_AUDIT_MAX_ENTRIES, OFFLINE_AUDIT_MAX_AGE_DAYS
+    if retention is not None:
+        options["audit_retention"] = retention
     return options

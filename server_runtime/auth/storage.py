@@ -1,6 +1,7 @@
 """Where auth data lives: users, provider identities, sessions, refresh tokens and pending OAuth states
 (and, through ``storage_ext``, TOTP enrolments, recovery codes, one-time challenges, organizations,
-memberships, invites, active organizations and passkeys).
+memberships, invites, active organizations and passkeys; ``accounts`` keeps disabled marks and ``audit`` the
+audit log, each in its own module).
 
 The data sits beside the sync data, in the server's own store (memory, SQLite or PostgreSQL), and shares its
 connections: ``server_store.auth_store()`` gives the matching ``AuthStore``. Tables are created on first use
@@ -208,6 +209,10 @@ class _MemoryData(ExtMemoryData):
         self.sessions: dict[str, SessionRow] = {}
         self.refresh: dict[str, RefreshRow] = {}
         self.states: dict[str, OAuthStateRow] = {}
+        # Rows of the modules that keep their own tables (kinds as those modules say): user id -> disabled
+        # mark (accounts), entry id -> audit entry (audit).
+        self.disabled: dict[str, Any] = {}
+        self.audit: dict[str, Any] = {}
 
 
 class _MemoryTx(MemoryExtTx, AuthTx):
@@ -422,6 +427,15 @@ _USER_COLUMNS: Final = "id, email, password_hash, created_at"
 _SESSION_COLUMNS: Final = "id, user_id, created_at, revoked_at, revoked_reason"
 _REFRESH_COLUMNS: Final = "token_hash, family_id, session_id, user_id, created_at, expires_at, used_at"
 _STATE_COLUMNS: Final = "state_hash, provider, code_verifier, redirect_uri, created_at, expires_at"
+
+
+def _all_tables() -> tuple[str, ...]:
+    """Every auth table's statements, with those of the modules that keep their own (imported here: they
+    import this module)."""
+    from .accounts import ACCOUNT_TABLES
+    from .audit import AUDIT_TABLES
+
+    return (*_TABLES, *EXT_TABLES, *ACCOUNT_TABLES, *AUDIT_TABLES)
 
 
 def _user(row: Sequence[Any]) -> User:
@@ -706,7 +720,7 @@ class SQLiteAuthStore(AuthStore):
             if self._ready:
                 return
             async with self._write_conn() as conn:
-                for statement in (*_TABLES, *EXT_TABLES):
+                for statement in _all_tables():
                     await conn.execute(statement)
             self._ready = True
 
@@ -794,7 +808,7 @@ class PostgresAuthStore(AuthStore):
             async with self._connection(transaction=True) as conn:
                 # Processes starting together must not race on CREATE TABLE IF NOT EXISTS.
                 await conn.fetch("SELECT pg_advisory_xact_lock(?)", self._store.lock_key ^ 0x61757468)
-                for statement in (*_TABLES, *EXT_TABLES):
+                for statement in _all_tables():
                     await conn.execute(statement)
             self._ready = True
 
