@@ -33,6 +33,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     ),
     "status": ("offline_cli.commands.remote:status", "Show a running server's status."),
     "logs": ("offline_cli.commands.remote:logs", "Stream a running server's logs and events."),
+    "users": (
+        "offline_cli.commands.users:users",
+        "Administer a running server's users (list, disable, sign out, delete) and read the audit log.",
+    ),
 }
 
 

@@ -138,6 +138,8 @@ def format_event(kind: str, data: dict[str, Any]) -> str | None:
         return f"{stamp} CONFLICT {data.get('collection')}.{data.get('field')} ({data.get('strategy')}, tier {data.get('tier')})"
     if kind == "connection":
         return f"{stamp} CLIENT  {data.get('nodeId')} {data.get('state')}"
+    if kind == "audit":
+        return f"{stamp} AUDIT   {data.get('kind')} user={data.get('subject')} by={data.get('actor')} from={data.get('address')}"
     return None
 
 
