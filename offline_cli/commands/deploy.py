@@ -301,6 +301,29 @@ Examples:
     "--workspace", default=None, help="railway: Railway workspace a new project is created in (remembered)."
 )
 @click.option(
+    "--registry",
+    default=None,
+    help="self-hosted/render: push the image to this registry, host/namespace (login: the engine's own, "
+    "`docker login`; remembered).",
+)
+@click.option(
+    "--host",
+    default=None,
+    help="self-hosted: run the stack on this machine's engine over SSH, ssh://user@machine[:port] "
+    "(default: the local engine; remembered).",
+)
+@click.option(
+    "--with-postgres",
+    is_flag=True,
+    default=None,
+    help="self-hosted: add a PostgreSQL service with its own volume and wire DATABASE_URL (remembered).",
+)
+@click.option(
+    "--publish",
+    default=None,
+    help="self-hosted: [address:]port the app is published on, e.g. 127.0.0.1:8080 (default 3001; remembered).",
+)
+@click.option(
     "--python-version",
     default=None,
     help="CPython minor version of the image, e.g. 3.12 (default: remembered, else this interpreter's).",
@@ -320,6 +343,10 @@ def deploy(
     security_groups: str | None,
     org: str | None,
     workspace: str | None,
+    registry: str | None,
+    host: str | None,
+    with_postgres: bool | None,
+    publish: str | None,
     python_version: str | None,
     project_dir: Path | None,
 ) -> None:
@@ -343,6 +370,10 @@ def deploy(
                 ("--security-groups", security_groups),
                 ("--org", org),
                 ("--workspace", workspace),
+                ("--registry", registry),
+                ("--host", host),
+                ("--with-postgres", with_postgres),
+                ("--publish", publish),
                 ("--python-version", python_version),
             )
             if value
@@ -356,7 +387,24 @@ def deploy(
     folder = _project(project_dir)
     services = build_services(env)
     if reset:
-        if any((platform, app, region, subnets, security_groups, org, workspace, python_version)):
+        if (
+            any(
+                (
+                    platform,
+                    app,
+                    region,
+                    subnets,
+                    security_groups,
+                    org,
+                    workspace,
+                    registry,
+                    host,
+                    with_postgres,
+                    publish,
+                )
+            )
+            or python_version
+        ):
             raise click.UsageError("--reset takes no other deploy options (only --confirm and --project-dir)")
         _reset(env, folder, services, confirm)
         return
@@ -374,16 +422,26 @@ def deploy(
         workspace=_name(workspace, "--workspace"),
         python_version=python_version,
         ephemeral_data=ephemeral_data,
+        registry=_name(registry, "--registry"),
+        host=_name(host, "--host"),
+        with_postgres=True if with_postgres else None,
+        publish=_name(publish, "--publish"),
     )
     for flags, flag_value, wanted in (
-        ("--subnets and --security-groups apply", subnets or security_groups, "cloud-a-orchestrated"),
-        ("--org applies", org, "host-a"),
-        ("--workspace applies", workspace, "host-b"),
+        ("--subnets and --security-groups apply", subnets or security_groups, ("cloud-a-orchestrated",)),
+        ("--org applies", org, ("host-a",)),
+        ("--workspace applies", workspace, ("host-b",)),
+        (
+            "--host, --with-postgres and --publish apply",
+            host or with_postgres or publish,
+            ("self-hosted-image",),
+        ),
+        ("--registry applies", registry, ("self-hosted-image", "web-service-host")),
     ):
-        if flag_value and platform and platform != wanted:
+        if flag_value and platform and platform not in wanted:
             services.reporter.warn(
-                f"{flags} only to {platform_adapters.vendor_name(wanted)}; ignored for "
-                f"{platform_adapters.vendor_name(platform)}"
+                f"{flags} only to {' and '.join(platform_adapters.vendor_name(code) for code in wanted)}; "
+                f"ignored for {platform_adapters.vendor_name(platform)}"
             )
     result = _guarded(env, lambda: run_deploy(request, services), as_json, services.reporter)
     if result is None:

@@ -60,7 +60,16 @@ AWS_PLATFORMS = frozenset({"cloud-a-containers", "cloud-a-orchestrated"})
 #: The direct GET <url>/health after the platform reports healthy: at most this long, warn only.
 HEALTH_PROBE_SECONDS = 10.0
 #: DeployRequest fields kept in deploy.json's ``options`` under the same names (adapters read ctx.options).
-PLATFORM_OPTIONS = ("subnets", "security_groups", "org", "workspace")
+PLATFORM_OPTIONS = (
+    "subnets",
+    "security_groups",
+    "org",
+    "workspace",
+    "registry",
+    "host",
+    "with_postgres",
+    "publish",
+)
 INVALID_OPTION = "INVALID_OPTION"
 STATE_CONFLICT = "STATE_CONFLICT"
 UNKNOWN_DEPLOYMENT = "UNKNOWN_DEPLOYMENT"
@@ -173,6 +182,10 @@ class DeployRequest:
     workspace: str | None = None  # host-b: the Railway workspace a new project is created in
     python_version: str | None = None
     ephemeral_data: bool = False  # accept SQLite on a disk that a redeploy erases (Lightsail, ECS)
+    registry: str | None = None  # self-hosted-image, web-service-host: host/namespace to push the image to
+    host: str | None = None  # self-hosted-image: ssh://user@machine to run the stack on
+    with_postgres: bool | None = None  # self-hosted-image: a PostgreSQL service next to the app
+    publish: str | None = None  # self-hosted-image: [address:]port the app is published on
 
 
 @dataclass
@@ -475,7 +488,13 @@ def resolve_plan(request: DeployRequest, services: Services) -> Plan:
     for name in PLATFORM_OPTIONS:
         value = getattr(request, name)
         if value is not None:
-            options[name] = list(value) if isinstance(value, list) else str(value).strip()
+            options[name] = (
+                list(value)
+                if isinstance(value, list)
+                else value
+                if isinstance(value, bool)
+                else str(value).strip()
+            )
     version = check_python_version(request.python_version or (previous.python_version if previous else None))
     ephemeral = not adapter.persistent_storage and "DATABASE_URL" not in forwarded_environment(services.env)
     return Plan(
