@@ -7,7 +7,9 @@ with users kept in the same store, and makes their sync auth provider guard the 
 `sync_options` brings its own `auth`). `OFFLINE_OAUTH_PROVIDERS` may hold a JSON object of OAuth providers
 (name -> `client_id`, `client_secret`, `authorize_url`, `token_url`, `userinfo_url`, `scope`, ...; see
 `server_runtime.auth.oauth`); `OFFLINE_AUTH_*` set token lifetimes and sign-in limits (see
-`server_runtime.auth.settings`). Without `AUTH_SECRET` the server accepts every sync connection, and says so.
+`server_runtime.auth.settings`); `OFFLINE_JWT_ISSUERS` (a JSON list) names external OpenID Connect issuers
+whose tokens sync accepts (see `server_runtime.auth.external_issuers`). Without `AUTH_SECRET` the server
+accepts every sync connection, and says so.
 
 `OFFLINE_TRUSTED_PROXIES` and `OFFLINE_CLIENT_IP_HEADER` say which peers' forwarding headers name the client
 (none by default; see `server_runtime.client_address`)."""
@@ -27,6 +29,8 @@ from offline.core.errors import OfflineError
 from offline.core.schema import SchemaDefinition
 
 from .auth import AuthRoutes, create_auth_routes
+from .auth.external_issuers import ENVIRONMENT_VARIABLE as ISSUERS_VARIABLE
+from .auth.external_issuers import external_issuers_from_environment
 from .auth.settings import auth_options_from_environment
 from .client_address import CLIENT_IP_HEADER_ENV, TRUSTED_PROXIES_ENV
 from .server import ProductionServer, create_production_server
@@ -81,7 +85,17 @@ def operational_auth_from_environment(env: Mapping[str, str]) -> dict[str, str]:
 def auth_routes_from_environment(env: Mapping[str, str]) -> AuthRoutes | None:
     """Auth routes when `AUTH_SECRET` is set (None otherwise); OAuth providers from `OFFLINE_OAUTH_PROVIDERS`."""
     secret = env.get("AUTH_SECRET", "").strip()
+    issuers = external_issuers_from_environment(
+        env
+    )  # checked first: a bad value fails with or without a secret
     if not secret:
+        if issuers:
+            raise OfflineError(
+                f"{ISSUERS_VARIABLE} needs AUTH_SECRET as well (the /auth routes carry the external issuers); "
+                "set AUTH_SECRET to 32 random bytes, base64",
+                "AUTH_CONFIG",
+                {"field": "AUTH_SECRET"},
+            )
         return None
     providers_text = env.get("OFFLINE_OAUTH_PROVIDERS", "").strip()
     providers = None
@@ -97,7 +111,12 @@ def auth_routes_from_environment(env: Mapping[str, str]) -> AuthRoutes | None:
                 "AUTH_CONFIG",
                 {"field": "OFFLINE_OAUTH_PROVIDERS"},
             )
-    return create_auth_routes(secret=secret, oauth_providers=providers, **auth_options_from_environment(env))
+    return create_auth_routes(
+        secret=secret,
+        oauth_providers=providers,
+        external_issuers=issuers,
+        **auth_options_from_environment(env),
+    )
 
 
 async def server_from_environment(

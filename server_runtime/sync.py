@@ -77,8 +77,13 @@ SERVER_PRINCIPAL = "server"
 
 
 def principal_of(claims: Mapping[str, Any] | None) -> str:
-    """Who a session speaks for, from its verified claims: node ids are registered to it (`bind_node`)."""
+    """Who a session speaks for, from its verified claims: node ids are registered to it (`bind_node`). An
+    auth provider may name it (claim ``principal``: external issuers' users are ``external:<issuer> <id>``, so
+    they never collide with native users), else it is the token's subject."""
     if claims is not None:
+        named = claims.get("principal")
+        if isinstance(named, str) and named:
+            return named
         for key in ("sub", "userId"):
             subject = claims.get(key)
             if isinstance(subject, str) and subject:

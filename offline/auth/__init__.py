@@ -7,8 +7,9 @@
 
 Also: two-step sign-in (`MfaRequired`, ``auth.complete_mfa(code)``, ``enroll_totp()``, ``verify_totp(code)``),
 organizations (``create_org``, ``invite_member``, ``accept_invite``, ``activate_org``, ...), account linking
-(``link_oauth_authorize``, ``complete_link_oauth``) and passkeys (`is_passkey_supported`,
-``register_passkey``, ``sign_in_with_passkey``).
+(``link_oauth_authorize``, ``complete_link_oauth``), passkeys (`is_passkey_supported`,
+``register_passkey``, ``sign_in_with_passkey``), and an identity provider's own tokens for sync
+(`external_token_auth`).
 
 Pure Python: HTTP goes through httpx on CPython and the browser's fetch under Pyodide (imported lazily, so this
 package also runs in a browser worker); nothing here imports the server.
@@ -60,6 +61,7 @@ from .errors import (
     AuthError,
     MfaRequired,
 )
+from .external import ExternalTokenAuth, external_token_auth
 from .mfa import TotpEnrollment
 from .passkeys import Ceremony, browser_create, browser_get, is_passkey_supported
 from .sync import AccessTokenSource, OfflineAuthSync, create_offline_auth_sync
@@ -106,6 +108,7 @@ __all__ = [
     "Ceremony",
     "CredentialStore",
     "Credentials",
+    "ExternalTokenAuth",
     "FileCredentialStore",
     "MemoryCredentialStore",
     "MfaRequired",
@@ -118,6 +121,7 @@ __all__ = [
     "create_offline_auth_sync",
     "decode_claims",
     "default_credentials_path",
+    "external_token_auth",
     "is_passkey_supported",
     "user_config_dir",
 ]

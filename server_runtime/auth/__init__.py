@@ -35,6 +35,9 @@ Part two (each module's docstring has the details):
 - Account linking (``linking``): ``/auth/link/oauth/{provider}/authorize|callback`` with the access token.
 - Passkeys (``passkeys``): ``/auth/passkeys/register|authenticate/options|verify``, ``GET /auth/passkeys``,
   ``DELETE /auth/passkeys/{credentialId}``.
+- External identity providers (``external_issuers``): ``create_auth_routes(..., external_issuers=[{issuer,
+  audience, jwksUrl?, userIdClaim?, scopeClaims?}])`` or ``OFFLINE_JWT_ISSUERS``; sync and ``GET /auth/me``
+  (``{id, email, issuer, createdAt: null}``) accept those issuers' tokens, checked against their JWKS (``jwks``).
 - Write rules: ``sync_options={"rules": {collection: fn(claims, operation) -> bool}}`` (``server_runtime.sync``).
 """
 

@@ -34,6 +34,7 @@ from . import sessions as _sessions
 from .attempts import SharedAttempts
 from .audit import AuditLog, AuditRetention, user_actor
 from .devices import DeviceTokens
+from .external_issuers import ExternalIssuers, external_issuers_from
 from .linking import LinkRoutes
 from .mfa import MfaRoutes
 from .orgs import OrgRoutes, current_org_claims, org_claims, roles_from
@@ -143,9 +144,13 @@ class AuthRoutes:
         passkeys: Mapping[str, Any] | None = None,
         totp_issuer: str = "offline",
         audit_retention: AuditRetention | None = None,
+        external_issuers: Sequence[Any] | None = None,
         now: Callable[[], float] | None = None,
     ) -> None:
         self._now = now or time.time
+        issuers = external_issuers_from(external_issuers)
+        #: Verifier of external OpenID Connect issuers' tokens (sync and /me); None when none are configured.
+        self.external = ExternalIssuers(issuers, now=self._now) if issuers else None
         self.access_ttl = _seconds(access_ttl, "access_ttl")
         self.refresh_ttl = _seconds(refresh_ttl, "refresh_ttl")
         self.tokens = TokenService(secret, access_ttl=self.access_ttl, now=self._now)
@@ -316,6 +321,20 @@ class AuthRoutes:
                 raise InvalidToken("session revoked")
             if current_orgs:
                 claims = await current_org_claims(tx, claims)
+        return claims
+
+    async def external_claims(self, token: str | None) -> dict[str, Any] | None:
+        """Session claims of a valid token of a configured external issuer, None for a token that does not
+        name an external issuer (``server_runtime.auth.external_issuers``); raises ``InvalidToken``."""
+        if self.external is None or not self.external.claims_external(token):
+            return None
+        assert token is not None
+        claims = await self.external.verify(token)
+        async with self._store().reader() as tx:
+            # Scope values come from the user id (userId <- sub): an external user named like a native user
+            # (a provider letting users choose the claimed id) would see that user's records.
+            if await tx.user_by_id(str(claims["sub"])) is not None:
+                raise InvalidToken(f"the user id of a token of {claims['iss']} is a native user's id")
         return claims
 
     async def _claims(self, request: Request) -> dict[str, Any]:
@@ -675,6 +694,21 @@ class AuthRoutes:
         return Response(status_code=204, headers={"Cache-Control": "no-store"})
 
     async def me(self, request: Request) -> Response:
+        try:
+            external = await self.external_claims(_bearer(request))
+        except InvalidToken as exc:
+            log.info("auth request %s refused: %s", request.url.path, exc.reason)
+            raise _auth_failed() from None
+        if external is not None:  # a user of an external issuer: no account here, the token says who
+            return JSONResponse(
+                {
+                    "id": external["sub"],
+                    "email": external.get("email"),
+                    "issuer": external["iss"],
+                    "createdAt": None,
+                },
+                headers={"Cache-Control": "no-store"},
+            )
         claims = await self._claims(request)
         async with self._store().reader() as tx:
             user = await tx.user_by_id(str(claims["sub"]))
@@ -824,6 +858,9 @@ class SyncAuthProvider:
 
     async def authenticate(self, token: str | None) -> dict[str, Any] | None:
         try:
+            external = await self.routes.external_claims(token)
+            if external is not None:
+                return external
             # Membership is read from the store at every handshake: a member removed from an organization
             # gets no more of its data, even with a token issued before the removal.
             return await self.routes.verify_access_token(token, current_orgs=True)
@@ -847,8 +884,10 @@ class SyncAuthProvider:
     # What the sync core needs to end live sessions (server_runtime.live_sessions).
 
     def session_binding(self, claims: Mapping[str, Any]) -> SessionBinding:
-        """The auth session a connection's token belongs to (``sid``) and when the token expires (``exp``)."""
-        return SessionBinding(str(claims["sid"]), float(claims["exp"]))
+        """The auth session a connection's token belongs to (``sid``; none for an external issuer's token)
+        and when the token expires (``exp``)."""
+        sid = claims.get("sid")
+        return SessionBinding(None if sid is None else str(sid), float(claims["exp"]))
 
     async def ended_sessions(self, session_ids: Sequence[str]) -> set[str]:
         return await self.routes.ended_sessions(session_ids)
@@ -873,6 +912,7 @@ def create_auth_routes(
     passkeys: Mapping[str, Any] | None = None,
     totp_issuer: str = "offline",
     audit_retention: AuditRetention | None = None,
+    external_issuers: Sequence[Any] | None = None,
 ) -> AuthRoutes:
     """Auth routes signing tokens with ``secret`` (AUTH_SECRET, at least 32 bytes). ``access_ttl`` and
     ``refresh_ttl`` in seconds (15 minutes and 30 days by default); ``oauth_providers``: name -> provider dict
@@ -880,7 +920,9 @@ def create_auth_routes(
     ``roles``: organization roles beyond owner, admin and member; ``invite_ttl``: how long an organization
     invite stays valid (7 days); ``passkeys``: WebAuthn relying-party settings (``server_runtime.auth.passkeys``;
     None: no passkeys); ``totp_issuer``: the name authenticator apps show next to the account;
-    ``audit_retention``: how much of the audit log is kept (``server_runtime.auth.audit``)."""
+    ``audit_retention``: how much of the audit log is kept (``server_runtime.auth.audit``);
+    ``external_issuers``: OpenID Connect issuers whose tokens sync and ``/auth/me`` accept (a list of
+    ``{issuer, audience, jwksUrl?, userIdClaim?, scopeClaims?}``; ``server_runtime.auth.external_issuers``)."""
     return AuthRoutes(
         secret=secret,
         oauth_providers=oauth_providers,
@@ -893,4 +935,5 @@ def create_auth_routes(
         passkeys=passkeys,
         totp_issuer=totp_issuer,
         audit_retention=audit_retention,
+        external_issuers=external_issuers,
     )
