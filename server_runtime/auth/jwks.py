@@ -96,12 +96,12 @@ def _loopback(host: str) -> bool:
         return False
 
 
-async def fetch_json(url: str) -> Any:
-    """GET ``url`` and parse its JSON body: total timeout, no redirects, at most MAX_DOCUMENT_BYTES."""
+async def fetch_json(url: str, *, timeout: float = FETCH_TIMEOUT, max_bytes: int = MAX_DOCUMENT_BYTES) -> Any:
+    """GET ``url`` and parse its JSON body: ``timeout`` seconds in all, no redirects, at most ``max_bytes``."""
     body = bytearray()
     try:
         async with (
-            asyncio.timeout(FETCH_TIMEOUT),
+            asyncio.timeout(timeout),
             httpx.AsyncClient(follow_redirects=False) as client,
             client.stream("GET", url, headers={"Accept": "application/json"}) as response,
         ):
@@ -109,10 +109,10 @@ async def fetch_json(url: str) -> Any:
                 raise JwksUnavailable(f"{url} answered HTTP {response.status_code}")
             async for chunk in response.aiter_bytes():
                 body += chunk
-                if len(body) > MAX_DOCUMENT_BYTES:
-                    raise JwksUnavailable(f"{url} sent more than {MAX_DOCUMENT_BYTES} bytes")
+                if len(body) > max_bytes:
+                    raise JwksUnavailable(f"{url} sent more than {max_bytes} bytes")
     except TimeoutError:
-        raise JwksUnavailable(f"{url} did not answer within {FETCH_TIMEOUT:g} s") from None
+        raise JwksUnavailable(f"{url} did not answer within {timeout:g} s") from None
     except httpx.HTTPError as exc:
         raise JwksUnavailable(f"{url} could not be reached ({type(exc).__name__})") from None
     try:
@@ -187,7 +187,7 @@ class JwksCache:
         self._budget = SlidingWindow(refresh_limit, refresh_window, now=now)
         self._keys: dict[str | None, SigningKey] = {}
         self._fetched_at: float | None = None  # when the keys were last read successfully
-        self._attempts = 0  # fetch attempts so far: waiters for the lock skip a refresh made meanwhile
+        self._attempts = 0  # fetch attempts ended so far: waiters for the lock skip one made meanwhile
         self._lock = asyncio.Lock()
         self._last_error: str | None = None
 
@@ -220,21 +220,26 @@ class JwksCache:
         seen = self._attempts
         async with self._lock:
             if self._attempts != seen:
-                return  # another request fetched while this one waited: use its result
-            if self._budget.retry_after(self.issuer) is not None:
-                return  # fetched often enough lately: the floor on refresh frequency
-            self._budget.hit(self.issuer)
-            self._attempts += 1
+                return  # a fetch ended while this request waited for it: use its result
             try:
-                self._keys = await self._read_keys()
-            except JwksUnavailable as exc:
-                self._last_error = str(exc)
-                kept = "keeping the keys read before" if self._fetched_at is not None else "no keys yet"
-                log.warning("JWKS of issuer %s unavailable (%s): %s", self.issuer, kept, exc)
-                return
-            self._fetched_at = self._now()
-            self._last_error = None
-            log.info("read %d signing key(s) of issuer %s", len(self._keys), self.issuer)
+                await self._fetch_keys()
+            finally:
+                self._attempts += 1  # counted when it ends: requests waiting meanwhile share its result
+
+    async def _fetch_keys(self) -> None:
+        if self._budget.retry_after(self.issuer) is not None:
+            return  # fetched often enough lately: the floor on refresh frequency
+        self._budget.hit(self.issuer)
+        try:
+            self._keys = await self._read_keys()
+        except JwksUnavailable as exc:
+            self._last_error = str(exc)
+            kept = "keeping the keys read before" if self._fetched_at is not None else "no keys yet"
+            log.warning("JWKS of issuer %s unavailable (%s): %s", self.issuer, kept, exc)
+            return
+        self._fetched_at = self._now()
+        self._last_error = None
+        log.info("read %d signing key(s) of issuer %s", len(self._keys), self.issuer)
 
     async def _read_keys(self) -> dict[str | None, SigningKey]:
         url = self.jwks_url or await self._discover()

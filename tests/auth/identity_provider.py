@@ -72,15 +72,27 @@ class IdentityProvider:
     def __init__(self, *algorithms: str, tenant: str = "tenant") -> None:
         self.keys: list[TestKey] = [new_key(a) for a in algorithms or ("RS256",)]
         self.requests: Counter[str] = Counter()
+        #: Cleared: JWKS requests wait until it is set again (a slow provider).
+        self.open = threading.Event()
+        self.open.set()
+        #: Extra bytes in every JWKS answer (an oversized key set).
+        self.padding = 0
+        #: Replaces fields of the discovery document (e.g. another issuer, a jwks_uri elsewhere).
+        self.discovery: dict[str, Any] = {}
         provider = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
                 provider.requests[self.path] += 1
                 if self.path == f"/{tenant}/.well-known/openid-configuration":
-                    body = {"issuer": provider.issuer, "jwks_uri": provider.jwks_url}
+                    body: dict[str, Any] = {
+                        "issuer": provider.issuer,
+                        "jwks_uri": provider.jwks_url,
+                        **provider.discovery,
+                    }
                 elif self.path == f"/{tenant}/jwks":
-                    body = {"keys": [key.jwk() for key in provider.keys]}
+                    provider.open.wait(60)
+                    body = {"keys": [key.jwk() for key in provider.keys], "padding": "x" * provider.padding}
                 else:
                     self.send_error(404)
                     return
@@ -105,6 +117,7 @@ class IdentityProvider:
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        self.open.set()
         self.server.shutdown()
         self.server.server_close()
         self._thread.join(10)

@@ -27,6 +27,8 @@ from offline.store import App
 from offline.sync import protocol as p
 from server_runtime import MemoryServerStore
 from server_runtime.auth.external_issuers import external_issuers_from_environment
+from server_runtime.auth.jwks import MAX_DOCUMENT_BYTES, JwksCache, JwksUnavailable, fetch_json
+from server_runtime.auth.tokens import InvalidToken
 from server_runtime.environment import auth_routes_from_environment
 
 from .conftest import SCHEMA, SECRET, Capture, http, make_routes, serve, sign_up, sync_url
@@ -227,6 +229,59 @@ def test_a_rotated_key_is_picked_up_without_a_restart_and_a_kid_flood_is_bounded
                     reply, close_code = await handshake(url, idp.token("eve", new_key("ES256")))
                     assert_auth_failed(reply, close_code, "random kid")
                 assert idp.jwks_fetches == 3
+
+        asyncio.run(scenario())
+
+
+def test_key_fetches_leave_the_server_answering_and_are_shared() -> None:
+    """While the provider is slow to send its JWKS, the server keeps answering, and the handshakes waiting
+    for the keys share one fetch."""
+    with IdentityProvider("ES256") as idp:
+
+        async def scenario() -> None:
+            async with serve(MemoryServerStore(), make_routes(external_issuers=[idp.config()])) as server:
+                idp.open.clear()
+                url = sync_url(server)
+                waiting = [asyncio.create_task(handshake(url, idp.token(f"user-{i}"))) for i in range(5)]
+                await wait_for(lambda: idp.jwks_fetches == 1, "the server to ask for the keys")
+                async with http(server) as client:
+                    assert (await client.get("/health")).status_code == 200
+                assert not any(task.done() for task in waiting)
+                idp.open.set()
+                for reply, _ in await asyncio.gather(*waiting):
+                    assert isinstance(reply, p.HandshakeResponse) and reply.accepted
+                assert idp.jwks_fetches == 1
+
+        asyncio.run(scenario())
+
+
+def test_key_fetches_are_bounded_in_time_and_size_and_discovery_is_checked() -> None:
+    with IdentityProvider("RS256") as idp:
+
+        async def scenario() -> None:
+            idp.padding = MAX_DOCUMENT_BYTES
+            with pytest.raises(JwksUnavailable, match="sent more than"):
+                await fetch_json(idp.jwks_url)
+            idp.padding = 0
+            idp.open.clear()
+            with pytest.raises(JwksUnavailable, match=r"did not answer within 0\.2 s"):
+                await fetch_json(idp.jwks_url, timeout=0.2)
+            idp.open.set()
+            with pytest.raises(JwksUnavailable, match="HTTP 404"):
+                await fetch_json(idp.issuer + "/nothing-here")
+
+            # Discovery must name the issuer it was read for, and a jwks_uri that may be fetched.
+            for discovery, says in [
+                ({"issuer": "https://elsewhere.example/"}, "names another issuer"),
+                ({"jwks_uri": "http://keys.example/jwks"}, "must be an https:// URL"),
+                ({"jwks_uri": None}, "has no jwks_uri"),
+            ]:
+                idp.discovery = discovery
+                with pytest.raises(InvalidToken, match=says):
+                    await JwksCache(idp.issuer).key_for(idp.keys[0].kid)
+            idp.discovery = {}
+            key = await JwksCache(idp.issuer).key_for(idp.keys[0].kid)
+            assert key.algorithm == "RS256"
 
         asyncio.run(scenario())
 
