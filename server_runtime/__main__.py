@@ -16,6 +16,8 @@ import signal
 import sys
 from pathlib import Path
 
+from offline.core.errors import OfflineError
+
 from .environment import find_entry, load_entry, server_from_environment
 from .redaction import SecretRedactor, install, secrets_from_environment
 
@@ -70,7 +72,13 @@ async def _main(argv: list[str]) -> int:
         if schema is None:
             print(f"{entry} defines neither `server` nor `schema`", file=sys.stderr)
             return 2
-        server = await server_from_environment(schema)
+        try:
+            server = await server_from_environment(schema)
+        except (
+            OfflineError
+        ) as exc:  # a bad setting (AUTH_SECRET, OFFLINE_JWT_ISSUERS, ...): its message says which
+            print(f"offline server could not start: [{exc.code}] {exc.message}", file=sys.stderr, flush=True)
+            return 2
     # Before the server starts: it answers /health while start() still awaits, and a SIGTERM sent as soon as
     # it answers (a supervisor, a test) must stop it gracefully, not kill it with the default action.
     stop = asyncio.Event()

@@ -31,7 +31,7 @@ from server_runtime.auth.jwks import MAX_DOCUMENT_BYTES, JwksCache, JwksUnavaila
 from server_runtime.auth.tokens import InvalidToken
 from server_runtime.environment import auth_routes_from_environment
 
-from .conftest import SCHEMA, SECRET, Capture, http, make_routes, serve, sign_up, sync_url
+from .conftest import SCHEMA, SECRET, Capture, StoreFactory, http, make_routes, serve, sign_up, sync_url
 from .identity_provider import IdentityProvider, new_key
 from .test_sync_auth import FAST, TIMEOUT, assert_auth_failed, handshake, wait_for
 
@@ -289,12 +289,12 @@ def test_key_fetches_are_bounded_in_time_and_size_and_discovery_is_checked() -> 
 # -- node identity ------------------------------------------------------------------------------------------------
 
 
-def test_node_ids_are_bound_to_the_issuer_and_subject(tmp_path: Path) -> None:
+def test_node_ids_are_bound_to_the_issuer_and_subject(stores: StoreFactory) -> None:
     with IdentityProvider("RS256") as first, IdentityProvider("ES256", tenant="second") as second:
 
         async def scenario() -> None:
             routes = make_routes(external_issuers=[first.config(), second.config()])
-            async with serve(MemoryServerStore(), routes) as server, http(server) as client:
+            async with serve(await stores.open(), routes) as server, http(server) as client:
                 url = sync_url(server)
                 native = await sign_up(client, "native@example.com")
                 native_id = native["user"]["id"]

@@ -11,6 +11,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from offline import create_app
 from offline.auth import external_token_auth
 from offline.core.schema import SchemaDefinition
@@ -111,3 +113,15 @@ def test_a_process_configured_by_offline_jwt_issuers_syncs_each_org_by_its_claim
         assert "algorithm 'HS256'" in log
         # No token is in the log: every payload of this issuer's tokens starts with its encoded issuer claim.
         assert idp.token("x").split(".")[1][:16] not in log
+
+
+def test_a_bad_offline_jwt_issuers_stops_the_process_with_what_to_fix(tmp_path: Path) -> None:
+    write_entry(tmp_path, SCHEMA_SOURCE)
+    bad = '[{"issuer": "https://tenant.example.com/", "audiance": "https://api.example.com"}]'
+    server = ServerProcess(tmp_path / "server.py", env={"AUTH_SECRET": SECRET, "OFFLINE_JWT_ISSUERS": bad})
+    with pytest.raises(RuntimeError) as raised:
+        server.start()
+    said = str(raised.value)
+    assert "server exited with 2" in said
+    assert "[AUTH_CONFIG] OFFLINE_JWT_ISSUERS[0] has an unknown field 'audiance'" in said
+    assert "Traceback" not in said
