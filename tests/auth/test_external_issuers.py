@@ -11,14 +11,12 @@ bound to the external principal (issuer and subject), never to a native user or 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from websockets.asyncio.client import connect as ws_connect
 
 from offline import OfflineError, create_app
 from offline.auth import external_token_auth
@@ -30,30 +28,16 @@ from server_runtime.auth.external_issuers import external_issuers_from_environme
 from server_runtime.auth.jwks import MAX_DOCUMENT_BYTES, JwksCache, JwksUnavailable, fetch_json
 from server_runtime.auth.tokens import InvalidToken
 from server_runtime.environment import auth_routes_from_environment
+from tests.hardening.support import handshake_reply
 
 from .conftest import SCHEMA, SECRET, Capture, StoreFactory, http, make_routes, serve, sign_up, sync_url
 from .identity_provider import IdentityProvider, new_key
-from .test_sync_auth import FAST, TIMEOUT, assert_auth_failed, handshake, wait_for
+from .test_sync_auth import FAST, TIMEOUT, assert_auth_failed, close_all, handshake, wait_for
 
 
 def app_with(tmp_path: Path, name: str, url: str, get_token: Callable[[], Any], **options: Any) -> App:
     sync = {"url": url, "auth_client": external_token_auth(get_token), **FAST, **options}
     return create_app(SCHEMA, sync=sync, path=str(tmp_path / f"{name}.db"))
-
-
-async def close_all(*apps: App) -> None:
-    for app in apps:
-        with contextlib.suppress(Exception):
-            await app.sync.disconnect()
-        app.close()
-
-
-async def node_handshake(url: str, token: str, node: str) -> p.Message:
-    """A bare handshake as ``node``: the server's first answer."""
-    async with ws_connect(url) as ws:
-        hello = p.Handshake(p.new_message_id(), node, {}, SCHEMA.version, 0, auth_token=token)
-        await ws.send(p.encode(hello))
-        return p.decode(await asyncio.wait_for(ws.recv(), TIMEOUT))
 
 
 # -- accepted tokens ----------------------------------------------------------------------------------------------
@@ -299,19 +283,19 @@ def test_node_ids_are_bound_to_the_issuer_and_subject(stores: StoreFactory) -> N
                 native = await sign_up(client, "native@example.com")
                 native_id = native["user"]["id"]
                 node = generate_uuid_v7()
-                reply = await node_handshake(url, first.token("sam"), node)
+                reply = await handshake_reply(url, node, first.token("sam"))
                 assert isinstance(reply, p.HandshakeResponse) and reply.accepted
                 # The same subject at another issuer is another principal: the node is not theirs.
-                reply = await node_handshake(url, second.token("sam"), node)
+                reply = await handshake_reply(url, node, second.token("sam"))
                 assert isinstance(reply, p.ErrorMessage) and reply.code == "AUTH_FAILED"
-                reply = await node_handshake(url, first.token("sam"), node)
+                reply = await handshake_reply(url, node, first.token("sam"))
                 assert isinstance(reply, p.HandshakeResponse) and reply.accepted
 
                 # A native user's node is not an external user's, even one whose subject is that user's id...
                 native_node = generate_uuid_v7()
-                reply = await node_handshake(url, native["accessToken"], native_node)
+                reply = await handshake_reply(url, native_node, native["accessToken"])
                 assert isinstance(reply, p.HandshakeResponse) and reply.accepted
-                reply = await node_handshake(url, first.token("sam"), native_node)
+                reply = await handshake_reply(url, native_node, first.token("sam"))
                 assert isinstance(reply, p.ErrorMessage) and reply.code == "AUTH_FAILED"
                 # ...and such a subject (it would share the native user's scope values) is refused outright.
                 reply, close_code = await handshake(url, first.token(native_id))

@@ -6,7 +6,6 @@ in the process's log, never the token itself."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 from pathlib import Path
 from typing import Any
@@ -15,14 +14,13 @@ import pytest
 
 from offline import create_app
 from offline.auth import external_token_auth
-from offline.core.schema import SchemaDefinition
 from offline.store import App
 from offline.sync import protocol as p
-from tests.support.servers import ServerProcess, write_entry
+from tests.support.servers import ServerProcess, schema_from_source, write_entry
 
 from .conftest import SECRET
 from .identity_provider import IdentityProvider
-from .test_sync_auth import FAST, TIMEOUT, assert_auth_failed, handshake, wait_for
+from .test_sync_auth import FAST, TIMEOUT, assert_auth_failed, close_all, handshake, wait_for
 
 # Notes belong to an organization; the issuer puts it in its own claim, ``org_id``.
 SCHEMA_SOURCE = """
@@ -38,15 +36,7 @@ schema = define_schema(
 """
 
 
-def load_schema() -> SchemaDefinition:
-    namespace: dict[str, Any] = {}
-    exec(SCHEMA_SOURCE, namespace)
-    schema = namespace["schema"]
-    assert isinstance(schema, SchemaDefinition)
-    return schema
-
-
-SCHEMA = load_schema()
+SCHEMA = schema_from_source(SCHEMA_SOURCE)
 
 
 def test_a_process_configured_by_offline_jwt_issuers_syncs_each_org_by_its_claim(tmp_path: Path) -> None:
@@ -70,10 +60,7 @@ def test_a_process_configured_by_offline_jwt_issuers_syncs_each_org_by_its_claim
             try:
                 await exchange()
             finally:
-                for each in apps:
-                    with contextlib.suppress(Exception):
-                        await each.sync.disconnect()
-                    each.close()
+                await close_all(*apps)
 
         async def exchange() -> None:
             ada = app("ada", "ada", "acme", ec_key)

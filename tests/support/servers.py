@@ -122,3 +122,10 @@ def write_entry(folder: Path, schema_source: str) -> Path:
     entry = folder / "server.py"
     entry.write_text(schema_source)
     return entry
+
+
+def schema_from_source(source: str) -> Any:
+    """The ``schema`` an entry's Python source defines (what ``write_entry`` writes), for clients of it."""
+    namespace: dict[str, Any] = {}
+    exec(source, namespace)
+    return namespace["schema"]
