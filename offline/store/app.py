@@ -42,7 +42,7 @@ from offline.merge.engine import REPEATED, Conflict, MergeEngine, RecordState, T
 from offline.merge.trace import MergeTrace
 from offline.merge.values import compact_json
 
-from . import breaches, replication
+from . import breaches, compaction, replication
 from .collection import Collection
 from .database import ACKED, PENDING, REJECTED, STATE_REFERENCE, LocalDatabase, storage_error
 from .events import EventBus
@@ -147,6 +147,7 @@ class App:
         sync: Mapping[str, Any] | None = None,
         durability: str = "normal",
         now: Callable[[], int] | None = None,
+        compact_after: int | None = compaction.DEFAULT_COMPACT_AFTER,
     ) -> None:
         if not isinstance(schema, SchemaDefinition):
             raise OfflineError(
@@ -158,8 +159,21 @@ class App:
                 INVALID_OPERATION,
                 {"field": "durability", "expected": list(DURABILITY), "received": repr(durability)},
             )
+        if compact_after is not None and (
+            isinstance(compact_after, bool) or not isinstance(compact_after, int) or compact_after < 1
+        ):
+            raise OfflineError(
+                f"compact_after must be a positive number of operations or None, got {compact_after!r}",
+                INVALID_OPERATION,
+                {"field": "compact_after", "received": repr(compact_after)},
+            )
         self.schema = schema
         self.path = path
+        # Automatic compaction (`compact`): once this many operations were stored since the app opened or
+        # last compacted; None: only when `compact()` is called.
+        self.compact_after = compact_after
+        self._log_growth = 0
+        self._compacting = False
         self.events = EventBus()
         self.db = LocalDatabase(path, durability=durability)
         try:
@@ -183,13 +197,16 @@ class App:
         self._closed = False
 
         with self.db.transaction():
+            self.db.conn.execute(compaction.TABLE)
+            self._compacted = self.db.get_meta(compaction.FLAG_KEY) == "1"
             node_id = self.db.get_meta("node_id")
             if node_id is None:
                 node_id = generate_uuid_v7()
                 self.db.set_meta("node_id", node_id)
             self.node_id: str = node_id
             self._authoritative = set(json.loads(self.db.get_meta("authoritative_nodes") or "[]"))
-            last = self.db.max_hlc()
+            # Compaction may have dropped a node's last operations: the highest of those is kept apart.
+            last = max(self.db.max_hlc() or "", self.db.get_meta(compaction.CLOCK_KEY) or "") or None
             # Server time minus this device's time, learnt at the last handshake: new operations are
             # stamped by the server's clock, so a device whose clock is wrong is neither refused nor
             # ordered minutes away from everyone else.
@@ -197,7 +214,8 @@ class App:
             self.clock = HybridLogicalClock(
                 node_id, now=self._physical, last=parse_timestamp(last) if last else None
             )
-            self._seq = self.db.own_sequence(node_id)
+            # (The version vector keeps this node's number when compaction dropped its last operations.)
+            self._seq = max(self.db.own_sequence(node_id), self.db.version_vector().get(node_id, 0))
         # Records whose latest local operations are committed but not yet written to their row (see flush()).
         self._dirty: dict[tuple[str, str], RecordState] = {}
         # The row (None: no record) each local write materialised, with the state object it came from:
@@ -245,7 +263,11 @@ class App:
                 "SELECT max(hlc) FROM _offline_ops WHERE hlc <= ?",
                 ("%015d:99999:\U0010ffff" % ceiling,),  # noqa: UP031
             ).fetchone()
-            last = parse_timestamp(row[0]) if row and row[0] else None
+            found = row[0] if row and row[0] else ""
+            dropped = self.db.get_meta(compaction.CLOCK_KEY) or ""
+            if dropped and int(dropped.split(":", 1)[0]) <= ceiling:
+                found = max(found, dropped)
+            last = parse_timestamp(found) if found else None
             self.clock = HybridLogicalClock(self.node_id, now=self._physical, last=last)
 
     def _receive(self, remote: HLCTimestamp) -> None:
@@ -326,6 +348,33 @@ class App:
             self.db.set_meta("authoritative_nodes", json.dumps(sorted(new)))
             self.rebuild()
 
+    def compact(self) -> int:
+        """Drop from the local log the operations the server has acknowledged (or sent), keeping what
+        merging and recognising repeats need (see `offline.store.compaction`); returns how many were
+        dropped. This node's unacknowledged and refused operations always stay."""
+        return compaction.compact(self)
+
+    def _grew(self, droppable: int) -> None:
+        """``droppable`` more operations may be compacted: compact once `compact_after` have accumulated
+        (not inside a transaction or a batch: then at the next chance)."""
+        self._log_growth += droppable
+        limit = self.compact_after
+        if (
+            limit is None
+            or self._log_growth < limit
+            or self._compacting
+            or self._batch is not None
+            or self.db.in_transaction
+            or self._closed
+        ):
+            return
+        self._compacting = True
+        try:
+            dropped = compaction.compact(self)
+            log.info("compacted the local operation log: %d operations dropped", dropped)
+        finally:
+            self._compacting = False
+
     def rebuild(self) -> None:
         """Refold every record from the operation log (after a schema migration or a new server node)."""
         conn = self.db.conn
@@ -340,9 +389,22 @@ class App:
                 op = operation_from_text(wire)
                 if op.collection in self.codecs:
                     grouped.setdefault((op.collection, op.record_id), []).append(op)
+            # A compacted record starts from its base (what its dropped operations made of it).
+            bases = compaction.bases(self)
+            for key in bases:
+                grouped.setdefault(key, [])
             for (collection, record_id), ops in grouped.items():
-                state, record = self.engine.fold(collection, record_id, ops)
-                self._persist(collection, record_id, state, record)
+                if collection not in self.codecs:
+                    continue
+                base = bases.get((collection, record_id))
+                if base is None:
+                    state, record = self.engine.fold(collection, record_id, ops)
+                else:
+                    state = base
+                    for op in ops:
+                        self.engine.apply(state, op, want_conflicts=False)
+                    record = self.engine.materialize(collection, record_id, state)
+                self._persist(collection, record_id, state, record, reference=base is None)
             self.db.set_meta("materialized_sequence", str(self._seq))
 
     def _recover(self) -> None:
@@ -438,11 +500,19 @@ class App:
     # -- writes ---------------------------------------------------------------------------------------------
 
     def _persist(
-        self, collection: str, record_id: str, state: RecordState, record: dict[str, Any] | None
+        self,
+        collection: str,
+        record_id: str,
+        state: RecordState,
+        record: dict[str, Any] | None,
+        *,
+        reference: bool = True,
     ) -> None:
+        """Write a record's state and row. ``reference=False``: never as a reference to its one operation
+        (a compacted record's operation may be gone from the log)."""
         codec = self.codecs[collection]
         conn = self.db.conn
-        self.db.save_states([(collection, record_id, _stored_state(state))])
+        self.db.save_states([(collection, record_id, _stored_state(state) if reference else state.to_json())])
         if record is None:
             conn.execute(codec.delete_sql, (record_id,))
         else:
@@ -765,6 +835,10 @@ class App:
             # Duplicates: the same id at the same (node, sequence number); the same place held by another
             # id, or taken twice in this batch, is a forgery and refuses the whole batch.
             held = self.db.held_ids(incoming)
+            # A compacted record's repeats are no longer in the log: its per-node numbers tell them.
+            dropped = compaction.repeats(
+                self, [op for op in incoming if (op.node_id, op.sequence_number) not in held]
+            )
             fresh: dict[str, Operation] = {}
             taken: dict[tuple[str, int], str] = {}
             wire_of: dict[str, str] = {}
@@ -776,7 +850,7 @@ class App:
                     if have != op.id and forged is None:
                         forged = op
                     continue
-                if op.id in fresh:
+                if op.id in fresh or op.id in dropped:
                     continue  # the same operation again, under another place (a misbehaving peer)
                 taken[place] = op.id
                 fresh[op.id] = op
@@ -924,6 +998,7 @@ class App:
                 self._batch.applied.append((ordered, traces, started))
                 return ordered
         self._after_commit(ordered, traces, started=started)
+        self._grew(len(ordered))
         return ordered
 
     # -- after a commit -------------------------------------------------------------------------------------------
@@ -1105,9 +1180,15 @@ def create_app(
     *,
     durability: str = "normal",
     now: Callable[[], int] | None = None,
+    compact_after: int | None = compaction.DEFAULT_COMPACT_AFTER,
 ) -> App:
-    """Open (or create) the local database at ``path`` for ``schema``; needs no running event loop."""
-    return App(schema, path=path, sync=sync, durability=durability, now=now)
+    """Open (or create) the local database at ``path`` for ``schema``; needs no running event loop.
+
+    ``compact_after``: compact the local log (`App.compact`) once that many operations became droppable
+    (acknowledged by the server, or received) since the app opened or last compacted; None: only when
+    ``app.compact()`` is called.
+    """
+    return App(schema, path=path, sync=sync, durability=durability, now=now, compact_after=compact_after)
 
 
 __all__ = ["ACKED", "PENDING", "REJECTED", "App", "Write", "create_app"]

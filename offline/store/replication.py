@@ -11,6 +11,7 @@ from offline.core.errors import INVALID_OPERATION, OfflineError
 from offline.core.frozen import thaw
 from offline.core.operations import Operation, decode_value, encode_value, operation_from_text
 
+from . import compaction
 from .database import ACKED, PENDING, REJECTED
 
 if TYPE_CHECKING:
@@ -123,6 +124,7 @@ def mark_acknowledged(app: App, sequences: Iterable[int]) -> None:
             "UPDATE _offline_ops SET status = ? WHERE node_id = ? AND sequence_number = ? AND status = ?",
             rows,
         )
+    app._grew(len(rows))
 
 
 def reject_operation(
@@ -285,20 +287,12 @@ def _take_out(app: App, ops: list[Operation]) -> None:
             "UPDATE _offline_ops SET status = ? WHERE node_id = ? AND sequence_number = ?",
             (REJECTED, op.node_id, op.sequence_number),
         )
-    conn = app.db.conn
     for collection, record_id in dict.fromkeys((op.collection, op.record_id) for op in ops):
         if collection not in app.codecs:
             continue
-        app._rows.pop((collection, record_id), None)
-        kept = app.db.record_operations(collection, record_id)  # the rejected ones no longer count
-        if kept:
-            new_state, record = app.engine.fold(collection, record_id, kept)
-            app._persist(collection, record_id, new_state, record)
-        else:  # never existed as far as anyone else knows: no tombstone, its id may be written again
-            conn.execute(
-                "DELETE FROM _offline_state WHERE collection = ? AND record_id = ?", (collection, record_id)
-            )
-            conn.execute(app.codecs[collection].delete_sql, (record_id,))
+        # The rejected ones no longer count; a record with nothing left never existed as far as anyone
+        # else knows: no tombstone, its id may be written again.
+        compaction.refold_and_persist(app, collection, record_id)
 
 
 def _rejection(app: App, op: Operation, code: str, message: str) -> dict[str, Any]:
@@ -342,24 +336,15 @@ def forget_records(app: App, collection: str, record_ids: Iterable[str]) -> list
     if not ids or collection not in app.codecs:
         return []
     app.flush()
-    codec = app.codecs[collection]
     with app.db.lock, app.db.transaction():
         conn = app.db.conn
+        # What compaction kept of them goes too (its base holds the received operations).
+        compaction.forget(app, collection, ids)
         for record_id in ids:
             conn.execute(
                 "DELETE FROM _offline_ops WHERE collection = ? AND record_id = ? AND status != ?",
                 (collection, record_id, PENDING),
             )
-            kept = app.db.record_operations(collection, record_id)
-            app._rows.pop((collection, record_id), None)
-            if kept:
-                state, record = app.engine.fold(collection, record_id, kept)
-                app._persist(collection, record_id, state, record)
-            else:
-                conn.execute(
-                    "DELETE FROM _offline_state WHERE collection = ? AND record_id = ?",
-                    (collection, record_id),
-                )
-                conn.execute(codec.delete_sql, (record_id,))
+            compaction.refold_and_persist(app, collection, record_id)
     app.subscriptions.notify({collection}, None)
     return ids

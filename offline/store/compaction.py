@@ -1,0 +1,326 @@
+"""Compaction of the local operation log: `app.compact()` drops what merging never reads again.
+
+Every operation in the log is folded into its record's merge state when it is stored, and the merge engine
+folds further operations on that state alone (DESIGN.md section 3: a record's state is a function of the set
+of operations held). An operation the server has acknowledged (or that came from the server) is therefore
+read again only by four things, and compaction keeps what each needs:
+
+- Recognising it when it arrives again (a batch resent after a lost acknowledgement, a resync from delivery
+  0, a peer's overlapping export). The log found repeats by (node, sequence number). For each compacted
+  record, ``_offline_compacted.versions`` keeps every node's highest sequence number among its dropped
+  operations; an operation of that record at or below its node's number is a repeat. This relies on one
+  node's operations *on one record* reaching a device in that node's sequence order, which holds on every
+  path that delivers them: a node writes a record with its previous write to it in its causal deps (the
+  record's heads), sends its operations in sequence order over one ordered connection, the server stores
+  them in that order and relays a record's operations in delivery order (a record entering a scope gets
+  its earlier history, or its state, before the operation that moved it), and `App.operations` exports in
+  causal order. It does *not* hold per node across records (a record entering a device's scope brings a
+  node's older operations after newer ones on other records), which is why the numbers are per record.
+- Refolding a record (a refusal taking a pending operation out, a new authoritative server node, a
+  schema rebuild): ``_offline_compacted.state`` keeps the *base*, the state the dropped operations make of
+  the record, and a refold starts from it instead of from nothing (`refold`).
+- The clock and the sequence numbering at open: this node's highest sequence number goes into the
+  version vector (``_offline_vv``), the highest dropped clock into meta ``compacted_clock``.
+- A merge state stored as a reference to its one operation (``STATE_REFERENCE``): written out as text
+  before that operation goes.
+
+Never dropped: this node's operations the server has not acknowledged (they are still to be sent, and a
+refusal takes them out again) and refused ones (kept so they are never resent; the rejected list refers
+to them). Conflict traces (`MergeTrace`) of later merges cannot name a dropped operation (none is emitted
+for it), and `App.operations` exports only what is kept: a peer behind the compaction catches up through a
+server (which sends record states, see `adopt_states`).
+
+The same table holds what a server's state-based catch-up gave (`adopt_states`): the server's state of a
+record as base and its per-node numbers, so the operations the server streams after it are recognised.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from offline.core.operations import Operation, operation_from_text
+from offline.merge.engine import RecordState
+
+from .database import ACKED, PENDING, REJECTED, STATE_REFERENCE
+
+if TYPE_CHECKING:
+    from .app import App
+
+#: create_app(compact_after=...) default: the log is compacted once this many operations were stored
+#: since the app opened (or since the last compaction). Large enough that a compaction is rare work.
+DEFAULT_COMPACT_AFTER = 10_000
+
+TABLE = """CREATE TABLE IF NOT EXISTS _offline_compacted (
+        collection TEXT NOT NULL,
+        record_id TEXT NOT NULL,
+        state TEXT NOT NULL,
+        versions TEXT NOT NULL,
+        PRIMARY KEY (collection, record_id)
+    ) WITHOUT ROWID"""
+
+#: Meta keys: the highest clock among dropped operations, and "1" once anything was compacted (the write
+#: path looks repeats up in ``_offline_compacted`` only then).
+CLOCK_KEY = "compacted_clock"
+FLAG_KEY = "compacted"
+
+_CHUNK = 500
+
+
+def compact(app: App) -> int:
+    """Drop the acknowledged operations of the log (see the module docstring); returns how many."""
+    app._check_open()
+    app.flush()
+    db = app.db
+    engine = app.engine
+    with db.lock, db.transaction():
+        conn = db.conn
+        rows = conn.execute(
+            "SELECT node_id, sequence_number, collection, record_id, hlc, wire FROM _offline_ops "
+            "WHERE status = ? ORDER BY collection, record_id",
+            (ACKED,),
+        ).fetchall()
+        if not rows:
+            return 0
+        dropped: dict[tuple[str, str], list[tuple[str, int, str, str]]] = {}
+        for node_id, seq, collection, record_id, hlc, wire in rows:
+            dropped.setdefault((collection, record_id), []).append((str(node_id), int(seq), str(hlc), wire))
+        keys = list(dropped)
+        bases = load(app, keys)
+        texts = db.load_state_texts(keys, refold=False)
+        # A state stored as a reference to its operation is written out: that operation is about to go.
+        references = [k for k, t in texts.items() if isinstance(t, str) and t[:1] == STATE_REFERENCE]
+        written_out = db.load_state_texts(references) if references else {}
+        texts.update(written_out)
+        kept = _kept_counts(app, keys)
+        out: list[tuple[str, str, str, str]] = []
+        own = 0
+        clock = db.get_meta(CLOCK_KEY) or ""
+        for key, items in dropped.items():
+            base_state, versions = bases.get(key, (None, {}))
+            text = texts.get(key)
+            if kept.get(key, 0) == 0 and text is not None:
+                base_text = (
+                    text if isinstance(text, str) else text.decode()
+                )  # every operation goes: the state
+            else:
+                state = base_state if base_state is not None else RecordState()
+                if key[0] in app.codecs:
+                    for _, _, _, wire in items:
+                        engine.apply(state, operation_from_text(wire), want_conflicts=False)
+                base_text = state.to_json()
+            for node_id, seq, hlc, _ in items:
+                if seq > versions.get(node_id, -1):
+                    versions[node_id] = seq
+                if node_id == app.node_id:
+                    own = max(own, seq)
+                clock = max(clock, hlc)
+            out.append((key[0], key[1], base_text, _versions_text(versions)))
+        db.save_states([(c, r, str(t)) for (c, r), t in written_out.items()])
+        conn.executemany(
+            "INSERT OR REPLACE INTO _offline_compacted (collection, record_id, state, versions) "
+            "VALUES (?, ?, ?, ?)",
+            out,
+        )
+        conn.execute("DELETE FROM _offline_ops WHERE status = ?", (ACKED,))
+        if own:
+            # The sequence numbering at open reads the log and this vector: it must not go back.
+            db.advance_vector({app.node_id: own})
+        db.set_meta(CLOCK_KEY, clock)
+        db.set_meta(FLAG_KEY, "1")
+        app._compacted = True
+    app._log_growth = 0
+    return len(rows)
+
+
+def _kept_counts(app: App, keys: Sequence[tuple[str, str]]) -> dict[tuple[str, str], int]:
+    """How many operations of each record stay in the log and count (pending ones)."""
+    out: dict[tuple[str, str], int] = {}
+    for collection, ids in _by_collection(keys).items():
+        for start in range(0, len(ids), _CHUNK):
+            chunk = ids[start : start + _CHUNK]
+            marks = ",".join("?" * len(chunk))
+            for record_id, count in app.db.conn.execute(
+                f"SELECT record_id, count(*) FROM _offline_ops WHERE collection = ? AND record_id IN ({marks}) "
+                "AND status = ? GROUP BY record_id",
+                [collection, *chunk, PENDING],
+            ):
+                out[(collection, str(record_id))] = int(count)
+    return out
+
+
+def load(
+    app: App, keys: Iterable[tuple[str, str]]
+) -> dict[tuple[str, str], tuple[RecordState, dict[str, int]]]:
+    """The base state and per-node sequence numbers of each of these records that has them."""
+    out: dict[tuple[str, str], tuple[RecordState, dict[str, int]]] = {}
+    for collection, record_id, state, versions in _rows(app, keys):
+        out[(collection, record_id)] = (RecordState.from_json(state), _parse_versions(versions))
+    return out
+
+
+def _rows(app: App, keys: Iterable[tuple[str, str]]) -> list[tuple[str, str, str, str]]:
+    found: list[tuple[str, str, str, str]] = []
+    for collection, ids in _by_collection(keys).items():
+        for start in range(0, len(ids), _CHUNK):
+            chunk = ids[start : start + _CHUNK]
+            marks = ",".join("?" * len(chunk))
+            found.extend(
+                (collection, str(r), str(s), str(v))
+                for r, s, v in app.db.conn.execute(
+                    f"SELECT record_id, state, versions FROM _offline_compacted WHERE collection = ? "
+                    f"AND record_id IN ({marks})",
+                    [collection, *chunk],
+                )
+            )
+    return found
+
+
+def repeats(app: App, ops: Sequence[Operation]) -> set[str]:
+    """Ids of ``ops`` that a compacted record folded already: at or below their node's number for it."""
+    if not app._compacted or not ops:
+        return set()
+    keys = {(op.collection, op.record_id) for op in ops}
+    versions: dict[tuple[str, str], dict[str, int]] = {}
+    for collection, ids in _by_collection(keys).items():
+        for start in range(0, len(ids), _CHUNK):
+            chunk = ids[start : start + _CHUNK]
+            marks = ",".join("?" * len(chunk))
+            for record_id, text in app.db.conn.execute(
+                f"SELECT record_id, versions FROM _offline_compacted WHERE collection = ? "
+                f"AND record_id IN ({marks})",
+                [collection, *chunk],
+            ):
+                versions[(collection, str(record_id))] = _parse_versions(text)
+    if not versions:
+        return set()
+    out: set[str] = set()
+    for op in ops:
+        known = versions.get((op.collection, op.record_id))
+        if known is not None and op.sequence_number <= known.get(op.node_id, -1):
+            out.add(op.id)
+    return out
+
+
+def refold(app: App, collection: str, record_id: str) -> tuple[RecordState, dict[str, Any] | None] | None:
+    """The record's state and value from its base (if compacted) and the operations of the log that count;
+    None when it has neither (it never existed as far as anyone else knows)."""
+    ops = app.db.record_operations(collection, record_id)
+    base = load(app, [(collection, record_id)]).get((collection, record_id)) if app._compacted else None
+    if base is None:
+        if not ops:
+            return None
+        return app.engine.fold(collection, record_id, ops)
+    state = base[0]
+    for op in ops:
+        app.engine.apply(state, op, want_conflicts=False)
+    return state, app.engine.materialize(collection, record_id, state)
+
+
+def refold_and_persist(app: App, collection: str, record_id: str) -> None:
+    """`refold` one record and write its state and row (inside the caller's transaction); a record with
+    nothing left loses its state and row."""
+    app._rows.pop((collection, record_id), None)
+    done = refold(app, collection, record_id)
+    if done is None:
+        app.db.conn.execute(
+            "DELETE FROM _offline_state WHERE collection = ? AND record_id = ?", (collection, record_id)
+        )
+        app.db.conn.execute(app.codecs[collection].delete_sql, (record_id,))
+        return
+    # A state of one operation is stored as a reference to it only while the log holds every operation.
+    compacted = app._compacted and bool(_rows(app, [(collection, record_id)]))
+    app._persist(collection, record_id, *done, reference=not compacted)
+
+
+def forget(app: App, collection: str, record_ids: Sequence[str]) -> None:
+    """Drop the base and numbers of records this replica forgets (inside the caller's transaction)."""
+    if app._compacted:
+        app.db.conn.executemany(
+            "DELETE FROM _offline_compacted WHERE collection = ? AND record_id = ?",
+            [(collection, r) for r in record_ids],
+        )
+
+
+def bases(app: App) -> dict[tuple[str, str], RecordState]:
+    """Every compacted record's base state (for a rebuild of every record)."""
+    if not app._compacted:
+        return {}
+    return {
+        (str(c), str(r)): RecordState.from_json(s)
+        for c, r, s in app.db.conn.execute("SELECT collection, record_id, state FROM _offline_compacted")
+    }
+
+
+def adopt_states(
+    app: App, states: Sequence[tuple[str, str, str, Mapping[str, int]]]
+) -> list[tuple[str, str]]:
+    """Take the server's state of these records (state-based catch-up after a server compaction).
+
+    Each item is (collection, record id, state JSON, versions: node -> highest sequence number folded into
+    that state). The server's state holds every operation it delivered of the record up to it, so this
+    replica's operations of the record it covers leave the log (this node's pending ones among them were
+    stored by the server: they count as acknowledged), and those it does not cover (this node's writes the
+    server has not stored yet, and anything newer) are folded on top of it. The per-node numbers make the
+    operations streamed afterwards that the state holds already count as repeats. Returns the keys written.
+    """
+    if not states:
+        return []
+    app.flush()
+    db = app.db
+    written: list[tuple[str, str]] = []
+    with db.lock, db.transaction():
+        conn = db.conn
+        for collection, record_id, text, versions in states:
+            if collection not in app.codecs:
+                continue
+            known = {str(n): int(s) for n, s in versions.items()}
+            held = load(app, [(collection, record_id)]).get((collection, record_id))
+            if held is not None:
+                for node, seq in held[1].items():
+                    known[node] = max(known.get(node, -1), seq)
+            covered = [
+                (str(n), int(s))
+                for n, s in conn.execute(
+                    "SELECT node_id, sequence_number FROM _offline_ops WHERE collection = ? AND record_id = ? "
+                    "AND status != ?",
+                    (collection, record_id, REJECTED),
+                )
+                if int(s) <= known.get(str(n), -1)
+            ]
+            conn.executemany("DELETE FROM _offline_ops WHERE node_id = ? AND sequence_number = ?", covered)
+            own = max((s for n, s in covered if n == app.node_id), default=0)
+            if own:
+                db.advance_vector({app.node_id: own})
+            state = RecordState.from_json(text)  # checked before anything is written
+            conn.execute(
+                "INSERT OR REPLACE INTO _offline_compacted (collection, record_id, state, versions) "
+                "VALUES (?, ?, ?, ?)",
+                (collection, record_id, state.to_json(), _versions_text(known)),
+            )
+            app._compacted = True
+            db.set_meta(FLAG_KEY, "1")
+            refold_and_persist(app, collection, record_id)
+            written.append((collection, record_id))
+    touched = {c for c, _ in written}
+    if touched:
+        app.subscriptions.notify(touched, None)
+        if app.events.has_listeners("sync:states"):
+            app.events.emit("sync:states", records=[{"collection": c, "recordId": r} for c, r in written])
+    return written
+
+
+def _by_collection(keys: Iterable[tuple[str, str]]) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for collection, record_id in dict.fromkeys(keys):
+        out.setdefault(collection, []).append(record_id)
+    return out
+
+
+def _parse_versions(text: str) -> dict[str, int]:
+    return {str(k): int(v) for k, v in json.loads(text).items()}
+
+
+def _versions_text(versions: Mapping[str, int]) -> str:
+    return json.dumps(dict(sorted(versions.items())), separators=(",", ":"))

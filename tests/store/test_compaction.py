@@ -1,0 +1,361 @@
+"""Device compaction (`app.compact()`): acknowledged operations leave the local log; records, repeats,
+refusals, rebuilds, restarts and exports keep working as if they were still there."""
+
+from __future__ import annotations
+
+import os
+import random
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from offline import OfflineError, create_app, define_schema, op, t
+from offline.core.operations import Operation
+from offline.merge.engine import MergeEngine
+from offline.store import App
+from offline.store.database import PENDING, REJECTED
+from offline.store.replication import (
+    forget_records,
+    mark_acknowledged,
+    reject_operation,
+    rejected,
+    restamp,
+)
+from tests.merge._support import SCHEMA, FakeClock, canonical
+from tests.merge.test_convergence_properties import local_write, snapshot
+
+NOTES = define_schema(
+    {
+        "version": 1,
+        "collections": {
+            "notes": {
+                "fields": {
+                    "body": t.string().optional(),
+                    "votes": t.number().merge("counter").default(0),
+                    "tags": t.array(t.string()).default([]),
+                }
+            }
+        },
+    }
+)
+
+
+def log_statuses(app: App) -> list[int]:
+    with app.db.lock:
+        return [int(r[0]) for r in app.db.conn.execute("SELECT status FROM _offline_ops")]
+
+
+def own_ops(app: App) -> list[Operation]:
+    return [o for o in app.operations() if o.node_id == app.node_id]
+
+
+def acknowledge_all(app: App) -> None:
+    mark_acknowledged(app, [o.sequence_number for o in own_ops(app)])
+
+
+def test_compact_drops_acknowledged_and_received_operations_and_keeps_the_records(tmp_path: Path) -> None:
+    source = create_app(NOTES, path=":memory:", compact_after=None)
+    device = create_app(NOTES, path=str(tmp_path / "d.db"), compact_after=None)
+    note = source.notes.insert({"body": "shared"})
+    for _ in range(5):
+        source.notes.update(note["id"], {"votes": op.increment(1)})
+    device.apply(source.operations())  # received: acknowledged by definition
+    mine = device.notes.insert({"body": "mine"})
+    device.notes.update(mine["id"], {"votes": op.increment(2)})
+    acknowledge_all(device)
+    pending = device.notes.insert({"body": "not yet sent"})
+    refused = device.notes.insert({"body": "refused"})
+    reject_operation(device, own_ops(device)[-1].id, "SCOPE_VIOLATION", "not yours")
+    before = device.notes.fetch()
+
+    assert device.compact() == 6 + 2
+    assert sorted(log_statuses(device)) == [PENDING, REJECTED]  # the unacknowledged and the refused stay
+    assert device.notes.fetch() == before
+    assert device.compact() == 0
+    assert [e["recordId"] for e in rejected(device)] == [refused["id"]]
+    assert [o.record_id for o in own_ops(device)] == [pending["id"]]
+    assert device.notes.find_by_id(note["id"])["votes"] == 5
+    device.close()
+    source.close()
+
+
+def test_an_operation_received_again_after_compaction_is_not_folded_twice(tmp_path: Path) -> None:
+    source = create_app(NOTES, path=":memory:", compact_after=None)
+    device = create_app(NOTES, path=str(tmp_path / "d.db"), compact_after=None)
+    note = source.notes.insert({"body": "counted", "tags": ["a"]})
+    for _ in range(3):
+        source.notes.update(note["id"], {"votes": op.increment(1)})
+    history = source.operations()
+    device.apply(history)
+    assert device.compact() == 4
+    # A batch resent after a lost acknowledgement, a resync from delivery 0, a peer's overlapping export.
+    assert device.apply(history) == []
+    assert device.apply(list(reversed(history))) == []
+    assert device.notes.find_by_id(note["id"])["votes"] == 3
+    # What comes after still folds on the compacted state.
+    source.notes.update(note["id"], {"votes": op.increment(10), "tags": op.append("b")})
+    device.apply(source.operations())
+    assert device.notes.find_by_id(note["id"]) == source.notes.find_by_id(note["id"])
+    # After a restart too.
+    device.close()
+    device = create_app(NOTES, path=str(tmp_path / "d.db"), compact_after=None)
+    assert device.apply(source.operations()) == []
+    assert device.notes.find_by_id(note["id"])["votes"] == 13
+    device.close()
+    source.close()
+
+
+def test_numbering_and_clock_continue_after_the_last_operations_were_dropped(tmp_path: Path) -> None:
+    clock = FakeClock()
+    path = str(tmp_path / "d.db")
+    device = create_app(NOTES, path=path, now=clock, compact_after=None)
+    for n in range(4):
+        device.notes.insert({"body": f"n{n}"})
+    last = own_ops(device)[-1]
+    acknowledge_all(device)
+    assert device.compact() == 4
+    device.close()
+    clock.ms -= 60_000  # the device's clock went back meanwhile
+    device = create_app(NOTES, path=path, now=clock, compact_after=None)
+    device.notes.insert({"body": "after"})
+    [new] = own_ops(device)
+    assert new.sequence_number == last.sequence_number + 1  # never a number of a dropped operation
+    assert new.timestamp > last.timestamp  # the clock never goes back behind what it issued
+    assert device.version_vector[device.node_id] == new.sequence_number
+    device.close()
+
+
+def test_a_refusal_after_compaction_refolds_on_the_compacted_state(tmp_path: Path) -> None:
+    device = create_app(NOTES, path=str(tmp_path / "d.db"), compact_after=None)
+    note = device.notes.insert({"body": "v1", "tags": ["a"]})
+    device.notes.update(note["id"], {"votes": op.increment(4), "tags": op.append("b")})
+    acknowledge_all(device)
+    assert device.compact() == 2
+    device.notes.update(note["id"], {"votes": op.increment(100), "body": "v2", "tags": op.remove("a")})
+    reject_operation(device, own_ops(device)[-1].id, "CONSTRAINT_VIOLATION", "no")
+    record = device.notes.find_by_id(note["id"])
+    assert (record["body"], record["votes"], record["tags"]) == ("v1", 4, ["a", "b"])
+    device.close()
+
+
+def test_a_clock_drift_retry_after_compaction_keeps_the_compacted_state(tmp_path: Path) -> None:
+    device = create_app(NOTES, path=str(tmp_path / "d.db"), compact_after=None)
+    note = device.notes.insert({"body": "v1"})
+    device.notes.update(note["id"], {"votes": op.increment(4)})
+    acknowledge_all(device)
+    device.compact()
+    device.notes.update(note["id"], {"votes": op.increment(1)})
+    refused = own_ops(device)[-1]
+    again = restamp(device, refused.id, ceiling=refused.timestamp.wall_time + 1)
+    assert again is not None and again.id != refused.id
+    assert device.notes.find_by_id(note["id"])["votes"] == 5
+    device.close()
+
+
+def test_rebuild_and_a_new_authoritative_node_start_from_the_compacted_state(tmp_path: Path) -> None:
+    device = create_app(NOTES, path=str(tmp_path / "d.db"), compact_after=None)
+    kept = device.notes.insert({"body": "compacted", "tags": ["x"]})
+    device.notes.update(kept["id"], {"votes": op.increment(3)})
+    gone = device.notes.insert({"body": "deleted"})
+    device.notes.delete(gone["id"])
+    acknowledge_all(device)
+    device.compact()
+    device.notes.update(kept["id"], {"votes": op.increment(1)})  # pending, on top
+    before = device.notes.fetch()
+    device.rebuild()
+    assert device.notes.fetch() == before
+    device.set_authoritative_nodes(["some-server-node"])
+    assert device.notes.fetch() == before
+    assert device.notes.find_by_id(gone["id"]) is None
+    device.close()
+
+
+def test_forgetting_a_compacted_record_forgets_its_compacted_state(tmp_path: Path) -> None:
+    source = create_app(NOTES, path=":memory:", compact_after=None)
+    device = create_app(NOTES, path=str(tmp_path / "d.db"), compact_after=None)
+    note = source.notes.insert({"body": "moves away"})
+    source.notes.update(note["id"], {"votes": op.increment(2)})
+    device.apply(source.operations())
+    device.compact()
+    forget_records(device, "notes", [note["id"]])
+    assert device.notes.find_by_id(note["id"]) is None
+    # Back in scope later: its whole history is sent again and folds from nothing, once.
+    device.apply(source.operations())
+    assert device.notes.find_by_id(note["id"])["votes"] == 2
+    device.close()
+    source.close()
+
+
+def test_export_after_compaction_sends_what_is_kept_and_peers_converge(tmp_path: Path) -> None:
+    device = create_app(NOTES, path=str(tmp_path / "d.db"), compact_after=None)
+    peer = create_app(NOTES, path=":memory:", compact_after=None)
+    note = device.notes.insert({"body": "a"})
+    peer.apply(device.operations())
+    acknowledge_all(device)
+    device.compact()
+    device.notes.update(note["id"], {"votes": op.increment(2)})
+    assert [o.type for o in device.operations(after=peer.version_vector)] == ["update"]
+    peer.apply(device.operations(after=peer.version_vector))
+    assert peer.notes.fetch() == device.notes.fetch()
+    device.close()
+    peer.close()
+
+
+def test_compaction_runs_on_its_own_past_compact_after(tmp_path: Path) -> None:
+    source = create_app(NOTES, path=":memory:", compact_after=None)
+    device = create_app(NOTES, path=str(tmp_path / "d.db"), compact_after=5)
+    note = source.notes.insert({"body": "busy"})
+    for _ in range(3):
+        source.notes.update(note["id"], {"votes": op.increment(1)})
+    device.apply(source.operations())
+    assert len(log_statuses(device)) == 4  # not yet
+    for _ in range(3):
+        source.notes.update(note["id"], {"votes": op.increment(1)})
+    device.apply(source.operations())
+    assert log_statuses(device) == []
+    assert device.notes.find_by_id(note["id"])["votes"] == 6
+    # Own writes count once acknowledged (pending ones are never dropped).
+    for _ in range(6):
+        device.notes.update(note["id"], {"votes": op.increment(1)})
+    assert log_statuses(device) == [PENDING] * 6
+    acknowledge_all(device)
+    assert log_statuses(device) == []
+    assert device.notes.find_by_id(note["id"])["votes"] == 12
+    device.close()
+    source.close()
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, "10", True])
+def test_compact_after_must_be_a_positive_count(bad: Any) -> None:
+    with pytest.raises(OfflineError) as caught:
+        create_app(NOTES, path=":memory:", compact_after=bad)
+    assert caught.value.context["field"] == "compact_after"
+
+
+# ------------------------------------------------------------------------------- property: every strategy
+
+
+def in_node_order(ops: list[Operation], rng: random.Random) -> list[Operation]:
+    """``ops`` shuffled across nodes, each node's own in its sequence order (how a replica receives them)."""
+    shuffled = list(ops)
+    rng.shuffle(shuffled)
+    by_node: dict[str, list[Operation]] = {}
+    for o in shuffled:
+        by_node.setdefault(o.node_id, []).append(o)
+    for node_ops in by_node.values():
+        node_ops.sort(key=lambda o: o.sequence_number)
+        node_ops.reverse()
+    return [by_node[o.node_id].pop() for o in shuffled]
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+)
+@given(data=st.data())
+def test_compacting_replicas_converge_with_replicas_that_keep_everything(data: st.DataObject) -> None:
+    """Random writes (every strategy: lww, counter, max/min, add-wins and append-only arrays, resolver,
+    rich text, state machines, deletes) on three replicas exchanging partial, shuffled, duplicated batches;
+    one of them compacts now and then (its own operations acknowledged first) and restarts. Once everyone
+    has every operation (the compacting one receiving everything again, repeats included), all hold the
+    records the engine folds from the whole set, and the compacting one still after a rebuild."""
+    clock = FakeClock()
+    workdir = tempfile.TemporaryDirectory()
+    path = os.path.join(workdir.name, "compacting.db")
+    apps = [
+        create_app(SCHEMA, path=":memory:", now=clock, compact_after=None),
+        create_app(SCHEMA, path=":memory:", now=clock, compact_after=None),
+        create_app(SCHEMA, path=path, now=clock, compact_after=None),
+    ]
+    ledger: dict[str, Operation] = {}
+
+    def listen(app: App) -> None:
+        app.events.on(
+            "operation:created", lambda event: ledger.setdefault(event["operation"].id, event["operation"])
+        )
+
+    for app in apps:
+        listen(app)
+    try:
+        for app in apps:
+            app.set_authoritative_nodes([apps[0].node_id])
+        for _ in range(data.draw(st.integers(6, 40), label="steps")):
+            clock.advance(data.draw(st.sampled_from([0, 0, 1, 7])))
+            action = data.draw(st.integers(0, 8))
+            if action <= 2:
+                src, dst = data.draw(st.permutations(apps))[:2]
+                held = list(ledger.values()) if src is apps[2] else src.operations()
+                if dst is apps[2]:
+                    # As a server delivers: each node's operations in its sequence order, from where this
+                    # replica is (the assumption compaction's repeat check rests on), repeats included.
+                    vector = dst.version_vector
+                    cut = data.draw(st.integers(0, 8))
+                    picked = [o for o in held if o.sequence_number <= vector.get(o.node_id, 0) + cut]
+                    dst.apply(in_node_order(picked, random.Random(len(picked))))
+                elif held:
+                    picked = data.draw(st.lists(st.sampled_from(held), max_size=len(held) + 3))
+                    random.Random(len(picked)).shuffle(picked)
+                    dst.apply(picked)
+            elif action == 3:
+                acknowledge_all(apps[2])
+                apps[2].compact()
+            elif action == 4 and data.draw(st.booleans()):
+                apps[2].close()
+                apps[2] = create_app(SCHEMA, path=path, now=clock, compact_after=None)
+                listen(apps[2])
+            else:
+                local_write(data, data.draw(st.sampled_from(apps)))
+        everything = list(ledger.values())
+        for app in apps:
+            ordered = in_node_order(data.draw(st.permutations(everything)), random.Random(1))
+            app.apply(ordered)
+            app.apply(ordered[: len(ordered) // 2])  # repeats, after the compaction too
+        engine = MergeEngine(SCHEMA, authoritative_nodes=[apps[0].node_id])
+        by_record: dict[str, list[Operation]] = {}
+        for o in everything:
+            by_record.setdefault(o.record_id, []).append(o)
+        folded = [engine.fold("items", rid, ops)[1] for rid, ops in sorted(by_record.items())]
+        expected = canonical([r for r in folded if r is not None])
+        for app in apps:
+            assert snapshot(app)[1] == expected
+        apps[2].rebuild()
+        assert snapshot(apps[2])[1] == expected
+    finally:
+        for app in apps:
+            app.close()
+        workdir.cleanup()
+
+
+def test_folding_the_compacted_state_plus_the_rest_equals_folding_the_whole_history(tmp_path: Path) -> None:
+    """Same stored records and merge state text for a replica that folded a long history whole and one that
+    compacted halfway and folded the rest on its compacted state."""
+    writer = create_app(NOTES, path=":memory:", compact_after=None)
+    note = writer.notes.insert({"body": "long", "tags": []})
+    rng = random.Random(7)
+    for n in range(400):
+        change: dict[str, Any] = {"votes": op.increment(rng.choice([1, 2, -1]))}
+        if n % 3 == 0:
+            change["tags"] = op.append(f"t{n % 11}")
+        elif n % 7 == 0:
+            change["tags"] = op.remove(f"t{(n - 7) % 11}")
+        if n % 5 == 0:
+            change["body"] = f"body {n}"
+        writer.notes.update(note["id"], change)
+    history = writer.operations()
+    whole = create_app(NOTES, path=str(tmp_path / "whole.db"), compact_after=None)
+    whole.apply(history)
+    compacted = create_app(NOTES, path=str(tmp_path / "compacted.db"), compact_after=None)
+    compacted.apply(history[:200])
+    assert compacted.compact() == 200
+    compacted.apply(history[150:])
+    assert compacted.notes.fetch() == whole.notes.fetch() == writer.notes.fetch()
+
+    def state_text(app: App) -> str:
+        return str(app.db.load_state_texts([("notes", note["id"])])[("notes", note["id"])])
+
+    assert state_text(compacted) == state_text(whole)
+    for app in (writer, whole, compacted):
+        app.close()
