@@ -16,13 +16,13 @@ trusted, so ``none`` and HS256-with-the-public-key fail), its ``aud`` must name 
 ``exp`` (required), ``nbf`` and ``iat`` must hold within a leeway of ``LEEWAY`` seconds.
 
 An accepted token becomes the session's claims: ``sub`` (the user id from ``userIdClaim``), ``iss``, ``exp``,
-``email`` when the token has one, each ``scopeClaims`` value under its scope name (then read exactly as a
-native token's scope claims are: ``offline.core.scopes.extract_scope_values_from_claims``, with ``userId``
-falling back to ``sub``), ``principal`` (``external:<issuer> <user id>``: node ids are registered to it, so an
-external user never speaks for a native user's devices nor for another issuer's user of the same id) and
-``externalClaims`` (the verified token's own claims, for write rules). Such a session has no server-side session
-to revoke; it ends at the token's ``exp`` (``TOKEN_EXPIRED``) and the client passes a fresh token
-(``offline.auth.external``).
+``email`` and ``email_verified`` when the token has them, each ``scopeClaims`` value under its scope name
+(then read exactly as a native token's scope claims are: ``offline.core.scopes.extract_scope_values_from_claims``,
+with ``userId`` falling back to ``sub``), ``principal`` (``external:<issuer> <user id>``: node ids are
+registered to it, so an external user never speaks for a native user's devices nor for another issuer's user
+of the same id) and ``externalClaims`` (the verified token's own claims, for write rules). Such a session has
+no server-side session to revoke; it ends at the token's ``exp`` (``TOKEN_EXPIRED``) and the client passes a
+fresh token (``offline.auth.external``).
 """
 
 from __future__ import annotations
@@ -290,6 +290,8 @@ class ExternalIssuers:
         }
         if isinstance(claims.get("email"), str):
             session["email"] = claims["email"]
+        if isinstance(claims.get("email_verified"), bool):  # OpenID Connect's standard claim, as native tokens'
+            session["email_verified"] = claims["email_verified"]
         for name, claim in entry.scope_claims.items():
             if claim in claims:
                 session[name] = claims[claim]

@@ -24,7 +24,11 @@ from offline.core.uuid7 import generate_uuid_v7
 from offline.store import App
 from offline.sync import protocol as p
 from server_runtime import MemoryServerStore
-from server_runtime.auth.external_issuers import external_issuers_from_environment
+from server_runtime.auth.external_issuers import (
+    ExternalIssuers,
+    external_issuers_from,
+    external_issuers_from_environment,
+)
 from server_runtime.auth.jwks import MAX_DOCUMENT_BYTES, JwksCache, JwksUnavailable, fetch_json
 from server_runtime.auth.tokens import InvalidToken
 from server_runtime.environment import auth_routes_from_environment
@@ -266,6 +270,52 @@ def test_key_fetches_are_bounded_in_time_and_size_and_discovery_is_checked() -> 
             idp.discovery = {}
             key = await JwksCache(idp.issuer).key_for(idp.keys[0].kid)
             assert key.algorithm == "RS256"
+
+        asyncio.run(scenario())
+
+
+def test_keys_are_read_again_when_old_and_kept_when_the_provider_is_down() -> None:
+    with IdentityProvider("RS256") as idp:
+        kid = idp.keys[0].kid
+        now = [1000.0]
+        down = [False]
+
+        async def fetch(url: str) -> Any:
+            if down[0]:
+                raise JwksUnavailable(f"{url} could not be reached (ConnectError)")
+            return await fetch_json(url)
+
+        async def scenario() -> None:
+            cache = JwksCache(idp.issuer, idp.jwks_url, max_age=600, fetch=fetch, now=lambda: now[0])
+            assert (await cache.key_for(kid)).kid == kid
+            now[0] += 300
+            await cache.key_for(kid)
+            assert idp.jwks_fetches == 1  # still fresh
+            now[0] += 301
+            await cache.key_for(kid)
+            assert idp.jwks_fetches == 2  # older than max_age: read again
+            now[0] += 601
+            down[0] = True
+            assert (await cache.key_for(kid)).kid == kid  # the provider is down: the keys read before serve
+
+        asyncio.run(scenario())
+
+
+def test_an_accepted_token_becomes_these_session_claims() -> None:
+    with IdentityProvider("ES256") as idp:
+
+        async def scenario() -> None:
+            config = idp.config(userIdClaim="uid", scopeClaims={"orgId": "org"})
+            verifier = ExternalIssuers(external_issuers_from([config]))
+            token = idp.token(
+                "s-1", uid=42, org="acme", email="ada@example.com", email_verified=True, role="admin"
+            )
+            claims = await verifier.verify(token)
+            assert claims["sub"] == "42" and claims["orgId"] == "acme" and claims["iss"] == idp.issuer
+            assert claims["principal"] == f"external:{idp.issuer} 42"
+            assert (claims["email"], claims["email_verified"]) == ("ada@example.com", True)
+            assert claims["externalClaims"]["role"] == "admin"  # for write rules
+            assert "sid" not in claims and "scope" not in claims
 
         asyncio.run(scenario())
 
