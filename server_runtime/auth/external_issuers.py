@@ -290,7 +290,8 @@ class ExternalIssuers:
         }
         if isinstance(claims.get("email"), str):
             session["email"] = claims["email"]
-        if isinstance(claims.get("email_verified"), bool):  # OpenID Connect's standard claim, as native tokens'
+        # OpenID Connect's standard claim; native access tokens carry it too.
+        if isinstance(claims.get("email_verified"), bool):
             session["email_verified"] = claims["email_verified"]
         for name, claim in entry.scope_claims.items():
             if claim in claims:
