@@ -16,7 +16,7 @@ PLATFORMS: dict[str, tuple[str, str]] = {
     "cloud-a-containers": ("platform_adapters.lightsail:LightsailAdapter", "AWS Lightsail containers"),
     "cloud-a-orchestrated": ("platform_adapters.ecs:EcsAdapter", "AWS ECS on Fargate"),
     "web-service-host": ("platform_adapters.stubs:WebServiceHostAdapter", "Render (web service host)"),
-    "self-hosted-image": ("platform_adapters.stubs:SelfHostedImageAdapter", "Self-hosted container image"),
+    "self-hosted-image": ("platform_adapters.self_hosted:SelfHostedAdapter", "Self-hosted container image"),
     "managed-hosting": ("platform_adapters.stubs:ManagedHostingAdapter", "Managed hosting"),
 }
 
@@ -31,7 +31,7 @@ ALIASES: dict[str, str] = {
     "render": "web-service-host",
 }
 
-STUB_PLATFORMS = frozenset({"web-service-host", "self-hosted-image", "managed-hosting"})
+STUB_PLATFORMS = frozenset({"web-service-host", "managed-hosting"})
 
 #: Shown first in the menu and suggested by hints.
 RECOMMENDED = "host-a"

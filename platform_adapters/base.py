@@ -532,6 +532,16 @@ class PlatformAdapter(abc.ABC):
         DeployError(NO_PREVIOUS_DEPLOYMENT) when there is none."""
 
 
+def _working_platforms_hint() -> str:
+    """The platforms that work, by the names a person types, from the platform table (so it cannot drift)."""
+    from . import PLATFORMS, STUB_PLATFORMS, alias_of
+
+    working = [
+        f"{alias_of(code)} ({title})" for code, (_, title) in PLATFORMS.items() if code not in STUB_PLATFORMS
+    ]
+    return "Choose one of: " + ", ".join(working) + "."
+
+
 class StubAdapter(PlatformAdapter):
     """A platform shown in the prompt but not built yet: every entry point refuses (SPEC 4.6)."""
 
@@ -540,8 +550,7 @@ class StubAdapter(PlatformAdapter):
             f"The platform {self.name!r} ({self.title}) is not implemented yet.",
             NOT_IMPLEMENTED,
             {"platform": self.name},
-            hint="Choose one of: fly (Fly.io), railway (Railway), lightsail (AWS Lightsail containers), "
-            "ecs (AWS ECS on Fargate).",
+            hint=_working_platforms_hint(),
         )
 
     def check_prerequisites(self, ctx: DeployContext) -> None:

@@ -239,9 +239,21 @@ class DockerEngine:
                 {"package": "docker"},
                 hint="Install it with `pip install 'offline[aws]'` (or `pip install 'docker>=7.1'`), then retry.",
             ) from None
+        # DOCKER_HOST=ssh://user@machine goes through the system's OpenSSH client (its config, agent and
+        # known_hosts), as the docker CLI does; the SDK still imports paramiko for that transport.
+        over_ssh = self._env.get("DOCKER_HOST", "").startswith("ssh://")
         try:
             # version="auto" asks the daemon for its API version, so a dead socket fails here, not mid-build.
-            self._client = docker.from_env(environment=self._env, timeout=self._timeout, version="auto")
+            self._client = docker.from_env(
+                environment=self._env, timeout=self._timeout, version="auto", use_ssh_client=over_ssh
+            )
+        except ImportError:
+            raise DeployError(
+                "cannot connect to the container daemon over SSH: the Python package `paramiko` is not installed",
+                DAEMON_UNAVAILABLE,
+                {"package": "paramiko"},
+                hint="Install it with `pip install 'offline[self-hosted]'` (or `pip install paramiko`), then retry.",
+            ) from None
         except Exception as exc:
             raise self._unavailable(exc) from None
         return self._client

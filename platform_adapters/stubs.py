@@ -10,11 +10,6 @@ class WebServiceHostAdapter(StubAdapter):
     title = "Web service host"
 
 
-class SelfHostedImageAdapter(StubAdapter):
-    name = "self-hosted-image"
-    title = "Self-hosted container image"
-
-
 class ManagedHostingAdapter(StubAdapter):
     name = "managed-hosting"
     title = "Managed hosting"

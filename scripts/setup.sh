@@ -84,10 +84,15 @@ if [ "$want_test" = 1 ]; then
   [ -x /usr/bin/chromium ] || command -v chromium >/dev/null 2>&1 || missing+=(chromium)
   # The container tests (tests/e2e) run podman's Docker-compatible service with runc (crun refuses
   # hybrid cgroups), iptables for its published ports, debootstrap for their local base image (no registry
-  # is reachable) and Debian's docker-registry for the push test.
+  # is reachable) and Debian's docker-registry for the push test. The self-hosted deploy tests also start
+  # an OpenSSH server on loopback (--host ssh://) and need podman's dnsname plugin, so that the app reaches
+  # its PostgreSQL service by name on the stack's network.
   for tool in podman runc iptables debootstrap docker-registry; do
     command -v "$tool" >/dev/null 2>&1 || [ -x "/usr/sbin/$tool" ] || missing+=("$tool")
   done
+  [ -x /usr/sbin/sshd ] || missing+=(openssh-server)
+  command -v ssh-keygen >/dev/null 2>&1 || missing+=(openssh-client)
+  [ -x /usr/lib/cni/dnsname ] || missing+=(golang-github-containernetworking-plugin-dnsname)
   if [ ${#missing[@]} -gt 0 ]; then apt_install "${missing[@]}"; fi
   # The desktop shell's tests open a real window (pywebview on Qt WebEngine, offscreen). The PyQt6 wheels
   # bundle Qt itself, but not the system libraries it links (X11/xcb, EGL/GL, NSS, fonts, sound).

@@ -361,11 +361,11 @@ def test_reset_without_a_terminal_or_confirm_is_refused_and_keeps_everything(
 
 WORKING_PLATFORMS_HINT = (
     "hint: Choose one of: fly (Fly.io), railway (Railway), lightsail (AWS Lightsail containers), "
-    "ecs (AWS ECS on Fargate)."
+    "ecs (AWS ECS on Fargate), self-hosted (Self-hosted container image)."
 )
 
 
-@pytest.mark.parametrize("platform", ["web-service-host", "self-hosted-image", "managed-hosting"])
+@pytest.mark.parametrize("platform", ["web-service-host", "managed-hosting"])
 def test_a_stub_platform_says_not_implemented_and_lists_the_working_ones(
     deploy_cli: Cli, platform: str
 ) -> None:
