@@ -33,6 +33,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     ),
     "status": ("offline_cli.commands.remote:status", "Show a running server's status."),
     "logs": ("offline_cli.commands.remote:logs", "Stream a running server's logs and events."),
+    "compact": ("offline_cli.commands.remote:compact", "Compact a running server's operation log."),
     "users": (
         "offline_cli.commands.users:users",
         "Administer a running server's users (list, disable, sign out, delete) and read the audit log.",

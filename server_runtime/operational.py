@@ -316,6 +316,7 @@ class Operational:
         self.server = server
         self.auth = OperationalAuth(server.operational_auth)
         self.hub = EventHub()
+        self._compacting = asyncio.Lock()  # one compaction at a time
         self.registry = CollectorRegistry(auto_describe=True)  # one per server: tests run several
         self.registry.register(_SyncCollector(server))  # type: ignore[arg-type]
         self.commit_seconds = Histogram(
@@ -450,6 +451,20 @@ class Operational:
             media_type="application/x-ndjson",
             headers={"Content-Disposition": 'attachment; filename="offline-backup.ndjson"'},
         )
+
+    async def compact_endpoint(self, request: Request) -> Response:
+        """``POST /__offline/compact`` (admin token): `SyncService.compact`, one at a time."""
+        refused = self.auth.check(request, "admin")
+        if refused is not None:
+            return refused
+        if self._compacting.locked():
+            return JSONResponse(
+                {"error": "COMPACTION_RUNNING", "message": "a compaction is running; try again when it ends"},
+                status_code=409,
+            )
+        async with self._compacting:
+            result = await self.server.sync.compact()
+        return JSONResponse(result)
 
     async def backup_import(self, request: Request) -> Response:
         """Import a backup whole or not at all (see `backup`); ``?legacy=1`` takes an unkeyed file."""

@@ -144,6 +144,7 @@ class ProductionServer:
             Route("/__offline/events", ops.events_endpoint),
             Route("/__offline/backup/export", ops.backup_export, methods=["POST"]),
             Route("/__offline/backup/import", ops.backup_import, methods=["POST"]),
+            Route("/__offline/compact", ops.compact_endpoint, methods=["POST"]),
             Route("/__offline/login", bind(dashboard.login_page), methods=["GET"]),
             Route("/__offline/login", bind(dashboard.login_submit), methods=["POST"]),
             Route("/__offline/logout", bind(dashboard.logout), methods=["POST", "GET"]),

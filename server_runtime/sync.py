@@ -55,6 +55,7 @@ from .stores.base import (
     StoredRecordRow,
     WriteConflict,
 )
+from .stores.compaction import COMPACTED
 
 log = logging.getLogger("offline.server.sync")
 
@@ -734,6 +735,10 @@ class SyncService:
                     continue
             place = (op.node_id, op.sequence_number)
             holder = places.get(place)
+            if holder == COMPACTED:
+                # Stored once and deleted by compaction since (see server_runtime.stores.compaction).
+                results[op.id] = None
+                continue
             if holder is not None and holder != op.id:
                 # Every replica refuses a batch holding two operations of one node under one number: stored,
                 # this one would stop every client it is relayed to from syncing.
@@ -778,6 +783,20 @@ class SyncService:
                 actions = []
             for action in actions:
                 accepted.append((-1, *self._server_write(view, action)))
+
+    async def compact(self) -> dict[str, Any]:
+        """Compact the store's history (`ServerStore.compact`): ``{"horizon", "dropped", "kept"}``. Sessions
+        that resume below the horizon get record states (see `relay`)."""
+        started = time.perf_counter()
+        result = await self.store.compact()
+        log.info(
+            "compacted the operation log up to delivery %d: %d operations deleted, %d kept (%.2f s)",
+            result["horizon"],
+            result["dropped"],
+            result["kept"],
+            time.perf_counter() - started,
+        )
+        return result
 
     async def adopt_node_id(self, node_id: str) -> None:
         """Take over another server's identity (restoring its backup into an empty store). A server's id from

@@ -1,4 +1,4 @@
-"""`offline status` and `offline logs`: read a running server's operational endpoints."""
+"""`offline status`, `offline logs` and `offline compact`: a running server's operational endpoints."""
 
 from __future__ import annotations
 
@@ -188,3 +188,50 @@ def logs(url: str, token: str | None, follow: bool, as_json: bool, timeout: floa
         raise _request_error(base, exc, timeout, read) from None
     except KeyboardInterrupt:
         return
+
+
+@click.command(
+    epilog="""\b
+Examples:
+  offline compact --url http://localhost:3001 --token "$OFFLINE_ADMIN_TOKEN"
+  OFFLINE_ADMIN_TOKEN=... offline compact --url https://myapp.fly.dev
+  offline compact --url https://myapp.fly.dev | jq .dropped
+
+\b
+Deletes the stored operations already folded into the server's records, except each
+record's latest and each node's highest; clients that were offline since are sent
+record states instead (see the README, "Compaction").
+"""
+)
+@click.option("--url", default="http://localhost:3001", show_default=True, help=URL_HELP)
+@click.option("--token", default=None, help=TOKEN_HELP)
+@click.option("--timeout", default=600.0, show_default=True, help="Seconds to wait for the compaction.")
+def compact(url: str, token: str | None, timeout: float) -> None:
+    """Compact a running server's operation log (prints {"horizon", "dropped", "kept"} as JSON)."""
+    import httpx
+
+    env = current_environment()
+    base = url.rstrip("/")
+    headers = {"Authorization": f"Bearer {tok}"} if (tok := _token(env, token)) else {}
+    env.err.print(f"compacting the operation log of {base} ...", highlight=False)
+    try:
+        response = httpx.post(f"{base}/__offline/compact", headers=headers, timeout=timeout)
+    except httpx.HTTPError as exc:
+        raise _request_error(base, exc, timeout) from None
+    if response.status_code == 409:
+        raise RemoteError(f"{base} is compacting already; run this again once that ends")
+    if response.status_code == 429:
+        wait = response.headers.get("Retry-After", "a few")
+        raise RemoteError(
+            f"{base} refused: too many wrong tokens from this address; wait {wait} s and check --token"
+        )
+    if response.status_code == 404:
+        raise RemoteError(f"{base} has no /__offline/compact: is it an offline server of this version?")
+    _check(response, base)
+    data = response.json()
+    env.err.print(
+        f"deleted {data.get('dropped')} operations up to delivery {data.get('horizon')}; kept {data.get('kept')}",
+        highlight=False,
+    )
+    env.stdout.write(json.dumps(data) + "\n")
+    env.stdout.flush()

@@ -61,6 +61,9 @@ MOVED_FROM: Final = "$from"
 #: Meta key under which ``set_schema`` records the schema version it was last given.
 SCHEMA_VERSION_KEY = "schema_version"
 
+#: Meta key of the highest delivery compaction deleted up to (see ``server_runtime.stores.compaction``).
+COMPACTION_HORIZON_KEY: Final = "compaction_horizon"
+
 
 @dataclass(frozen=True)
 class StoredOperation:
@@ -479,6 +482,25 @@ class ServerStore(abc.ABC):
     @abc.abstractmethod
     async def node_registrations(self) -> dict[str, str]:
         """Every registered node id and its principal (for backups)."""
+
+    # ---------------------------------------------------------------------------------------- compaction
+
+    @abc.abstractmethod
+    async def compact(self) -> dict[str, Any]:
+        """Delete superseded history: the operations up to the highest delivery now (the *horizon*, kept in
+        meta ``compaction_horizon``), all folded into the stored rows already, except each record's latest
+        and each node's highest, with their scope index rows; keep each node's and each record's highest
+        deleted sequence numbers. Returns ``{"horizon", "dropped", "kept"}``. See
+        ``server_runtime.stores.compaction`` for what each kept part serves."""
+
+    @abc.abstractmethod
+    async def record_versions(self, keys: Iterable[RecordKey]) -> dict[RecordKey, dict[str, int]]:
+        """Per record of ``keys`` that has operations (deleted or kept), each node's highest sequence number
+        folded into its row: what a state-based catch-up sends with the state."""
+
+    async def compaction_horizon(self) -> int:
+        """The delivery the last compaction deleted up to (0: never compacted)."""
+        return int(await self.get_meta(COMPACTION_HORIZON_KEY) or 0)
 
     # -------------------------------------------------------------------------------------- notifications
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import itertools
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
@@ -16,7 +17,7 @@ from typing import Any, ClassVar
 
 from offline.core.operations import Operation
 
-from . import _codec
+from . import _codec, compaction
 from .base import (
     NotifyCallback,
     OperationText,
@@ -66,11 +67,18 @@ def _row(key: RecordKey, value: _Row, refold: Callable[[Operation], Any]) -> Rec
     return _codec.record_row(key[0], key[1], value[0], value[1], refold)
 
 
-def _since(ops: list[_Op], after: int, limit: int | None) -> list[_Op]:
-    # Deliveries are 1..n without gaps (a rolled-back writer consumes none), so position = delivery - 1.
+def _since(ops: list[_Op | None], after: int, limit: int | None) -> list[_Op]:
+    # Deliveries are 1..n without gaps (a rolled-back writer consumes none), so position = delivery - 1;
+    # compaction leaves None where it deleted.
     start = max(after, 0)
-    end = len(ops) if limit is None else min(len(ops), start + max(limit, 0))
-    return ops[start:end]
+    wanted = len(ops) if limit is None else max(limit, 0)
+    out: list[_Op] = []
+    for op in itertools.islice(ops, start, None):
+        if len(out) >= wanted:
+            break
+        if op is not None:
+            out.append(op)
+    return out
 
 
 class MemoryServerStore(ServerStore):
@@ -80,7 +88,11 @@ class MemoryServerStore(ServerStore):
 
     def __init__(self) -> None:
         super().__init__()
-        self._ops: list[_Op] = []
+        self._ops: list[_Op | None] = []  # at delivery - 1; None: deleted by compaction
+        self._deleted = 0
+        # Compaction: per record and per node, the highest deleted sequence numbers.
+        self._record_versions: dict[RecordKey, dict[str, int]] = {}
+        self._compacted_nodes: dict[str, int] = {}
         self._ids: set[str] = set()
         self._rows: dict[RecordKey, _Row] = {}
         self._meta: dict[str, str] = {}
@@ -149,7 +161,12 @@ class MemoryServerStore(ServerStore):
         self._check_open()
         deliveries = self._by_record.get((collection, record_id), [])
         end = bisect.bisect_left(deliveries, before)
-        return [self._ops[d - 1].stored() for d in deliveries[:end]]
+        return [self._at(d).stored() for d in deliveries[:end]]
+
+    def _at(self, delivery: int) -> _Op:
+        op = self._ops[delivery - 1]
+        assert op is not None  # the indexes list only what is kept
+        return op
 
     async def operations_in_scope(
         self, after: int, limit: int, selectors: Sequence[ScopeSelector]
@@ -168,7 +185,7 @@ class MemoryServerStore(ServerStore):
                 else:
                     deliveries = self._by_scope.get((selector.collection, selector.field, key), [])
             start = bisect.bisect_right(deliveries, after)
-            pages.append([self._ops[d - 1].text() for d in deliveries[start : start + limit] if d <= top])
+            pages.append([self._at(d).text() for d in deliveries[start : start + limit] if d <= top])
         return merge_selected(pages, limit, top)
 
     async def max_delivery(self) -> int:
@@ -197,7 +214,7 @@ class MemoryServerStore(ServerStore):
             target[collection] = target.get(collection, 0) + 1
         return {
             "kind": self.kind,
-            "operations": len(self._ops),
+            "operations": len(self._ops) - self._deleted,
             "max_delivery": len(self._ops),
             "records": records,
             "deleted": deleted,
@@ -206,7 +223,8 @@ class MemoryServerStore(ServerStore):
     async def export_operations(self) -> AsyncIterator[StoredOperation]:
         self._check_open()
         for op in list(self._ops):
-            yield op.stored()
+            if op is not None:
+                yield op.stored()
 
     async def claim_node(self, node_id: str, principal: str, *, replacing: str | None = None) -> str:
         self._check_open()
@@ -222,7 +240,9 @@ class MemoryServerStore(ServerStore):
     async def node_scopes(self, node_id: str) -> list[tuple[str, dict[str, Any] | None]]:
         self._check_open()
         seen = dict.fromkeys(
-            (o.operation.collection, o.scope) for o in self._ops if o.operation.node_id == node_id
+            (o.operation.collection, o.scope)
+            for o in self._ops
+            if o is not None and o.operation.node_id == node_id
         )
         return [(collection, _codec.decode_optional(scope)) for collection, scope in seen]
 
@@ -232,6 +252,54 @@ class MemoryServerStore(ServerStore):
 
     async def listen(self, callback: NotifyCallback) -> None:
         self._check_open()
+
+    async def compact(self) -> dict[str, Any]:
+        async with self._lock:
+            self._check_open()
+            horizon = len(self._ops)
+            rows = [
+                (
+                    o.delivery,
+                    o.operation.node_id,
+                    o.operation.sequence_number,
+                    o.operation.collection,
+                    o.operation.record_id,
+                    o.scope,
+                )
+                for o in self._ops
+                if o is not None
+            ]
+            done = compaction.plan(rows, horizon)
+            gone = set(done.deliveries)
+            for delivery in done.deliveries:
+                op = self._at(delivery).operation
+                self._ids.discard(op.id)
+                self._places.pop((op.node_id, op.sequence_number), None)
+                self._ops[delivery - 1] = None
+            self._deleted += len(gone)
+            for index in (self._by_collection, self._by_record, self._by_scope):
+                for key, deliveries in index.items():  # type: ignore[attr-defined]
+                    index[key] = [d for d in deliveries if d not in gone]  # type: ignore[index]
+            for key, versions in done.record_versions.items():
+                self._record_versions[key] = compaction.merge_versions(
+                    self._record_versions.get(key), versions
+                )
+            self._compacted_nodes = compaction.merge_versions(self._compacted_nodes, done.node_marks)
+            self._meta[compaction.HORIZON_KEY] = str(horizon)
+            return done.result()
+
+    async def record_versions(self, keys: Iterable[RecordKey]) -> dict[RecordKey, dict[str, int]]:
+        self._check_open()
+        out: dict[RecordKey, dict[str, int]] = {}
+        for key in dict.fromkeys(keys):
+            stored: dict[str, int] = {}
+            for delivery in self._by_record.get(key, []):
+                op = self._at(delivery).operation
+                stored[op.node_id] = max(stored.get(op.node_id, -1), op.sequence_number)
+            versions = compaction.merge_versions(self._record_versions.get(key), stored)
+            if versions:
+                out[key] = versions
+        return out
 
 
 class _MemoryWriter(StoreWriter):
@@ -250,7 +318,7 @@ class _MemoryWriter(StoreWriter):
 
     async def operations_since(self, after: int, limit: int | None = None) -> list[StoredOperation]:
         self._check()
-        return [op.stored() for op in _since(self.store._ops + self.ops, after, limit)]
+        return [op.stored() for op in _since([*self.store._ops, *self.ops], after, limit)]
 
     async def known_ids(self, ids: Iterable[str]) -> set[str]:
         self._check()
@@ -269,11 +337,12 @@ class _MemoryWriter(StoreWriter):
         self._check()
         own = {(o.operation.node_id, o.operation.sequence_number): o.operation.id for o in reversed(self.ops)}
         out: dict[tuple[str, int], str] = {}
+        places = list(places)
         for place in places:
             found = self.store._places.get(place) or own.get(place)
             if found is not None:
                 out[place] = found
-        return out
+        return compaction.with_compacted(out, places, self.store._compacted_nodes)
 
     async def append(self, ops: Sequence[tuple[Operation, Mapping[str, Any] | None]]) -> list[int | None]:
         self._check()

@@ -36,7 +36,7 @@ import asyncpg  # type: ignore[import-untyped, unused-ignore]
 
 from offline.core.operations import Operation
 
-from . import _codec
+from . import _codec, compaction
 from .base import (
     NotifyCallback,
     OperationText,
@@ -106,6 +106,16 @@ CREATE TABLE IF NOT EXISTS offline_meta (
 CREATE TABLE IF NOT EXISTS offline_nodes (
     node_id TEXT PRIMARY KEY,
     principal TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS offline_record_versions (
+    collection TEXT NOT NULL,
+    record_id TEXT NOT NULL,
+    versions TEXT NOT NULL,
+    PRIMARY KEY (collection, record_id)
+);
+CREATE TABLE IF NOT EXISTS offline_compacted_nodes (
+    node_id TEXT PRIMARY KEY,
+    sequence_number BIGINT NOT NULL
 );
 """
 
@@ -546,6 +556,79 @@ class PostgresServerStore(ServerStore):
             self._callbacks.remove(callback)
             raise
 
+    async def compact(self) -> dict[str, Any]:
+        async with self.writer() as writer:
+            assert isinstance(writer, _PostgresWriter)
+            conn = writer.conn
+            with self._errors("compacting the operation log"):
+                horizon = int(
+                    await conn.fetchval("SELECT COALESCE(MAX(delivery), 0) FROM offline_operations")
+                )
+                rows = await conn.fetch(
+                    "SELECT delivery, node_id, sequence_number, collection, record_id, scope::text"
+                    " FROM offline_operations WHERE delivery <= $1 ORDER BY delivery",
+                    horizon,
+                )
+                done = compaction.plan(
+                    ((int(d), str(n), int(q), str(c), str(r), sc) for d, n, q, c, r, sc in rows), horizon
+                )
+                stored = await _stored_versions(conn, done.record_versions)
+                await conn.execute(
+                    "DELETE FROM offline_operations WHERE delivery = ANY($1::bigint[])", done.deliveries
+                )
+                if done.scope_rows:
+                    await conn.execute(
+                        "DELETE FROM offline_operation_scopes s USING unnest($1::text[], $2::text[], $3::text[],"
+                        " $4::bigint[]) AS d(c, f, v, n) WHERE s.collection = d.c AND s.field = d.f"
+                        " AND s.value = d.v AND s.delivery = d.n",
+                        *(list(column) for column in zip(*done.scope_rows, strict=True)),
+                    )
+                versions = [
+                    (c, r, compaction.versions_text(compaction.merge_versions(stored.get((c, r)), v)))
+                    for (c, r), v in done.record_versions.items()
+                ]
+                if versions:
+                    await conn.execute(
+                        "INSERT INTO offline_record_versions (collection, record_id, versions)"
+                        " SELECT * FROM unnest($1::text[], $2::text[], $3::text[])"
+                        " ON CONFLICT (collection, record_id) DO UPDATE SET versions = EXCLUDED.versions",
+                        *(list(column) for column in zip(*versions, strict=True)),
+                    )
+                if done.node_marks:
+                    await conn.execute(
+                        "INSERT INTO offline_compacted_nodes (node_id, sequence_number)"
+                        " SELECT * FROM unnest($1::text[], $2::bigint[])"
+                        " ON CONFLICT (node_id) DO UPDATE SET sequence_number"
+                        " = GREATEST(offline_compacted_nodes.sequence_number, EXCLUDED.sequence_number)",
+                        list(done.node_marks),
+                        list(done.node_marks.values()),
+                    )
+            await writer.set_meta(compaction.HORIZON_KEY, str(horizon))
+        return done.result()
+
+    async def record_versions(self, keys: Iterable[RecordKey]) -> dict[RecordKey, dict[str, int]]:
+        wanted = list(dict.fromkeys(keys))
+        if not wanted:
+            return {}
+        async with self._reading("reading record versions") as conn:
+            stored = await _stored_versions(conn, wanted)
+            rows = await conn.fetch(
+                "SELECT o.collection, o.record_id, o.node_id, MAX(o.sequence_number) FROM offline_operations o"
+                " JOIN unnest($1::text[], $2::text[]) AS k(collection, record_id) USING (collection, record_id)"
+                " GROUP BY o.collection, o.record_id, o.node_id",
+                [c for c, _ in wanted],
+                [r for _, r in wanted],
+            )
+        kept: dict[RecordKey, dict[str, int]] = {}
+        for c, r, n, q in rows:
+            kept.setdefault((str(c), str(r)), {})[str(n)] = int(q)
+        out: dict[RecordKey, dict[str, int]] = {}
+        for key in wanted:
+            versions = compaction.merge_versions(stored.get(key), kept.get(key))
+            if versions:
+                out[key] = versions
+        return out
+
     async def _ensure_listener(self) -> None:
         async with self._listen_lock:
             if self._listen_conn is not None or self._closed:
@@ -612,6 +695,20 @@ class PostgresServerStore(ServerStore):
             return
 
 
+async def _stored_versions(conn: Any, keys: Iterable[RecordKey]) -> dict[RecordKey, dict[str, int]]:
+    """``offline_record_versions`` of these records (those that have a row)."""
+    keys = list(keys)
+    if not keys:
+        return {}
+    rows = await conn.fetch(
+        "SELECT v.collection, v.record_id, v.versions FROM offline_record_versions v"
+        " JOIN unnest($1::text[], $2::text[]) AS k(collection, record_id) USING (collection, record_id)",
+        [c for c, _ in keys],
+        [r for _, r in keys],
+    )
+    return {(str(c), str(r)): compaction.parse_versions(v) for c, r, v in rows}
+
+
 async def _close_connection(conn: Any) -> None:
     try:
         await asyncio.wait_for(conn.close(), _CLOSE_TIMEOUT)
@@ -665,7 +762,12 @@ class _PostgresWriter(StoreWriter):
                 [n for n, _ in wanted],
                 [s for _, s in wanted],
             )
-        return {(str(r[0]), int(r[1])): str(r[2]) for r in rows}
+            marks = await self.conn.fetch(
+                "SELECT node_id, sequence_number FROM offline_compacted_nodes WHERE node_id = ANY($1::text[])",
+                list(dict.fromkeys(n for n, _ in wanted)),
+            )
+        held = {(str(r[0]), int(r[1])): str(r[2]) for r in rows}
+        return compaction.with_compacted(held, wanted, {str(n): int(q) for n, q in marks})
 
     async def append(self, ops: Sequence[tuple[Operation, Mapping[str, Any] | None]]) -> list[int | None]:
         self._check()

@@ -45,7 +45,7 @@ from offline.store.checkpoint import Checkpointer
 from offline.store.checkpoint import start as start_checkpoints
 from offline.store.many_rows import row_statements
 
-from . import _codec
+from . import _codec, compaction
 from .base import (
     NotifyCallback,
     RecordKey,
@@ -95,6 +95,21 @@ _SCOPES_TABLE: Final = """CREATE TABLE IF NOT EXISTS offline_operation_scopes (
     ) WITHOUT ROWID"""
 _INSERT_SCOPES: Final = "INSERT INTO offline_operation_scopes (collection, field, value, delivery)"
 
+#: What compaction keeps of deleted operations (see ``server_runtime.stores.compaction``); the same in the
+#: PostgreSQL store.
+COMPACTION_DDL: Final = (
+    """CREATE TABLE IF NOT EXISTS offline_record_versions (
+        collection TEXT NOT NULL,
+        record_id TEXT NOT NULL,
+        versions TEXT NOT NULL,
+        PRIMARY KEY (collection, record_id)
+    )""",
+    """CREATE TABLE IF NOT EXISTS offline_compacted_nodes (
+        node_id TEXT PRIMARY KEY,
+        sequence_number INTEGER NOT NULL
+    )""",
+)
+
 _DDL: Final = (
     _OPERATIONS_TABLE,
     """CREATE INDEX IF NOT EXISTS offline_operations_node_sequence
@@ -126,6 +141,7 @@ _DDL: Final = (
         node_id TEXT PRIMARY KEY,
         principal TEXT NOT NULL
     )""",
+    *COMPACTION_DDL,
 )
 
 _STATS_SQL: Final = """
@@ -745,6 +761,112 @@ class SQLiteServerStore(ServerStore):
     async def listen(self, callback: NotifyCallback) -> None:
         self._check_open()
 
+    async def compact(self) -> dict[str, Any]:
+        async with self.writer() as writer:
+            assert isinstance(writer, _SQLiteWriter)
+            horizon = writer.max_delivery
+            with self._errors("compacting the operation log"):
+                (rows,) = await writer._read(
+                    [
+                        (
+                            "fetch",
+                            "SELECT delivery, node_id, sequence_number, collection, record_id, scope"
+                            " FROM offline_operations WHERE delivery <= ? ORDER BY delivery",
+                            (horizon,),
+                        )
+                    ]
+                )
+                done = compaction.plan(
+                    ((int(d), str(n), int(q), str(c), str(r), sc) for d, n, q, c, r, sc in rows or ()),
+                    horizon,
+                )
+                stored = await _stored_versions(writer._read, done.record_versions)
+                steps: list[_Step] = [
+                    (
+                        "execute",
+                        f"DELETE FROM offline_operations WHERE delivery IN ({','.join('?' * len(part))})",
+                        tuple(part),
+                    )
+                    for part in _codec.chunks(done.deliveries, _CHUNK)
+                ]
+                steps += [
+                    (
+                        "execute",
+                        "DELETE FROM offline_operation_scopes WHERE collection = ? AND field = ? AND value = ?"
+                        " AND delivery = ?",
+                        row,
+                    )
+                    for row in done.scope_rows
+                ]
+                versions = [
+                    (c, r, compaction.versions_text(compaction.merge_versions(stored.get((c, r)), v)))
+                    for (c, r), v in done.record_versions.items()
+                ]
+                if versions:
+                    steps.append(
+                        _rows_step(
+                            "INSERT INTO offline_record_versions (collection, record_id, versions)",
+                            versions,
+                            " ON CONFLICT (collection, record_id) DO UPDATE SET versions = excluded.versions",
+                        )
+                    )
+                if done.node_marks:
+                    steps.append(
+                        _rows_step(
+                            "INSERT INTO offline_compacted_nodes (node_id, sequence_number)",
+                            list(done.node_marks.items()),
+                            " ON CONFLICT (node_id) DO UPDATE SET sequence_number"
+                            " = max(sequence_number, excluded.sequence_number)",
+                        )
+                    )
+                await writer._read(steps)
+            await writer.set_meta(compaction.HORIZON_KEY, str(horizon))
+        return done.result()
+
+    async def record_versions(self, keys: Iterable[RecordKey]) -> dict[RecordKey, dict[str, int]]:
+        wanted = list(dict.fromkeys(keys))
+        out: dict[RecordKey, dict[str, int]] = {}
+        async with self._reading("reading record versions") as conn:
+
+            async def read(steps: list[_Step]) -> list[list[Any] | None]:
+                return await _run_steps(conn, steps)
+
+            stored = await _stored_versions(read, wanted)
+            for key in wanted:
+                rows = await conn.execute_fetchall(
+                    "SELECT node_id, MAX(sequence_number) FROM offline_operations INDEXED BY"
+                    " offline_operations_record WHERE collection = ? AND record_id = ? GROUP BY node_id",
+                    key,
+                )
+                versions = compaction.merge_versions(stored.get(key), {str(n): int(q) for n, q in rows})
+                if versions:
+                    out[key] = versions
+        return out
+
+
+async def _stored_versions(
+    read: Callable[[list[_Step]], Awaitable[list[list[Any] | None]]], keys: Iterable[RecordKey]
+) -> dict[RecordKey, dict[str, int]]:
+    """``offline_record_versions`` of these records (those that have a row)."""
+    by_collection: dict[str, list[str]] = {}
+    for collection, record_id in keys:
+        by_collection.setdefault(collection, []).append(record_id)
+    steps: list[_Step] = [
+        (
+            "fetch",
+            "SELECT collection, record_id, versions FROM offline_record_versions"
+            f" WHERE collection = ? AND record_id IN ({','.join('?' * len(part))})",
+            (collection, *part),
+        )
+        for collection, ids in by_collection.items()
+        for part in _codec.chunks(ids, _CHUNK)
+    ]
+    if not steps:
+        return {}
+    return {
+        (str(c), str(r)): compaction.parse_versions(v) for rows in await read(steps) for c, r, v in rows or ()
+    }
+
 
 class _SQLiteWriter(StoreWriter):
     """Writes are queued and run with COMMIT, in one trip to the connection's thread; a read first runs
@@ -913,9 +1035,17 @@ class _SQLiteWriter(StoreWriter):
             ") SELECT o.node_id, o.sequence_number, o.id FROM wanted JOIN offline_operations AS o"
             " ON o.node_id = wanted.n AND o.sequence_number = wanted.s",
         )
+        nodes = list(dict.fromkeys(n for n, _ in wanted))
+        marks_sql = (
+            "SELECT node_id, sequence_number FROM offline_compacted_nodes"
+            f" WHERE node_id IN ({','.join('?' * len(nodes))})"
+        )
         with self.store._errors("reading sequence numbers"):
-            results = await self._read([("fetch", sql, values) for sql, values in statements])
-        return {(str(n), int(s)): str(i) for rows in results for n, s, i in rows or ()}
+            *results, marks = await self._read(
+                [*(("fetch", sql, values) for sql, values in statements), ("fetch", marks_sql, tuple(nodes))]
+            )
+        held = {(str(n), int(s)): str(i) for rows in results for n, s, i in rows or ()}
+        return compaction.with_compacted(held, wanted, {str(n): int(q) for n, q in marks or ()})
 
     async def append(self, ops: Sequence[tuple[Operation, Mapping[str, Any] | None]]) -> list[int | None]:
         self._check()

@@ -1,0 +1,94 @@
+"""``ServerStore.compact`` on the memory, SQLite and PostgreSQL stores: superseded history goes; each
+record's latest operation, each node's highest, the numbering guard and per-record versions stay."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from server_runtime.stores import ServerStore
+from server_runtime.stores.base import ScopeSelector
+from server_runtime.stores.compaction import COMPACTED
+
+from .test_stores import KINDS, Backend, _backend, append, make_op, row_for
+
+
+@pytest.fixture(params=KINDS)
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
+    return _backend(request, tmp_path)
+
+
+async def seed(store: ServerStore) -> None:
+    """r1: node-a 1..5; r2 (scope owner u1): node-b 1..3 then node-a 6; r3 (owner u2): node-b 4."""
+    r1 = [make_op("node-a", 1, "r1")] + [make_op("node-a", s, "r1", type_="update") for s in range(2, 6)]
+    r2 = [make_op("node-b", 1, "r2")] + [make_op("node-b", s, "r2", type_="update") for s in (2, 3)]
+    r2.append(make_op("node-a", 6, "r2", type_="update"))
+    r3 = [make_op("node-b", 4, "r3")]
+    async with store.writer() as writer:
+        await writer.append([(op, None) for op in r1])
+        await writer.append([(op, {"owner": "u1"}) for op in r2])
+        await writer.append([(op, {"owner": "u2"}) for op in r3])
+        await writer.save_rows([row_for(r1, record="r1"), row_for(r2, record="r2"), row_for(r3, record="r3")])
+
+
+def test_compact_deletes_history_but_keeps_latest_operations_numbers_and_rows(backend: Backend) -> None:
+    async def test(store: ServerStore) -> None:
+        await seed(store)
+        vector = await store.version_vector()
+        rows = await store.load_rows([("todos", "r1"), ("todos", "r2"), ("todos", "r3")])
+        assert await store.compaction_horizon() == 0
+
+        result = await store.compact()
+
+        # Kept: r1's latest (a5), r2's latest (a6, also node-a's highest), r3's latest (b4, node-b's highest).
+        assert result == {"horizon": 10, "dropped": 7, "kept": 3}
+        kept = [(s.operation.node_id, s.operation.sequence_number) for s in await store.operations_since(0)]
+        assert kept == [("node-a", 5), ("node-a", 6), ("node-b", 4)]
+        assert await store.compaction_horizon() == 10
+        assert await store.max_delivery() == 10
+        assert await store.version_vector() == vector
+        assert await store.load_rows([("todos", "r1"), ("todos", "r2"), ("todos", "r3")]) == rows
+        assert (await store.stats())["operations"] == 3
+        # Each record's versions: its kept and deleted operations' highest numbers per node.
+        assert await store.record_versions([("todos", "r1"), ("todos", "r2"), ("todos", "nope")]) == {
+            ("todos", "r1"): {"node-a": 5},
+            ("todos", "r2"): {"node-a": 6, "node-b": 3},
+        }
+        # The scope index lists what is kept, so a catch-up finds each record of a scope once.
+        page = await store.operations_in_scope(0, 100, [ScopeSelector("todos", "owner", "u1")])
+        assert [(row[0], row[3]) for row in page.operations] == [(9, "r2")]
+        # The numbering guard: a compacted place answers COMPACTED, a free one nothing, a kept one its id.
+        async with store.writer() as writer:
+            held = await writer.held_places([("node-a", 2), ("node-b", 2), ("node-a", 5), ("node-a", 7)])
+        [a5] = [s.operation for s in await store.operations_since(0) if s.operation.sequence_number == 5]
+        assert held == {("node-a", 2): COMPACTED, ("node-b", 2): COMPACTED, ("node-a", 5): a5.id}
+        # New operations go on from the old top; compacting again deletes only what is superseded since.
+        assert await append(store, make_op("node-a", 7, "r1", type_="update")) == [11]
+        assert await store.compact() == {"horizon": 11, "dropped": 1, "kept": 3}
+        assert await store.record_versions([("todos", "r1")]) == {("todos", "r1"): {"node-a": 7}}
+        assert await store.compact() == {"horizon": 11, "dropped": 0, "kept": 3}
+
+    backend.run(test)
+
+
+def test_what_compaction_keeps_survives_a_restart(tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    for kind in ("sqlite", "postgresql"):
+        if kind == "postgresql":
+            backend = Backend(kind, postgres_url=request.getfixturevalue("postgres_url"))
+        else:
+            backend = Backend(kind, sqlite_path=tmp_path / "server.db")
+
+        async def first(store: ServerStore) -> None:
+            await seed(store)
+            await store.compact()
+
+        async def second(store: ServerStore) -> None:
+            assert await store.compaction_horizon() == 10
+            async with store.writer() as writer:
+                assert await writer.held_places([("node-b", 1)]) == {("node-b", 1): COMPACTED}
+            versions = await store.record_versions([("todos", "r2")])
+            assert versions == {("todos", "r2"): {"node-a": 6, "node-b": 3}}
+
+        backend.run(first)
+        backend.run(second)
