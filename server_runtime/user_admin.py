@@ -187,9 +187,8 @@ class UserAdmin:
                 raise _not_found(user_id)
             mark = await accounts.disabled(tx, user_id)
             facts = await accounts.facts(tx, user_id)
-        principal = principal_of({"sub": user_id})
         store = self.auth.server_store
-        registrations = await store.node_registrations() if store is not None else {}
+        devices = await store.principal_nodes(principal_of({"sub": user_id})) if store is not None else []
         body = _user_json(user, mark)
         body.update(
             {
@@ -203,7 +202,7 @@ class UserAdmin:
                     }
                     for s in facts.sessions
                 ],
-                "devices": sorted(node for node, owner in registrations.items() if owner == principal),
+                "devices": devices,
                 "providers": facts.providers,
                 "mfa": {"totp": facts.totp_enabled, "passkeys": facts.passkeys},
                 "orgs": [{"id": org_id, "role": role} for org_id, role in facts.orgs],
@@ -236,7 +235,7 @@ class UserAdmin:
         end the live sync sessions they hold open. Returns (sessions revoked, whether the mark was new)."""
         now = self.auth._ms()
         async with self.auth._store().transaction() as tx:
-            if await tx.user_by_id(user_id) is None:
+            if not await accounts.lock_user(tx, user_id):
                 raise _not_found(user_id)
             marked = False
             if disable is not None:
@@ -266,7 +265,7 @@ class UserAdmin:
     async def enable(self, request: Request) -> Response:
         user_id = self._user_id(request)
         async with self.auth._store().transaction() as tx:
-            if await tx.user_by_id(user_id) is None:
+            if not await accounts.lock_user(tx, user_id):
                 raise _not_found(user_id)
             changed = await accounts.clear_disabled(tx, user_id)
         log.warning("user %s enabled by an administrator", user_id)

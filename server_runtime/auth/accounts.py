@@ -28,6 +28,7 @@ __all__ = [
     "disabled",
     "facts",
     "find_users",
+    "lock_user",
     "set_disabled",
 ]
 
@@ -107,6 +108,16 @@ async def clear_disabled(tx: AuthTx, user_id: str) -> bool:
     assert isinstance(tx, _SqlTx)
     tx._writing()
     return await tx.c.execute("DELETE FROM offline_auth_user_status WHERE user_id = ?", user_id) > 0
+
+
+async def lock_user(tx: AuthTx, user_id: str) -> bool:
+    """Whether the user exists. In a PostgreSQL transaction the user's row stays locked until it ends: opening
+    a session and disabling or deleting the account then happen one after the other, so a sign-in racing a
+    disable cannot leave a live session behind it (memory and SQLite transactions are exclusive already)."""
+    if isinstance(tx, _MemoryTx):
+        return user_id in tx.d.users
+    assert isinstance(tx, _SqlTx)
+    return bool(await tx.c.fetch("SELECT id FROM offline_auth_users WHERE id = ?" + tx.for_update, user_id))
 
 
 def _like(text: str) -> str:
@@ -222,7 +233,7 @@ async def delete_user(tx: AuthTx, user_id: str) -> bool:
         return True
     assert isinstance(tx, _SqlTx)
     tx._writing()
-    if not await tx.c.fetch("SELECT id FROM offline_auth_users WHERE id = ?" + tx.for_update, user_id):
+    if not await lock_user(tx, user_id):
         return False
     await tx.c.execute(
         "DELETE FROM offline_auth_active_orgs WHERE session_id IN"

@@ -360,7 +360,10 @@ class AuthRoutes:
         return _Pair(user, session_id, refresh, await org_claims(tx, user.id, session_id))
 
     async def refuse_disabled(self, tx: AuthTx, user_id: str) -> None:
-        """Raise USER_DISABLED when an administrator disabled the account."""
+        """Raise USER_DISABLED when an administrator disabled the account (and INVALID_CREDENTIALS when it was
+        deleted meanwhile). Locks the user's row for the rest of the transaction (``accounts.lock_user``)."""
+        if not await _accounts.lock_user(tx, user_id):
+            raise _BAD_CREDENTIALS
         if await _accounts.disabled(tx, user_id) is not None:
             raise UserDisabled(user_id)
 

@@ -483,6 +483,11 @@ class ServerStore(abc.ABC):
     async def node_registrations(self) -> dict[str, str]:
         """Every registered node id and its principal (for backups)."""
 
+    async def principal_nodes(self, principal: str) -> list[str]:
+        """The node ids registered to ``principal``, sorted (a user's devices, for the administrator). The SQL
+        stores read them through an index; this default filters every registration."""
+        return sorted(node for node, owner in (await self.node_registrations()).items() if owner == principal)
+
     # ---------------------------------------------------------------------------------------- compaction
 
     @abc.abstractmethod

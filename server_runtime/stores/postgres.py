@@ -117,6 +117,7 @@ CREATE TABLE IF NOT EXISTS offline_compacted_nodes (
     node_id TEXT PRIMARY KEY,
     sequence_number BIGINT NOT NULL
 );
+CREATE INDEX IF NOT EXISTS offline_nodes_principal ON offline_nodes (principal);
 """
 
 _STATS_SQL: Final = """
@@ -535,6 +536,13 @@ class PostgresServerStore(ServerStore):
         async with self._reading("reading node registrations") as conn:
             rows = await conn.fetch("SELECT node_id, principal FROM offline_nodes ORDER BY node_id")
         return {str(r["node_id"]): str(r["principal"]) for r in rows}
+
+    async def principal_nodes(self, principal: str) -> list[str]:
+        async with self._reading("reading node registrations") as conn:
+            rows = await conn.fetch(
+                "SELECT node_id FROM offline_nodes WHERE principal = $1 ORDER BY node_id", principal
+            )
+        return [str(r["node_id"]) for r in rows]
 
     # -------------------------------------------------------------------------------------- notifications
 

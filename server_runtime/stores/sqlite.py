@@ -142,6 +142,7 @@ _DDL: Final = (
         principal TEXT NOT NULL
     )""",
     *COMPACTION_DDL,
+    "CREATE INDEX IF NOT EXISTS offline_nodes_principal ON offline_nodes (principal)",
 )
 
 _STATS_SQL: Final = """
@@ -757,6 +758,13 @@ class SQLiteServerStore(ServerStore):
                 "SELECT node_id, principal FROM offline_nodes ORDER BY node_id"
             )
         return {str(n): str(p) for n, p in rows}
+
+    async def principal_nodes(self, principal: str) -> list[str]:
+        async with self._reading("reading node registrations") as conn:
+            rows = await conn.execute_fetchall(
+                "SELECT node_id FROM offline_nodes WHERE principal = ? ORDER BY node_id", (principal,)
+            )
+        return [str(row[0]) for row in rows]
 
     async def listen(self, callback: NotifyCallback) -> None:
         self._check_open()

@@ -13,10 +13,12 @@ from pathlib import Path
 import httpx
 import pytest
 
+from offline.auth import AuthError, create_offline_auth
 from tests.hardening.support import RawClient
 from tests.server.test_operational import EventReader
 from tests.support.servers import ServerProcess
 
+from .conftest import PASSWORD
 from .live import TIMEOUT, auth_server, client_from, sign_in_from, sign_up_from, wait_for
 from .test_live_session_ends import board, servers
 
@@ -270,3 +272,23 @@ def test_the_admin_api_needs_the_admin_token(tmp_path: Path) -> None:
         asyncio.run(closed())
     finally:
         assert process.terminate() == 0
+
+
+def test_the_auth_client_is_told_its_user_is_disabled(tmp_path: Path) -> None:
+    with servers("sqlite", tmp_path, **ADMIN) as where:
+
+        async def scenario() -> None:
+            auth = create_offline_auth(where.first.http_url, credential_store=None)
+            user = await auth.sign_up("dana@example.com", PASSWORD)
+            async with admin(where.first) as http:
+                assert (await http.post(f"/__offline/users/{user['id']}/disable")).status_code == 200
+            # The refresh is refused for good: the session ends and the credentials are dropped.
+            with pytest.raises(AuthError) as ended:
+                await auth.refresh()
+            assert ended.value.code == "AUTH_FAILED" and ended.value.context["reason"] == "USER_DISABLED"
+            assert not auth.is_signed_in
+            with pytest.raises(AuthError) as refused:
+                await auth.sign_in("dana@example.com", PASSWORD)
+            assert refused.value.code == "USER_DISABLED"
+
+        asyncio.run(scenario())
