@@ -7,8 +7,18 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
+
+from offline.core.errors import OfflineError
 from server_runtime.auth import accounts
-from server_runtime.auth.audit import AuditLog, AuditQuery, AuditRetention, clean_detail
+from server_runtime.auth.audit import (
+    AuditLog,
+    AuditQuery,
+    AuditRetention,
+    clean_detail,
+    retention_from_environment,
+)
+from server_runtime.auth.settings import auth_options_from_environment
 from server_runtime.auth.storage import Identity, RefreshRow, SessionRow, User
 from server_runtime.auth.storage_ext import ChallengeRow, Membership, Org, PasskeyRow, TotpRow
 
@@ -188,3 +198,19 @@ def test_users_are_found_disabled_and_deleted_with_their_auth_rows(stores: Store
             await store.close()
 
     asyncio.run(scenario())
+
+
+def test_audit_retention_from_the_environment() -> None:
+    assert retention_from_environment({}) is None
+    assert retention_from_environment({"OFFLINE_AUDIT_MAX_ENTRIES": "500"}) == AuditRetention(max_entries=500)
+    options = auth_options_from_environment({"OFFLINE_AUDIT_MAX_AGE_DAYS": "7.5"})
+    assert options["audit_retention"] == AuditRetention(max_age_days=7.5)
+    for name, value in (
+        ("OFFLINE_AUDIT_MAX_ENTRIES", "0"),
+        ("OFFLINE_AUDIT_MAX_ENTRIES", "1.5"),
+        ("OFFLINE_AUDIT_MAX_AGE_DAYS", "forever"),
+        ("OFFLINE_AUDIT_MAX_AGE_DAYS", "-1"),
+    ):
+        with pytest.raises(OfflineError) as refused:
+            retention_from_environment({name: value})
+        assert refused.value.context["field"] == name and name in refused.value.message

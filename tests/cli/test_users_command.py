@@ -123,6 +123,13 @@ def test_disable_enable_sign_out_and_delete(server: ServerProcess) -> None:
     ]
     table = offline(server, "audit", "--kind", "user-deleted")
     assert table.exit_code == 0 and "user-deleted" in table.stdout and "admin" in table.stdout
+    # `offline logs` shows the recent audit events too.
+    logs = CliRunner().invoke(
+        cli,
+        ["logs", "--url", server.http_url, "--token", ADMIN_TOKEN, "--no-follow"],
+        env={"OFFLINE_ADMIN_TOKEN": None},
+    )
+    assert logs.exit_code == 0 and f"AUDIT   user-deleted user={user_id} by=admin" in logs.stdout
 
 
 def test_errors_say_what_to_do(server: ServerProcess, tmp_path: Path) -> None:
