@@ -25,7 +25,7 @@ reasons, never what the user typed as a credential.
 Growth is bounded (``AuditRetention``): entries older than ``max_age_days`` (default 90) and all but the
 newest ``max_entries`` (default 100,000) are deleted, checked on the first entry a process records and then
 every ``_TRIM_EVERY`` entries. ``OFFLINE_AUDIT_MAX_ENTRIES`` and ``OFFLINE_AUDIT_MAX_AGE_DAYS`` set them for a
-server built from the environment.
+server built from the environment (``settings``).
 """
 
 from __future__ import annotations
@@ -54,7 +54,6 @@ __all__ = [
     "AuditQuery",
     "AuditRetention",
     "clean_detail",
-    "retention_from_environment",
     "user_actor",
 ]
 
@@ -136,29 +135,6 @@ class AuditRetention:
             raise OfflineError(
                 "audit max_age_days must be a positive number of days", AUTH_CONFIG, {"field": "max_age_days"}
             )
-
-
-def retention_from_environment(env: Mapping[str, str]) -> AuditRetention | None:
-    """``OFFLINE_AUDIT_MAX_ENTRIES`` and ``OFFLINE_AUDIT_MAX_AGE_DAYS`` (None when neither is set)."""
-    values: dict[str, Any] = {}
-    for name, field, whole in (
-        ("OFFLINE_AUDIT_MAX_ENTRIES", "max_entries", True),
-        ("OFFLINE_AUDIT_MAX_AGE_DAYS", "max_age_days", False),
-    ):
-        text = env.get(name, "").strip()
-        if not text:
-            continue
-        try:
-            number = float(text)
-        except ValueError:
-            number = math.nan
-        if not (math.isfinite(number) and number > 0) or (whole and not number.is_integer()):
-            kind = "a positive whole number" if whole else "a positive number"
-            raise OfflineError(
-                f"{name} must be {kind} (got {text[:32]!r}); fix or remove it", AUTH_CONFIG, {"field": name}
-            )
-        values[field] = int(number) if whole else number
-    return AuditRetention(**values) if values else None
 
 
 def clean_detail(detail: Mapping[str, Any] | None) -> dict[str, Any]:

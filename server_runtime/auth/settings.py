@@ -15,7 +15,7 @@ from typing import Any
 
 from offline.core.errors import OfflineError
 
-from .audit import retention_from_environment
+from .audit import AuditRetention
 from .rate_limit import RateLimits, rate_limits_from
 from .tokens import AUTH_CONFIG
 
@@ -54,7 +54,14 @@ def auth_options_from_environment(env: Mapping[str, str]) -> dict[str, Any]:
             limits[f.name] = value
     if limits:
         options["rate_limits"] = rate_limits_from(limits)
-    retention = retention_from_environment(env)  # OFFLINE_AUDIT_MAX_ENTRIES, OFFLINE_AUDIT_MAX_AGE_DAYS
-    if retention is not None:
-        options["audit_retention"] = retention
+    retention: dict[str, Any] = {}
+    for name, field, whole in (
+        ("OFFLINE_AUDIT_MAX_ENTRIES", "max_entries", True),
+        ("OFFLINE_AUDIT_MAX_AGE_DAYS", "max_age_days", False),
+    ):
+        value = _number(env, name, whole=whole)
+        if value is not None:
+            retention[field] = value
+    if retention:
+        options["audit_retention"] = AuditRetention(**retention)
     return options

@@ -16,7 +16,6 @@ from server_runtime.auth.audit import (
     AuditQuery,
     AuditRetention,
     clean_detail,
-    retention_from_environment,
 )
 from server_runtime.auth.settings import auth_options_from_environment
 from server_runtime.auth.storage import Identity, RefreshRow, SessionRow, User
@@ -201,8 +200,9 @@ def test_users_are_found_disabled_and_deleted_with_their_auth_rows(stores: Store
 
 
 def test_audit_retention_from_the_environment() -> None:
-    assert retention_from_environment({}) is None
-    assert retention_from_environment({"OFFLINE_AUDIT_MAX_ENTRIES": "500"}) == AuditRetention(max_entries=500)
+    assert "audit_retention" not in auth_options_from_environment({})
+    options = auth_options_from_environment({"OFFLINE_AUDIT_MAX_ENTRIES": "500"})
+    assert options["audit_retention"] == AuditRetention(max_entries=500)
     options = auth_options_from_environment({"OFFLINE_AUDIT_MAX_AGE_DAYS": "7.5"})
     assert options["audit_retention"] == AuditRetention(max_age_days=7.5)
     for name, value in (
@@ -212,5 +212,5 @@ def test_audit_retention_from_the_environment() -> None:
         ("OFFLINE_AUDIT_MAX_AGE_DAYS", "-1"),
     ):
         with pytest.raises(OfflineError) as refused:
-            retention_from_environment({name: value})
+            auth_options_from_environment({name: value})
         assert refused.value.context["field"] == name and name in refused.value.message
