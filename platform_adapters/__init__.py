@@ -15,7 +15,7 @@ PLATFORMS: dict[str, tuple[str, str]] = {
     "host-b": ("platform_adapters.railway:RailwayAdapter", "Railway"),
     "cloud-a-containers": ("platform_adapters.lightsail:LightsailAdapter", "AWS Lightsail containers"),
     "cloud-a-orchestrated": ("platform_adapters.ecs:EcsAdapter", "AWS ECS on Fargate"),
-    "web-service-host": ("platform_adapters.stubs:WebServiceHostAdapter", "Render (web service host)"),
+    "web-service-host": ("platform_adapters.render:RenderAdapter", "Render"),
     "self-hosted-image": ("platform_adapters.self_hosted:SelfHostedAdapter", "Self-hosted container image"),
     "managed-hosting": ("platform_adapters.stubs:ManagedHostingAdapter", "Managed hosting"),
 }
@@ -31,7 +31,7 @@ ALIASES: dict[str, str] = {
     "render": "web-service-host",
 }
 
-STUB_PLATFORMS = frozenset({"web-service-host", "managed-hosting"})
+STUB_PLATFORMS = frozenset({"managed-hosting"})
 
 #: Shown first in the menu and suggested by hints.
 RECOMMENDED = "host-a"

@@ -5,11 +5,6 @@ from __future__ import annotations
 from .base import StubAdapter
 
 
-class WebServiceHostAdapter(StubAdapter):
-    name = "web-service-host"
-    title = "Web service host"
-
-
 class ManagedHostingAdapter(StubAdapter):
     name = "managed-hosting"
     title = "Managed hosting"

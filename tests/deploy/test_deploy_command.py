@@ -223,7 +223,7 @@ def test_interactive_first_deploy_asks_only_for_what_is_missing(harness: Harness
 
 
 def test_stub_platform_is_refused_first(harness: Harness) -> None:
-    outcome = harness.deploy("--platform", "web-service-host", "--confirm")  # --app missing too
+    outcome = harness.deploy("--platform", "managed-hosting", "--confirm")  # --app missing too
     assert outcome.exit_code == 1
     assert "not implemented yet" in outcome.stderr and "NOT_IMPLEMENTED" in outcome.stderr
     assert "--app" not in outcome.stderr.split("hint:")[0]

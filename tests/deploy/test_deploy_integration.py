@@ -361,11 +361,11 @@ def test_reset_without_a_terminal_or_confirm_is_refused_and_keeps_everything(
 
 WORKING_PLATFORMS_HINT = (
     "hint: Choose one of: fly (Fly.io), railway (Railway), lightsail (AWS Lightsail containers), "
-    "ecs (AWS ECS on Fargate), self-hosted (Self-hosted container image)."
+    "ecs (AWS ECS on Fargate), render (Render), self-hosted (Self-hosted container image)."
 )
 
 
-@pytest.mark.parametrize("platform", ["web-service-host", "managed-hosting"])
+@pytest.mark.parametrize("platform", ["managed-hosting"])
 def test_a_stub_platform_says_not_implemented_and_lists_the_working_ones(
     deploy_cli: Cli, platform: str
 ) -> None:
@@ -376,7 +376,7 @@ def test_a_stub_platform_says_not_implemented_and_lists_the_working_ones(
         f"error [NOT_IMPLEMENTED]: The platform '{platform}' ({title}) is not implemented yet." in run.stderr
     )
     hint = [line for line in run.stderr.splitlines() if line.startswith("hint:")]
-    assert hint == [WORKING_PLATFORMS_HINT]  # the four that work, no stub among them
+    assert hint == [WORKING_PLATFORMS_HINT]  # the ones that work, no stub among them
     assert not (deploy_cli.project / ".offline").exists()
 
     # Chosen in the menu (where it is marked): the reason, and the menu again (here flyctl is missing).
