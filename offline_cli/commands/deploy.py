@@ -63,8 +63,8 @@ def _platform_help() -> str:
         if code not in platform_adapters.STUB_PLATFORMS
     )
     return (
-        f"Where to deploy: {names} (the codes host-a, host-b, cloud-a-containers, cloud-a-orchestrated work "
-        "too). Asked when missing; remembered after the first deploy."
+        f"Where to deploy: {names} (the codes host-a, host-b, cloud-a-containers, cloud-a-orchestrated, "
+        "web-service-host work too). Asked when missing; remembered after the first deploy."
     )
 
 
@@ -270,6 +270,8 @@ Examples:
   offline deploy --platform ecs --app notes \\
       --subnets subnet-0a1b,subnet-2c3d --security-groups sg-0e4f --confirm
   offline deploy --platform fly --app notes --org my-team --confirm
+  RENDER_API_KEY=rnd_... offline deploy --platform render --app notes --registry ghcr.io/my-team \\
+      --registry-credential ghcr-bot --confirm                      Render (image pushed to your registry)
   offline deploy --json                             redeploy; print one JSON object
   offline deploy status | logs --lines 50 | rollback
   offline deploy --reset --confirm                  forget the deployment (the app keeps running)
@@ -298,13 +300,22 @@ Examples:
     help="fly: Fly.io organization a new app is created in (default personal; remembered).",
 )
 @click.option(
-    "--workspace", default=None, help="railway: Railway workspace a new project is created in (remembered)."
+    "--workspace",
+    default=None,
+    help="railway: Railway workspace a new project is created in; render: the Render workspace (name or id) "
+    "when the API key sees several (remembered).",
 )
 @click.option(
     "--registry",
     default=None,
     help="self-hosted/render: push the image to this registry, host/namespace (login: the engine's own, "
     "`docker login`; remembered).",
+)
+@click.option(
+    "--registry-credential",
+    default=None,
+    help="render: name of the Render registry credential Render pulls the image with (default: the one for "
+    "the registry's host, if exactly one; remembered).",
 )
 @click.option(
     "--host",
@@ -344,6 +355,7 @@ def deploy(
     org: str | None,
     workspace: str | None,
     registry: str | None,
+    registry_credential: str | None,
     host: str | None,
     with_postgres: bool | None,
     publish: str | None,
@@ -371,6 +383,7 @@ def deploy(
                 ("--org", org),
                 ("--workspace", workspace),
                 ("--registry", registry),
+                ("--registry-credential", registry_credential),
                 ("--host", host),
                 ("--with-postgres", with_postgres),
                 ("--publish", publish),
@@ -398,6 +411,7 @@ def deploy(
                     org,
                     workspace,
                     registry,
+                    registry_credential,
                     host,
                     with_postgres,
                     publish,
@@ -423,6 +437,7 @@ def deploy(
         python_version=python_version,
         ephemeral_data=ephemeral_data,
         registry=_name(registry, "--registry"),
+        registry_credential=_name(registry_credential, "--registry-credential"),
         host=_name(host, "--host"),
         with_postgres=True if with_postgres else None,
         publish=_name(publish, "--publish"),
@@ -430,13 +445,14 @@ def deploy(
     for flags, flag_value, wanted in (
         ("--subnets and --security-groups apply", subnets or security_groups, ("cloud-a-orchestrated",)),
         ("--org applies", org, ("host-a",)),
-        ("--workspace applies", workspace, ("host-b",)),
+        ("--workspace applies", workspace, ("host-b", "web-service-host")),
         (
             "--host, --with-postgres and --publish apply",
             host or with_postgres or publish,
             ("self-hosted-image",),
         ),
         ("--registry applies", registry, ("self-hosted-image", "web-service-host")),
+        ("--registry-credential applies", registry_credential, ("web-service-host",)),
     ):
         if flag_value and platform and platform not in wanted:
             services.reporter.warn(

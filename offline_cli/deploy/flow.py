@@ -66,6 +66,7 @@ PLATFORM_OPTIONS = (
     "org",
     "workspace",
     "registry",
+    "registry_credential",
     "host",
     "with_postgres",
     "publish",
@@ -179,10 +180,12 @@ class DeployRequest:
     subnets: list[str] | None = None
     security_groups: list[str] | None = None
     org: str | None = None  # host-a: the Fly.io organization a new app is created in
-    workspace: str | None = None  # host-b: the Railway workspace a new project is created in
+    workspace: str | None = None  # host-b: the Railway workspace a new project is created in; render's
+    # workspace (owner) when the API key sees several
     python_version: str | None = None
     ephemeral_data: bool = False  # accept SQLite on a disk that a redeploy erases (Lightsail, ECS)
     registry: str | None = None  # self-hosted-image, web-service-host: host/namespace to push the image to
+    registry_credential: str | None = None  # web-service-host: the Render registry credential, by name
     host: str | None = None  # self-hosted-image: ssh://user@machine to run the stack on
     with_postgres: bool | None = None  # self-hosted-image: a PostgreSQL service next to the app
     publish: str | None = None  # self-hosted-image: [address:]port the app is published on

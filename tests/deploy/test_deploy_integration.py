@@ -531,6 +531,7 @@ def test_every_platform_keeps_sqlite_data_or_refuses_without_database_url() -> N
         "host-b": True,  # a Railway volume
         "cloud-a-containers": False,  # refused without DATABASE_URL unless --ephemeral-data
         "cloud-a-orchestrated": False,
+        "web-service-host": True,  # a Render disk
         "self-hosted-image": True,  # a named volume on the machine
     }
 

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from offline_cli.deploy.flow import plan_secrets
+from offline_cli.deploy.state import load_state
 from platform_adapters import load_adapter
 from platform_adapters.base import DeployContext, DeployError, DeployOutcome, StatusReport
 from platform_adapters.render import RenderAdapter, credential_for_host
@@ -23,6 +24,8 @@ from platform_adapters.render_api import create_service_body
 from tests.deploy.fakes.render_api import FakeRenderApi, serve
 
 from ._aws_support import AUTH_SECRET, DATABASE_URL, SECRETS, FakeEngine, make_context, reporter_of
+from .test_deploy_integration import Cli
+from .test_deploy_integration import deploy_cli as deploy_cli_fixture  # noqa: F401 - the fixture, reused
 
 REGISTRY = "ghcr.io/my-team"
 KEY = FakeRenderApi.accepted_key
@@ -471,3 +474,120 @@ def test_secrets_and_the_api_key_stay_out_of_files_state_and_output(
             assert all(secret.encode() not in path.read_bytes() for secret in secrets), path
     # The key travels only in the Authorization header, never in a URL.
     assert all(KEY not in f"{r.path}?{r.query}" for r in render_api.requests)
+
+
+# -- through `offline deploy` ----------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def render_cli(request: pytest.FixtureRequest, render_api: FakeRenderApi, tmp_path: Path) -> Cli:
+    """`offline deploy` as in test_deploy_integration (its ``deploy_cli``, imported here under another
+    name), with Render's key and fake API and a recording engine."""
+    deploy_cli: Cli = request.getfixturevalue("deploy_cli_fixture")
+    deploy_cli.env = {
+        "PATH": str(tmp_path / "empty-bin"),
+        "HOME": str(tmp_path / "home"),
+        "RENDER_API_KEY": KEY,
+        "OFFLINE_RENDER_API_URL": render_api.url,
+        "AUTH_SECRET": AUTH_SECRET,
+    }
+    deploy_cli.overrides = {
+        "engine_factory": lambda env: FakeEngine(),
+        "sleep": lambda seconds: None,
+        "health_timeout": 3.0,
+        "poll_interval": 1.0,
+    }
+    return deploy_cli
+
+
+FIRST = ("--platform", "render", "--app", "notes", "--registry", REGISTRY, "--confirm")
+
+
+def _everything_shown(cli: Cli, *runs: Any) -> str:
+    """All the user saw, plus every file of the project (deploy.json, the run logs)."""
+    files = [p.read_text(errors="replace") for p in cli.project.rglob("*") if p.is_file()]
+    return "\n".join([*(f"{run.stdout}\n{run.stderr}" for run in runs), *files])
+
+
+def test_offline_deploy_to_render_then_status_logs_rollback_and_reset(
+    render_cli: Cli, render_api: FakeRenderApi
+) -> None:
+    first = render_cli(*FIRST, "--json")
+    assert first.exit_code == 0, first.stderr
+    result = json.loads(first.stdout)
+    assert (result["platform"], result["vendor"], result["url"], result["sync_url"]) == (
+        "web-service-host",
+        "Render",
+        "https://notes.onrender.com",
+        "wss://notes.onrender.com/offline-sync",
+    )
+    assert (result["state"], result["healthy"]) == ("RUNNING", True)
+    # The plan said what Render gets before anything was created.
+    assert "Render web service notes (when missing): image-backed, instance type starter" in first.stderr
+    assert "Render disk offline-data (1 GB) at /data" in first.stderr
+    assert "with the registry credential ghcr-bot" in first.stderr
+    service = render_api.service_named("notes")
+    token = render_api.env_vars[service["id"]]["OFFLINE_ADMIN_TOKEN"]
+    assert first.stderr.count(token) == 1 and "Admin token" in first.stderr and token not in first.stdout
+    state = load_state(render_cli.project)
+    assert state is not None and state.platform == "web-service-host"
+    assert state.options == {"registry": REGISTRY} and state.adapter["service_id"] == service["id"]
+    assert render_cli.probes == ["https://notes.onrender.com/health"]
+
+    second = render_cli("--confirm")  # a redeploy: registry and service remembered
+    assert second.exit_code == 0, second.stderr
+    assert "OFFLINE_ADMIN_TOKEN (already set on the platform)" in second.stderr
+    assert token not in second.stderr and "Admin token" not in second.stderr
+    assert len(render_api.bodies("POST", "/v1/services")) == 1
+    assert len(render_api.bodies("POST", f"/v1/services/{service['id']}/deploys")) == 1
+
+    status = render_cli("status", "--json")
+    assert status.exit_code == 0, status.stderr
+    report = json.loads(status.stdout)
+    assert (report["state"], report["healthy"], report["admin_protected"]) == ("RUNNING", True, True)
+
+    render_api._log(service["id"], "GET /health 200")
+    logs = render_cli("logs", "--lines", "2")
+    assert logs.exit_code == 0, logs.stderr
+    assert logs.stdout.splitlines()[-1].endswith("GET /health 200")
+
+    rollback = render_cli("rollback", "--confirm", "--json")
+    assert rollback.exit_code == 0, rollback.stderr
+    back = render_api.deploys[service["id"]][0]
+    assert back["trigger"] == "rollback" and back["status"] == "live"
+    assert json.loads(rollback.stdout)["deployment_id"] == back["id"]
+
+    shown = _everything_shown(render_cli, first, second, status, logs, rollback)
+    for secret in (AUTH_SECRET, KEY):
+        assert secret not in shown
+    assert shown.count(token) == 1  # the one display of the first deploy, in no file or later output
+
+    render_api.requests.clear()
+    reset = render_cli("--reset", "--confirm")
+    assert reset.exit_code == 0, reset.stderr
+    assert render_api.requests == []  # the service keeps running; Render is not called
+    assert "left running" in reset.stderr
+
+
+def test_offline_deploy_errors_for_render_say_what_to_do(render_cli: Cli, render_api: FakeRenderApi) -> None:
+    missing = render_cli("--platform", "render", "--app", "notes", "--confirm", "--json")
+    assert missing.exit_code == 1
+    error = json.loads(missing.stdout)["error"]
+    assert error["code"] == "MISSING_OPTION" and "--registry" in error["message"]
+
+    render_cli.env["RENDER_API_KEY"] = "rnd_revoked_key_000"
+    refused = render_cli(*FIRST)
+    assert refused.exit_code == 1
+    assert "error [NOT_AUTHENTICATED]" in refused.stderr and "HTTP 401" in refused.stderr
+    assert "hint:" in refused.stderr and "RENDER_API_KEY" in refused.stderr
+    assert "rnd_revoked_key_000" not in refused.stderr + refused.stdout
+
+    render_cli.env["RENDER_API_KEY"] = KEY
+    render_api.fail_next_deploy = ["Error: AUTH_SECRET is too short", "==> Exited with status 1"]
+    failed = render_cli(*FIRST)
+    assert failed.exit_code == 1
+    assert "ended as update_failed" in failed.stderr and "Error: AUTH_SECRET is too short" in failed.stderr
+    assert "Exited with status 1" in failed.stderr
+    # The failed deploy reached Render with a generated token: shown once so the user has it.
+    assert "Admin token" in failed.stderr
+    assert AUTH_SECRET not in _everything_shown(render_cli, missing, refused, failed)
