@@ -13,11 +13,27 @@ loads leaves loopback (the same guard as tests/browser). Figures:
 - ``inserts_1000_one_batch_s``: one ``insertMany`` of 1,000 records (one transaction).
 - ``synced_3000_s``: after the last insert returned, until the server had acknowledged all 3,000 operations
   (sync runs while the page writes, so this is only what is left).
+
+At size (``at_size``, the table of issue 28; a fresh server and browser, the page's live list subscribed):
+
+- ``insert_ms``: at 0, 10,000 and 50,000 local records, one awaited ``insert`` from the page (its reply
+  comes once the write is in IndexedDB), median and p95 of 40; the records are added in between with
+  ``insertMany`` (5,000 per call).
+- ``persist_unchanged_ms``: ``persist()`` with nothing to store, median of 20, at each size.
+- ``ready_after_warm_reload_ms``: at each size, a reload until the worker reports the app ready (best of 2),
+  and until the list shows every record (``list_shown_after_reload_ms``).
+- ``renderer_rss_mb``: at 50,000 records, the resident memory of Chromium's renderer processes (the page,
+  its worker, the service worker), summed.
+- ``first_sync``: a fresh browser opening the page of a server whose log holds 20,000 or 50,000 to-dos:
+  from navigation until the list says it shows all of them (``shown_ms``), and from ready until then.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import statistics
 import sys
 import tempfile
 import time
@@ -42,6 +58,148 @@ BATCH = """async (n) => {
     await todos.insertMany(Array.from({ length: n }, (_, i) => ({ title: `batch ${i}` })));
     return performance.now() - start;
 }"""
+
+
+TIMED_INSERTS = """async (n) => {
+    const todos = window.offlineClient.collection("todos");
+    const times = [];
+    for (let i = 0; i < n; i++) {
+        const start = performance.now();
+        await todos.insert({ title: `timed ${i}` });
+        times.push(performance.now() - start);
+    }
+    return times;
+}"""
+TIMED_PERSISTS = """async (n) => {
+    const times = [];
+    for (let i = 0; i < n; i++) {
+        const start = performance.now();
+        await window.offlineClient.persist();
+        times.push(performance.now() - start);
+    }
+    return times;
+}"""
+GROW = """async ([from, to]) => {
+    const todos = window.offlineClient.collection("todos");
+    for (let at = from; at < to; at += 5000) {
+        const n = Math.min(5000, to - at);
+        await todos.insertMany(Array.from({ length: n }, (_, i) => ({ title: `bulk ${at + i}` })));
+    }
+}"""
+SIZES = (0, 10_000, 50_000)
+FIRST_SYNC = (20_000, 50_000)
+
+
+def _median_p95(times: list[float]) -> dict[str, float]:
+    ordered = sorted(times)
+    return {
+        "median": round(statistics.median(ordered), 1),
+        "p95": round(ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))], 1),
+    }
+
+
+def _renderer_rss_mb() -> float:
+    """Resident memory of the Chromium renderers this process started (descendants only: other programs on
+    the machine may run Chromium too)."""
+    from tests.support.abuse import rss_bytes
+
+    parents: dict[int, int] = {}
+    commands: dict[int, bytes] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            commands[int(entry.name)] = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    me = os.getpid()
+
+    def mine(pid: int) -> bool:
+        while pid > 1:
+            if pid == me:
+                return True
+            pid = parents.get(pid, 0)
+        return False
+
+    total = 0
+    for pid, command in commands.items():
+        if b"--type=renderer" in command and mine(pid):
+            with contextlib.suppress(OSError, AssertionError):
+                total += rss_bytes(pid)
+    return round(total / 1e6, 1)
+
+
+async def _shown(page: Any, count: int, timeout_ms: int = 600_000) -> None:
+    from playwright.async_api import expect
+
+    await expect(page.locator("#count")).to_contain_text(f" {count} in total", timeout=timeout_ms)
+
+
+async def _ready(page: Any) -> None:
+    from playwright.async_api import expect
+
+    await expect(page.locator("body")).to_have_attribute("data-ready", "true", timeout=120_000)
+
+
+async def _at_size(executable: str, base: str) -> dict[str, Any]:
+    """Inserts, persist and reload at 0 / 10,000 / 50,000 local records; memory at the largest."""
+    from tests.browser.support import guarded_browser, new_context
+
+    figures: dict[str, Any] = {"insert_ms": {}, "persist_unchanged_ms": {}}
+    figures["ready_after_warm_reload_ms"] = {}
+    figures["list_shown_after_reload_ms"] = {}
+    async with guarded_browser(executable) as (browser, guard):
+        context = await new_context(browser, guard)
+        page = await context.new_page()
+        page.set_default_timeout(600_000)
+        await page.goto(base + "/")
+        await _ready(page)
+        size = 0
+        for target in SIZES:
+            await page.evaluate(GROW, [size, target])
+            size = target
+            await _shown(page, size)
+            times = await page.evaluate(TIMED_INSERTS, 40)
+            size += 40
+            figures["insert_ms"][str(target)] = _median_p95(times)
+            persists = await page.evaluate(TIMED_PERSISTS, 20)
+            figures["persist_unchanged_ms"][str(target)] = round(statistics.median(persists), 1)
+            ready, shown = [], []
+            for _ in range(2):
+                started = time.perf_counter()
+                await page.reload()
+                await _ready(page)
+                ready.append((await page.evaluate("window.offlineClient.timings"))["ready"])
+                await _shown(page, size)
+                shown.append((time.perf_counter() - started) * 1000)
+            figures["ready_after_warm_reload_ms"][str(target)] = round(min(ready))
+            figures["list_shown_after_reload_ms"][str(target)] = round(min(shown))
+        figures["renderer_rss_mb_at_50000"] = _renderer_rss_mb()
+        await context.close()
+    return figures
+
+
+async def _first_sync(executable: str, base: str, count: int) -> dict[str, Any]:
+    from tests.browser.support import guarded_browser, new_context
+
+    async with guarded_browser(executable) as (browser, guard):
+        context = await new_context(browser, guard)
+        page = await context.new_page()
+        page.set_default_timeout(600_000)
+        started = time.perf_counter()
+        await page.goto(base + "/")
+        await _ready(page)
+        ready = time.perf_counter()
+        await _shown(page, count)
+        done = time.perf_counter()
+        figures = {
+            "shown_ms": round((done - started) * 1000),
+            "shown_after_ready_ms": round((done - ready) * 1000),
+        }
+        await context.close()
+    return figures
 
 
 def _stages(timings: dict[str, float]) -> dict[str, int]:
@@ -88,7 +246,7 @@ async def _measure(executable: str, base: str, count: int) -> dict[str, Any]:
     return figures
 
 
-def run(count: int = 1000) -> dict[str, Any]:
+def run(count: int = 1000, *, at_size: bool = True) -> dict[str, Any]:
     from tests.browser.support import init_project, live_server, load_module, missing_tools
 
     problems = missing_tools()
@@ -107,6 +265,14 @@ def run(count: int = 1000) -> dict[str, Any]:
         size = sum(p.stat().st_size for p in dist.rglob("*") if p.is_file())
         with live_server(schema, dist, Path(folder) / "server.db") as live:
             figures = asyncio.run(_measure(executable, live.url, count))
+        if at_size:
+            with live_server(schema, dist, Path(folder) / "size-server.db") as live:
+                figures["at_size"] = asyncio.run(_at_size(executable, live.url))
+            figures["first_sync"] = {}
+            for n in FIRST_SYNC:
+                db = Path(folder) / f"seeded-{n}.db"
+                with live_server(schema, dist, db, seed_count=n) as live:
+                    figures["first_sync"][str(n)] = asyncio.run(_first_sync(executable, live.url, n))
     figures["init_and_build_s"] = round(build_s, 2)
     figures["dist_mb"] = round(size / 1e6, 1)
     return figures

@@ -13,9 +13,13 @@ Message shapes (all JSON text):
 - page -> worker: ``{"id": 7, "method": "insert", "collection": "todos", "data": {...}}`` (``id`` names the
   request; a record's id is ``recordId``); methods are listed in `WorkerBridge.METHODS`.
 - worker -> page: ``{"type": "reply", "id": 7, "ok": true, "result": ...}`` or ``"ok": false`` with
-  ``"error": {"code", "message", "context"}``; ``{"type": "snapshot", "sub": 3, "records": [...]}``;
+  ``"error": {"code", "message", "context"}``; a live query's results, whole on subscribing
+  (``{"type": "snapshot", "sub": 3, "records": [...]}``, replacing what the page holds) and then as changes
+  (``{"type": "changes", "sub": 3, "inserted": [records], "updated": [records], "removed": [ids]}``: the
+  page keeps the results in the query's order itself);
   ``{"type": "status", "status": "connected", "pending": 0, "error": null, "rejected": 0, "clockOffsetMs": 0,
-  "applyError": null}``; ``{"type": "log", ...}``;
+  "applyError": null, "received": 120, "serverTotal": 120}`` (``received`` of ``serverTotal``: the server's
+  log, in delivery sequences, as far as this device has it); ``{"type": "log", ...}``;
   ``{"type": "ready", ...}`` once, after `start`.
 - WebAuthn, which a worker lacks (no ``navigator.credentials``), runs on the page: once ready, the page
   reports ``{"method": "pageInfo", "webauthn": true}``; a passkey ceremony then posts
@@ -35,7 +39,7 @@ import logging
 import sqlite3
 import sys
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
@@ -52,7 +56,7 @@ Post = Callable[[str], Any]
 Persist = Callable[[], Awaitable[Any]]
 
 #: Bumped when the message shapes change incompatibly (the page checks it in the ready message).
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 
 # `{"$op": "increment", "value": 2}` in update changes stands for op.increment(2): JSON cannot carry the
 # Python objects. No field type holds a JSON object, so such a dict is never a plain value.
@@ -111,9 +115,21 @@ class _Forward(logging.Handler):
 
 @dataclass(slots=True)
 class _LiveQuery:
+    """A page's live query and what the page holds of its results.
+
+    Without a limit, a commit is answered from the records it touched alone (`Query.among`): the query is
+    not run again, and its cost does not grow with the collection. With a limit, a touched record can push
+    another in or out of the results: the (bounded) query runs again and is compared with ``last``.
+    """
+
     query: Query
     collection: str
-    last: str | None = None  # the JSON of the records last sent
+    ids: set[str] = field(default_factory=set)  # the ids of the records the page holds
+    last: dict[str, str] | None = None  # with a limit: each result's JSON, by id
+
+
+#: A collection whose changed records are unknown (its live queries send their whole results again).
+_EVERYTHING = None
 
 
 class WorkerBridge:
@@ -173,14 +189,15 @@ class WorkerBridge:
         # not once per write as `Query.subscribe` does: a burst of writes (1,000 inserts sent at once, a
         # batch received from the server) then costs one query and one message per subscription.
         self._live: dict[int, _LiveQuery] = {}
-        self._stale: set[str] = set()
+        # Per collection, the ids of the records changed since the last refresh (_EVERYTHING: unknown).
+        self._stale: dict[str, set[str] | None] = {}
         self._refresh_scheduled = False
         app.commit_listeners.append(self._on_commit)
         # Unsubscribe handles of the app events this bridge listens to (see `detach`).
         self._event_offs = [
-            app.events.on(
-                "sync:received", lambda event: self._mark(op.collection for op in event["operations"])
-            )
+            app.events.on("sync:received", lambda event: self._mark(event["operations"])),
+            # A refused operation is taken out of its record, which may change or disappear.
+            app.events.on("sync:rejected", lambda event: self._mark([event["operation"]])),
         ]
         self._persisted_changes = -1
         self._last_status: dict[str, Any] | None = None
@@ -224,9 +241,9 @@ class WorkerBridge:
             "error": _error_json(error) if error is not None else None,
         }
         describe = getattr(sync, "describe", None)
-        if describe is not None:  # refusals kept, the clock's offset, a received operation not applied
-            described = describe()
-            for key in ("rejected", "clockOffsetMs", "applyError"):
+        if describe is not None:  # refusals kept, the clock's offset, a received operation not applied,
+            described = describe()  # how much of the server's log arrived (a first sync's progress)
+            for key in ("rejected", "clockOffsetMs", "applyError", "received", "serverTotal"):
                 message[key] = described[key]
         return message
 
@@ -533,14 +550,31 @@ class WorkerBridge:
         return self._live.pop(request.get("sub"), None) is not None  # type: ignore[arg-type]
 
     def _on_commit(self, ops: list[Operation]) -> None:
-        self._mark(op.collection for op in ops)
+        self._mark(ops)
 
-    def _mark(self, collections: Iterable[str]) -> None:
+    def _mark(self, ops: Iterable[Operation]) -> None:
+        """Note the records ``ops`` changed; the live queries of their collections are refreshed soon."""
         watched = {live.collection for live in self._live.values()}
-        touched = watched.intersection(collections)
-        if not touched:
+        if not watched:
             return
-        self._stale |= touched
+        touched = False
+        for operation in ops:
+            if operation.collection in watched:
+                ids = self._stale.setdefault(operation.collection, set())
+                if ids is not _EVERYTHING:
+                    ids.add(operation.record_id)
+                touched = True
+        if touched:
+            self._schedule_refresh()
+
+    def _mark_everything(self) -> None:
+        """Records changed in ways no operation tells (a refusal retried or discarded): resend all results."""
+        for live in self._live.values():
+            self._stale[live.collection] = _EVERYTHING
+        if self._live:
+            self._schedule_refresh()
+
+    def _schedule_refresh(self) -> None:
         if self._refresh_scheduled:
             return
         try:
@@ -553,23 +587,64 @@ class WorkerBridge:
 
     def _refresh(self) -> None:
         self._refresh_scheduled = False
-        stale, self._stale = self._stale, set()
+        stale, self._stale = self._stale, {}
         if self.app._closed:
             return
         for sub, live in list(self._live.items()):
-            if live.collection in stale:
-                try:
+            if live.collection not in stale:
+                continue
+            try:
+                touched = stale[live.collection]
+                if touched is _EVERYTHING:
                     self._send_snapshot(sub, live)
-                except Exception as exc:  # a query that stopped working must be visible, not silent
-                    self.post(
-                        {"type": "log", "level": "error", "message": f"subscription {sub} failed: {exc}"}
-                    )
+                elif live.last is not None:
+                    self._send_difference(sub, live)
+                else:
+                    self._send_changes(sub, live, touched)
+            except Exception as exc:  # a query that stopped working must be visible, not silent
+                self.post({"type": "log", "level": "error", "message": f"subscription {sub} failed: {exc}"})
 
     def _send_snapshot(self, sub: int, live: _LiveQuery) -> None:
-        records = _dumps(live.query.fetch())
-        if records != live.last:
-            live.last = records
-            self._post(f'{{"type":"snapshot","sub":{sub},"records":{records}}}')
+        """The whole results, which replace what the page holds (on subscribing, and after a reset)."""
+        results = live.query.fetch()
+        live.ids = {record["id"] for record in results}
+        if live.query._limit is not None:
+            live.last = {record["id"]: _dumps(record) for record in results}
+        self._post(f'{{"type":"snapshot","sub":{sub},"records":{_dumps(results)}}}')
+
+    def _send_changes(self, sub: int, live: _LiveQuery, touched: set[str]) -> None:
+        """What the touched records change in the results of a query without a limit."""
+        inserted: list[dict[str, Any]] = []
+        updated: list[dict[str, Any]] = []
+        matching = set()
+        for record in live.query.among(touched):
+            matching.add(record["id"])
+            (updated if record["id"] in live.ids else inserted).append(record)
+        removed = [record_id for record_id in touched if record_id in live.ids and record_id not in matching]
+        live.ids.difference_update(removed)
+        live.ids.update(record["id"] for record in inserted)
+        self._post_changes(sub, inserted, updated, removed)
+
+    def _send_difference(self, sub: int, live: _LiveQuery) -> None:
+        """A query with a limit runs again; the page gets how its results differ from the last ones."""
+        assert live.last is not None
+        results = live.query.fetch()
+        now = {record["id"]: _dumps(record) for record in results}
+        before = live.last
+        inserted = [record for record in results if record["id"] not in before]
+        updated = [r for r in results if r["id"] in before and before[r["id"]] != now[r["id"]]]
+        removed = [record_id for record_id in before if record_id not in now]
+        live.last = now
+        live.ids = set(now)
+        self._post_changes(sub, inserted, updated, removed)
+
+    def _post_changes(
+        self, sub: int, inserted: list[dict[str, Any]], updated: list[dict[str, Any]], removed: list[str]
+    ) -> None:
+        if inserted or updated or removed:
+            self.post(
+                {"type": "changes", "sub": sub, "inserted": inserted, "updated": updated, "removed": removed}
+            )
 
     def action_names(self) -> list[str]:
         """The project's functions the page may call: public functions defined in the actions module."""
@@ -627,10 +702,14 @@ class WorkerBridge:
         return self._sync_with("rejected").rejected()
 
     def _do_retry(self, request: Mapping[str, Any]) -> Any:
-        return self._sync_with("retry").retry(str(request.get("operationId")))
+        result = self._sync_with("retry").retry(str(request.get("operationId")))
+        self._mark_everything()
+        return result
 
     def _do_discard(self, request: Mapping[str, Any]) -> Any:
-        return self._sync_with("discard").discard(str(request.get("operationId")))
+        result = self._sync_with("discard").discard(str(request.get("operationId")))
+        self._mark_everything()
+        return result
 
     def _sync_with(self, method: str) -> Any:
         if not hasattr(self.app.sync, method):

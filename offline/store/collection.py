@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from offline.core.errors import INVALID_OPERATION, InvalidTransitionError, OfflineError
@@ -30,6 +30,8 @@ if TYPE_CHECKING:
 
 
 _NO_DECISION = Decision()
+# Ids bound in one `id IN (...)` statement (SQLite allows 32,766 variables; older builds 999).
+_IDS_PER_STATEMENT = 500
 # "No ready value": the field's default (if any) goes through the complete validation at each insert.
 _UNSET: Any = object()
 # A default of an empty list: each insert stores a new one.
@@ -478,9 +480,12 @@ class Query:
             )
         return Query(self.collection, self.filters, self.order, count)
 
-    def _sql(self, select: str) -> tuple[str, list[Any]]:
+    def _sql(self, select: str, ids: list[str] | None = None) -> tuple[str, list[Any]]:
         clauses: list[str] = []
         params: list[Any] = []
+        if ids is not None:
+            clauses.append(f"{quote('id')} IN ({', '.join('?' * len(ids))})")
+            params.extend(ids)
         for name, value in self.filters.items():
             if value is None:
                 clauses.append(f"{quote(name)} IS NULL")
@@ -513,6 +518,26 @@ class Query:
             rows = app.db.conn.execute(sql, params).fetchall()
         decode = self.collection.codec.record
         return [decode(row) for row in rows]
+
+    def among(self, record_ids: Iterable[str]) -> list[dict[str, Any]]:
+        """Those of ``record_ids`` whose records match this query's filters (ordering and limit ignored).
+
+        What a live query needs after a commit: which of the records it touched are (still) in the results,
+        without running the whole query again.
+        """
+        ids = list(dict.fromkeys(record_ids))
+        app = self.collection.app
+        app.flush()
+        decode = self.collection.codec.record
+        found: list[dict[str, Any]] = []
+        for start in range(0, len(ids), _IDS_PER_STATEMENT):
+            sql, params = self._sql(
+                self.collection.codec.select_columns, ids[start : start + _IDS_PER_STATEMENT]
+            )
+            with app.db.lock:
+                rows = app.db.conn.execute(sql, params).fetchall()
+            found.extend(decode(row) for row in rows)
+        return found
 
     def first(self) -> dict[str, Any] | None:
         rows = self.limit(1).fetch()

@@ -101,6 +101,8 @@ class SyncEngine:
         # Where each operation sent in this session is held (node id, sequence number), for refusals.
         self._places: dict[str, tuple[str, int]] = {}
         self._cursor = 0
+        # The server's last delivery sequence when this session began: how far a first sync has to go.
+        self.server_delivery_sequence = 0
         self._sent: set[str] = set()
         # This session sent (or holds in _sent) every pending local operation up to this sequence number.
         self._scan_from = 0
@@ -233,12 +235,15 @@ class SyncEngine:
         return replication.discard(self.app, operation_id)
 
     def describe(self) -> dict[str, Any]:
-        """The sync status as data: state, operations waiting, refusals kept, clock offset, and what could
-        not be applied or went wrong last."""
+        """The sync status as data: state, operations waiting, refusals kept, clock offset, what could
+        not be applied or went wrong last, and how far the server's log is received (``received`` of
+        ``serverTotal``, delivery sequences: a first sync's progress)."""
         error = self.last_error
         return {
             "status": self.status,
             "pending": self.pending,
+            "received": self._cursor,
+            "serverTotal": max(self.server_delivery_sequence, self._cursor),
             "rejected": replication.rejected_count(self.app),
             "clockOffsetMs": self.clock_offset_ms,
             "applyError": None if self.apply_error is None else dict(self.apply_error),
@@ -427,6 +432,7 @@ class SyncEngine:
         self._accepted = True
         self._auth_retry_used = False
         self.server_node_id = reply.node_id
+        self.server_delivery_sequence = reply.server_max_delivery_sequence
         # The server read its clock about halfway through the round trip.
         app.set_clock_offset(reply.server_time - (asked_at + answered_at) // 2)
         self._scope_filters = {

@@ -173,9 +173,25 @@ class LiveServer:
         return self.call(read())  # type: ignore[no-any-return]
 
 
+async def seed_todos(store: Any, schema: Any, count: int) -> None:
+    """Write ``count`` to-dos of the template's schema straight into a server store (before it serves)."""
+    from bench.seeding import insert_chunks
+
+    def data(i: int) -> dict[str, Any]:
+        return {"title": f"seeded {i:06d}", "done": i % 3 == 0, "createdAt": 1_700_000_000_000 + i}
+
+    for ops, rows in insert_chunks(schema, count, data):
+        async with store.writer() as writer:
+            await writer.append([(op, None) for op in ops])
+            await writer.save_rows(rows)
+
+
 @contextlib.contextmanager
-def live_server(schema: Any, static_dir: Path | None, db_path: Path) -> Iterator[LiveServer]:
-    """`create_production_server` on a free loopback port serving ``static_dir``, in its own thread."""
+def live_server(
+    schema: Any, static_dir: Path | None, db_path: Path, *, seed_count: int = 0
+) -> Iterator[LiveServer]:
+    """`create_production_server` on a free loopback port serving ``static_dir``, in its own thread; its
+    store starts with ``seed_count`` to-dos (see `seed_todos`)."""
     from server_runtime import create_production_server
     from server_runtime.stores import create_sqlite_server_store
 
@@ -186,6 +202,8 @@ def live_server(schema: Any, static_dir: Path | None, db_path: Path) -> Iterator
     async def start() -> tuple[Any, Any, str]:
         store = create_sqlite_server_store(str(db_path))
         await store.set_schema(schema)
+        if seed_count:
+            await seed_todos(store, schema, seed_count)
         server = create_production_server(
             store=store, port=0, host="127.0.0.1", static_dir=str(static_dir) if static_dir else None
         )

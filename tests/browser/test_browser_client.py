@@ -346,10 +346,20 @@ def test_a_second_tab_waits_for_the_first_instead_of_sharing_the_database(
                 "open in another tab", timeout=START_TIMEOUT_MS
             )
             await expect(second.locator("body")).to_have_attribute("data-ready", "false")
+            # A write made meanwhile does not hang: it fails after a while, saying why, and is dropped.
+            refused = await second.evaluate(
+                """() => new Promise((resolve) => {
+                    window.offlineClient.request("insert", { collection: "todos", data: { title: "never" } })
+                        .then(() => resolve(null), (e) => resolve({ code: e.code, message: e.message }));
+                })"""
+            )
+            assert refused is not None and refused["code"] == "STORAGE_ERROR", refused
+            assert "open in another tab" in refused["message"]
             await first.close()
             await expect(second.locator("body")).to_have_attribute(
                 "data-ready", "true", timeout=START_TIMEOUT_MS
             )
+            await expect(second.locator("#notices .notice[data-key='tab']")).to_have_count(0)  # not stale
             await expect(second.locator("#todos li .title")).to_have_text(
                 ["from the first tab", "first tab, offline"]
             )

@@ -141,24 +141,67 @@ def test_subscriptions_push_every_change_and_stop(app: App) -> None:
         reply = await page.request(
             bridge, "insertMany", collection="todos", items=[{"title": "a"}, {"title": "b"}]
         )
-        assert [r["title"] for r in reply["result"]] == ["a", "b"]
+        a, b = reply["result"]
         assert page.persisted == 1  # one transaction, one copy
-        snapshots = page.of_type("snapshot")
-        assert len(snapshots) == 2  # the batch announced itself once
-        assert [r["title"] for r in snapshots[-1]["records"]] == ["b", "a"]
+        changes = page.of_type("changes")
+        assert len(changes) == 1  # the batch announced itself once, with its records only
+        assert sorted(r["title"] for r in changes[0]["inserted"]) == ["a", "b"]
+        assert (changes[0]["updated"], changes[0]["removed"]) == ([], [])
         # Writes made by other code (the project's functions, sync) are seen too, once per loop turn.
-        app.todos.insert({"title": "c"})
+        c = app.todos.insert({"title": "c"})
         app.todos.insert({"title": "x", "done": True})  # outside the query: no change to send
         await asyncio.sleep(0)
-        assert len(page.of_type("snapshot")) == 3
-        assert [r["title"] for r in page.of_type("snapshot")[-1]["records"]] == ["c", "b", "a"]
+        assert page.of_type("changes")[-1] == {
+            "type": "changes",
+            "sub": 7,
+            "inserted": [c],
+            "updated": [],
+            "removed": [],
+        }
         app.todos.insert({"title": "y", "done": True})
         await asyncio.sleep(0)
-        assert len(page.of_type("snapshot")) == 3  # same results: nothing sent
+        assert len(page.of_type("changes")) == 2  # the results did not change: nothing sent
+        app.todos.update(a["id"], {"title": "A"})
+        app.todos.update(b["id"], {"done": True})  # leaves the query's results
+        await asyncio.sleep(0)
+        last = page.of_type("changes")[-1]
+        assert [r["title"] for r in last["updated"]] == ["A"]
+        assert (last["inserted"], last["removed"]) == ([], [b["id"]])
+        app.todos.delete(c["id"])
+        await asyncio.sleep(0)
+        assert page.of_type("changes")[-1]["removed"] == [c["id"]]
+        assert len(page.of_type("snapshot")) == 1  # never the whole results again
         assert (await page.request(bridge, "unsubscribe", sub=7))["result"] is True
+        count = len(page.messages)
         app.todos.insert({"title": "d"})
         await asyncio.sleep(0)
-        assert len(page.of_type("snapshot")) == 3
+        assert len(page.messages) == count
+
+    asyncio.run(scenario())
+
+
+def test_a_live_query_with_a_limit_sends_what_enters_and_leaves(app: App) -> None:
+    """With a limit, a write can push another record out of the results: the page is told both."""
+    page = Page()
+    bridge = WorkerBridge(app, post=page.post, persist=page.persist)
+
+    async def scenario() -> None:
+        first = [app.todos.insert({"title": title}) for title in ("b", "c")]
+        query = {"orderBy": [["title", False]], "limit": 2}
+        await page.request(bridge, "subscribe", collection="todos", query=query, sub=1)
+        assert [r["title"] for r in page.of_type("snapshot")[0]["records"]] == ["b", "c"]
+        a = app.todos.insert({"title": "a"})
+        await asyncio.sleep(0)
+        assert page.of_type("changes")[-1] == {
+            "type": "changes",
+            "sub": 1,
+            "inserted": [a],
+            "updated": [],
+            "removed": [first[1]["id"]],
+        }
+        app.todos.update(first[0]["id"], {"votes": 5})
+        await asyncio.sleep(0)
+        assert [r["votes"] for r in page.of_type("changes")[-1]["updated"]] == [5]
 
     asyncio.run(scenario())
 

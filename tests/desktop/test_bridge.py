@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from offline import App, OfflineError, create_app
+from offline.worker import PROTOCOL_VERSION
 from offline_desktop import BuildConfig, DesktopRuntime
 from offline_desktop.bridge import DesktopBridge
 from tests.support.servers import ServerProcess, free_port, write_entry
@@ -74,11 +75,23 @@ class Page:
     def reply(self, request_id: int) -> dict[str, Any]:
         return self.wait(lambda m: m.get("type") == "reply" and m.get("id") == request_id)
 
-    def snapshots(self, sub: int) -> list[list[dict[str, Any]]]:
+    def results(self, sub: int) -> list[dict[str, Any]]:
+        """A live query's results as the page holds them: its snapshot with the changes sent since."""
+        held: dict[str, dict[str, Any]] = {}
         with self._changed:
-            return [
-                m["records"] for m in self.messages if m.get("type") == "snapshot" and m.get("sub") == sub
-            ]
+            for m in self.messages:
+                if m.get("sub") != sub:
+                    continue
+                if m.get("type") == "snapshot":
+                    held = {r["id"]: r for r in m["records"]}
+                elif m.get("type") == "changes":
+                    held.update((r["id"], r) for r in m["inserted"] + m["updated"])
+                    for record_id in m["removed"]:
+                        held.pop(record_id, None)
+        return list(held.values())
+
+    def wait_results(self, sub: int, check: Callable[[list[dict[str, Any]]], bool]) -> None:
+        self.wait(lambda m: m.get("sub") == sub and check(self.results(sub)))
 
 
 def request(ident: int, method: str, **params: Any) -> str:
@@ -126,7 +139,7 @@ def test_a_page_is_served_in_order_and_sees_its_own_and_remote_changes(
     try:
         bridge.attach()
         ready = page.wait(lambda m: m["type"] == "ready")
-        assert ready["protocol"] == 1 and ready["sync"] == server.sync_url
+        assert ready["protocol"] == PROTOCOL_VERSION and ready["sync"] == server.sync_url
         assert ready["actions"] == ["add_todo", "slow_count"] and ready["unavailable"] == []
         assert ready["runtime"]["platform"] != "emscripten"  # native Python, not Pyodide
 
@@ -149,11 +162,11 @@ def test_a_page_is_served_in_order_and_sees_its_own_and_remote_changes(
         assert not refused["ok"] and refused["error"]["code"] == "INVALID_OPERATION"
         assert refused["error"]["context"]["field"] == "title"
         assert page.reply(7)["error"]["code"] == "INVALID_OPERATION"
-        page.wait(lambda m: m.get("sub") == 100 and titles(m["records"]) == ["one", "two"])
+        page.wait_results(100, lambda records: titles(records) == ["one", "two"])
 
         # Another device writes through the server: the page's live query hears of it.
         seen = asyncio.run(native_client(server.sync_url, tmp_path, write="from elsewhere"))
-        page.wait(lambda m: m.get("sub") == 100 and len(m["records"]) == 3)
+        page.wait_results(100, lambda records: len(records) == 3)
         assert seen == ["from elsewhere", "one", "two"]  # and the page's writes reached the server
         page.wait(lambda m: m["type"] == "status" and m["status"] == "connected" and m["pending"] == 0)
     finally:
@@ -174,9 +187,9 @@ def test_a_reloaded_page_gets_a_fresh_bridge_and_the_old_one_goes_quiet(tmp_path
         bridge.post([request(12, "count", collection="todos", query={"where": {}})])
         assert page.reply(12)["result"] == 1  # a full round trip later: any refresh has been sent
         # The first page's subscription died with it: it never heard of the new record.
-        assert all(records == [] for records in page.snapshots(1))
+        assert page.results(1) == []
         bridge.post([request(13, "subscribe", collection="todos", query={"where": {}}, sub=1)])
-        page.wait(lambda m: m.get("sub") == 1 and titles(m["records"]) == ["after reload"])
+        page.wait_results(1, lambda records: titles(records) == ["after reload"])
     finally:
         bridge.stop()
 

@@ -5,11 +5,11 @@
 //   await client.ready;
 //   const todos = client.collection("todos");
 //   await todos.insert({ title: "milk" });
-//   const stop = todos.where({ done: false }).subscribe((records) => render(records));
+//   const stop = todos.where({ done: false }).subscribe((records, changes) => render(records, changes));
 //   await client.call("toggle_todo", id);          // a function of the project's actions module
 
 // The message protocol of offline/worker.py this page speaks (its PROTOCOL_VERSION).
-const PROTOCOL = 1;
+const PROTOCOL = 2;
 
 export class OfflineError extends Error {
   constructor(message, code, context = {}) {
@@ -55,7 +55,12 @@ class Query {
     const rows = await this.limit(1).fetch();
     return rows.length ? rows[0] : null;
   }
-  // Calls `callback(records)` now and after every change to the results; returns a function that stops it.
+  // Calls `callback(records, changes)` now and after every change to the results; returns a function that
+  // stops it. `records` is the whole results in the query's order (a new array each time); `changes` says
+  // what this call changed: `{ inserted, updated, previous, removed }` (records: `previous` holds the updated
+  // ones as they were before, `removed` the removed ones as they were) and `reset`
+  // (true when the results were replaced as a whole, as on the first call). The worker sends only the
+  // changed records, so a page can update just those rows (see app.js).
   subscribe(callback) {
     return this.client.subscribe(this.collection, this.spec, callback);
   }
@@ -79,6 +84,124 @@ class Collection extends Query {
   }
   findById(id) {
     return this.client.request("findById", { collection: this.collection, recordId: id });
+  }
+}
+
+// -- live results --------------------------------------------------------------------------------------------
+// The worker sends a live query's results once, then only what changed; the page keeps them in the query's
+// order (then by id, as the worker's SQL does), comparing values the way SQLite does: null first, numbers
+// and booleans (stored as 0/1), then text (JSON arrays are stored as their text).
+
+// UTF-16 order differs from SQLite's (UTF-8 bytes, that is code points) only between surrogates and
+// U+E000..U+FFFF: this ranks a code unit in code point order.
+const unitRank = (c) => (c >= 0xd800 && c <= 0xdfff ? c + 0x2000 : c >= 0xe000 ? c - 0x800 : c);
+
+function compareText(a, b) {
+  if (a === b) return 0;
+  const n = Math.min(a.length, b.length);
+  for (let i = 0; i < n; i++) {
+    const x = a.charCodeAt(i);
+    const y = b.charCodeAt(i);
+    if (x !== y) return unitRank(x) - unitRank(y);
+  }
+  return a.length - b.length;
+}
+
+const typeRank = (v) => (v === null || v === undefined ? 0 : typeof v === "number" || typeof v === "boolean" ? 1 : 2);
+
+function compareValues(a, b) {
+  const ra = typeRank(a);
+  const rb = typeRank(b);
+  if (ra !== rb) return ra - rb;
+  if (ra === 0) return 0;
+  if (ra === 1) return Number(a) - Number(b);
+  return compareText(typeof a === "string" ? a : JSON.stringify(a), typeof b === "string" ? b : JSON.stringify(b));
+}
+
+// Changes touching more records than this are merged in one pass instead of one splice each.
+const MERGE_ABOVE = 32;
+
+export class LiveResults {
+  constructor(orderBy = []) {
+    const order = orderBy.map(([field, desc]) => [field, desc ? -1 : 1]);
+    this.compare = (a, b) => {
+      for (const [field, sign] of order) {
+        const c = compareValues(a[field], b[field]);
+        if (c) return sign * c;
+      }
+      return compareText(a.id, b.id);
+    };
+    this.rows = [];
+    this.byId = new Map();
+  }
+
+  // The first index whose record sorts at or after `record`.
+  _bisect(record) {
+    let low = 0;
+    let high = this.rows.length;
+    while (low < high) {
+      const mid = (low + high) >> 1;
+      if (this.compare(this.rows[mid], record) < 0) low = mid + 1;
+      else high = mid;
+    }
+    return low;
+  }
+
+  _indexOf(record) {
+    const index = this._bisect(record);
+    return this.rows[index] === record ? index : this.rows.indexOf(record);
+  }
+
+  // `{type: "snapshot", records}`: the results as a whole.
+  reset(records) {
+    this.rows = records.slice().sort(this.compare);
+    this.byId = new Map(this.rows.map((record) => [record.id, record]));
+    return { reset: true, inserted: this.rows.slice(), updated: [], previous: [], removed: [] };
+  }
+
+  // `{type: "changes", inserted, updated, removed}` (removed: ids) -> what changed, as records.
+  apply(message) {
+    const gone = [];
+    const removed = [];
+    for (const id of message.removed) {
+      const old = this.byId.get(id);
+      if (old === undefined) continue;
+      this.byId.delete(id);
+      gone.push(old);
+      removed.push(old);
+    }
+    const inserted = [];
+    const updated = [];
+    const previous = [];
+    for (const record of message.inserted.concat(message.updated)) {
+      const old = this.byId.get(record.id);
+      if (old !== undefined) {
+        gone.push(old);
+        previous.push(old);
+      }
+      (old === undefined ? inserted : updated).push(record);
+      this.byId.set(record.id, record);
+    }
+    const added = inserted.concat(updated);
+    if (gone.length + added.length > MERGE_ABOVE) {
+      const dropped = new Set(gone);
+      const kept = dropped.size ? this.rows.filter((record) => !dropped.has(record)) : this.rows;
+      added.sort(this.compare);
+      const rows = new Array(kept.length + added.length);
+      let i = 0;
+      let j = 0;
+      for (let k = 0; k < rows.length; k++) {
+        rows[k] = j >= added.length || (i < kept.length && this.compare(kept[i], added[j]) < 0) ? kept[i++] : added[j++];
+      }
+      this.rows = rows;
+    } else {
+      for (const old of gone) {
+        const index = this._indexOf(old);
+        if (index >= 0) this.rows.splice(index, 1);
+      }
+      for (const record of added) this.rows.splice(this._bisect(record), 0, record);
+    }
+    return { reset: false, inserted, updated, previous, removed };
   }
 }
 
@@ -203,7 +326,7 @@ export class OfflineClient {
 
   subscribe(collection, query, callback) {
     const sub = this._next++;
-    this._subscriptions.set(sub, callback);
+    this._subscriptions.set(sub, { callback, results: new LiveResults(query.orderBy || []) });
     const done = this.request("subscribe", { collection, query, sub });
     done.catch((error) => {
       this._subscriptions.delete(sub);
@@ -244,13 +367,28 @@ export class OfflineClient {
         else waiter.reject(new OfflineError(message.error.message, message.error.code, message.error.context));
         return;
       }
-      case "snapshot": {
-        const callback = this._subscriptions.get(message.sub);
-        if (callback) callback(message.records);
+      case "snapshot":
+      case "changes": {
+        const subscription = this._subscriptions.get(message.sub);
+        if (!subscription) return;
+        const { results, callback } = subscription;
+        const changes = message.type === "snapshot" ? results.reset(message.records) : results.apply(message);
+        try {
+          callback(results.rows.slice(), changes);
+        } catch (error) {
+          console.error(error);
+        }
         return;
       }
       case "status":
-        this.status = { status: message.status, pending: message.pending, error: message.error };
+        this.status = {
+          status: message.status,
+          pending: message.pending,
+          error: message.error,
+          // How much of the server's log this device has (delivery sequences): a first sync's progress.
+          received: message.received || 0,
+          serverTotal: message.serverTotal || 0,
+        };
         this._emit("status", this.status);
         return;
       case "ready":

@@ -38,17 +38,48 @@ function serve(text) {
   );
 }
 
-self.onmessage = (event) => (bridge ? serve(event.data) : early.push(event.data));
+// While another tab owns the database, a request waits at most this long, then fails with a message
+// (it is dropped: it will not run later, behind the caller's back).
+const LOCKED_WAIT_MS = 10000;
+let waitingForTab = false;
+
+function hold(text) {
+  early.push(text);
+  if (waitingForTab) expireLater(text);
+}
+
+function expireLater(text) {
+  setTimeout(() => {
+    const index = early.indexOf(text);
+    if (index < 0 || !waitingForTab) return; // served, or about to be (this tab owns the database now)
+    early.splice(index, 1);
+    let id = null;
+    try {
+      id = JSON.parse(text).id;
+    } catch (error) {}
+    const message =
+      "this app is open in another tab of this browser, which holds its database: close that tab (or use it), then try again";
+    tell({ type: "reply", id, ok: false, error: { code: "STORAGE_ERROR", message, context: { reason: "locked" } } });
+  }, LOCKED_WAIT_MS);
+}
+
+self.onmessage = (event) => (bridge ? serve(event.data) : hold(event.data));
 
 // One tab at a time owns the database: two workers saving their own copy of the file to the same
 // IndexedDB would overwrite each other's writes. A second tab waits here until the first one closes.
 function lockDatabase() {
   if (!self.navigator.locks) return Promise.resolve();
-  const waiting = setTimeout(() => progress("waiting-for-other-tab"), 300);
+  const waiting = setTimeout(() => {
+    waitingForTab = true;
+    early.forEach(expireLater);
+    progress("waiting-for-other-tab");
+  }, 300);
   return new Promise((resolve, reject) => {
     self.navigator.locks
       .request(`offline-db:${config.database}`, () => {
         clearTimeout(waiting);
+        if (waitingForTab) progress("lock-acquired");
+        waitingForTab = false;
         resolve();
         return new Promise(() => {}); // held for the life of this worker
       })
@@ -57,12 +88,15 @@ function lockDatabase() {
 }
 
 // -- persistence ----------------------------------------------------------------------------------------
-// SQLite works on a file in Pyodide's in-memory file system. After every committed write the file is saved
-// to IndexedDB in fixed-size chunks, and only the chunks that changed since the last save are written, in
-// one IndexedDB transaction together with the file's size: the stored copy is always one whole committed
-// state of the database (SQLite runs without a WAL here, and no transaction stays open between two JS
-// turns), and a write costs about the pages it touched, not the size of the database.
+// SQLite works on a file in Pyodide's in-memory file system (MEMFS). The file is kept in IndexedDB in
+// fixed-size chunks. Every write SQLite makes to the file passes through the file system's write function,
+// which this worker wraps for the database file: it notes which chunks the write touched. After a commit,
+// only those chunks are copied out and stored, in one IndexedDB transaction together with the file's size,
+// so a write costs the pages it touched whatever the size of the database, and the stored copy is always
+// one whole committed state (SQLite runs without a WAL here, and no transaction stays open between two JS
+// turns). Nothing keeps a second copy of the file: the chunks are read from the file system's own buffer.
 const CHUNK = 16384;
+const LOAD_BATCH = 256; // chunks read per IndexedDB request at startup (bounds the memory held twice)
 
 const done = (request) =>
   new Promise((resolve, reject) => {
@@ -70,15 +104,11 @@ const done = (request) =>
     request.onerror = () => reject(request.error);
   });
 
-function same(a, b) {
-  if (a.length !== b.length) return false;
-  const words = a.length >> 2;
-  const x = new Uint32Array(a.buffer, a.byteOffset, words);
-  const y = new Uint32Array(b.buffer, b.byteOffset, words);
-  for (let i = 0; i < words; i++) if (x[i] !== y[i]) return false;
-  for (let i = words << 2; i < a.length; i++) if (a[i] !== b[i]) return false;
-  return true;
-}
+const committed = (tx) =>
+  new Promise((resolve, reject) => {
+    tx.oncomplete = resolve;
+    tx.onerror = tx.onabort = () => reject(tx.error || new Error("the IndexedDB transaction was aborted"));
+  });
 
 class StoredFile {
   static async open(name) {
@@ -92,44 +122,84 @@ class StoredFile {
 
   constructor(db) {
     this.db = db;
-    this.saved = new Uint8Array(0); // the file as IndexedDB holds it
+    this.savedSize = 0; // the file's size as IndexedDB holds it
+    this.dirty = new Set(); // chunks written since the last save
+    this.node = null; // the file system node whose writes are tracked
   }
 
+  // Reads the stored file into one buffer the file system then owns (no second copy), or null.
   async load() {
-    const tx = this.db.transaction(["chunks", "meta"], "readonly");
-    const [size, keys, values] = await Promise.all([
-      done(tx.objectStore("meta").get("size")),
-      done(tx.objectStore("chunks").getAllKeys()),
-      done(tx.objectStore("chunks").getAll()),
-    ]);
+    const size = await done(this.db.transaction("meta").objectStore("meta").get("size"));
     if (size === undefined) return null;
     const data = new Uint8Array(size);
-    keys.forEach((index, i) => data.set(new Uint8Array(values[i]).subarray(0, size - index * CHUNK), index * CHUNK));
-    this.saved = data.slice();
+    const count = Math.ceil(size / CHUNK);
+    for (let first = 0; first < count; first += LOAD_BATCH) {
+      const range = IDBKeyRange.bound(first, Math.min(first + LOAD_BATCH, count) - 1);
+      const store = this.db.transaction("chunks").objectStore("chunks");
+      const [keys, values] = await Promise.all([done(store.getAllKeys(range)), done(store.getAll(range))]);
+      keys.forEach((index, i) => data.set(new Uint8Array(values[i]).subarray(0, size - index * CHUNK), index * CHUNK));
+    }
+    this.savedSize = size;
     return data;
   }
 
-  // Saves `data` (a copy of the file, taken synchronously between two transactions).
-  async save(data) {
-    const previous = this.saved;
-    const count = Math.ceil(data.length / CHUNK);
-    const changed = [];
-    for (let i = 0; i < count; i++) {
-      const range = [i * CHUNK, (i + 1) * CHUNK];
-      if (!same(data.subarray(...range), previous.subarray(...range))) changed.push(i);
-    }
-    if (!changed.length && data.length === previous.length) return;
+  // Wraps the write and resize functions of the database file's node so they note the chunks they touch.
+  // The stream operations are copied onto the node first: they are shared by every MEMFS file.
+  track(FS, path) {
+    const node = FS.lookupPath(path).node;
+    if (node === this.node) return;
+    const dirty = this.dirty;
+    const mark = (from, to) => {
+      for (let i = Math.floor(from / CHUNK); i * CHUNK < to; i++) dirty.add(i);
+    };
+    const streamOps = node.stream_ops;
+    node.stream_ops = {
+      ...streamOps,
+      write(stream, buffer, offset, length, position, canOwn) {
+        const end = stream.node.usedBytes; // a write past the end also fills the gap before it (zeros)
+        const written = streamOps.write(stream, buffer, offset, length, position, canOwn);
+        mark(Math.min(position, end), position + written);
+        return written;
+      },
+    };
+    const nodeOps = node.node_ops;
+    node.node_ops = {
+      ...nodeOps,
+      setattr(target, attr) {
+        const before = target.usedBytes;
+        const result = nodeOps.setattr(target, attr);
+        if (attr.size !== undefined && attr.size !== before) mark(Math.min(before, attr.size), Math.max(before, attr.size));
+        return result;
+      },
+    };
+    if (this.node !== null) mark(0, node.usedBytes); // a new file in its place: store all of it
+    this.node = node;
+  }
+
+  // Stores the chunks written since the last save. The chunks are copied synchronously (between two
+  // SQLite transactions); if the browser refuses them, they are noted again for the next save.
+  async save(FS, path) {
+    if (!FS.analyzePath(path).exists) return;
+    this.track(FS, path);
+    const node = this.node;
+    const size = node.usedBytes;
+    if (!this.dirty.size && size === this.savedSize) return;
+    const count = Math.ceil(size / CHUNK);
+    const changed = [...this.dirty].filter((i) => i < count);
+    this.dirty.clear();
     const tx = this.db.transaction(["chunks", "meta"], "readwrite");
     const chunks = tx.objectStore("chunks");
-    for (const i of changed) chunks.put(data.slice(i * CHUNK, (i + 1) * CHUNK).buffer, i);
-    const before = Math.ceil(previous.length / CHUNK);
+    for (const i of changed) chunks.put(node.contents.slice(i * CHUNK, Math.min((i + 1) * CHUNK, size)).buffer, i);
+    const before = Math.ceil(this.savedSize / CHUNK);
     if (before > count) chunks.delete(IDBKeyRange.bound(count, before - 1));
-    tx.objectStore("meta").put(data.length, "size");
-    await new Promise((resolve, reject) => {
-      tx.oncomplete = resolve;
-      tx.onerror = tx.onabort = () => reject(tx.error || new Error("the IndexedDB transaction was aborted"));
-    });
-    this.saved = data; // only once stored: after a failure the next save compares with what is really there
+    tx.objectStore("meta").put(size, "size");
+    try {
+      await committed(tx);
+    } catch (error) {
+      for (const i of changed) this.dirty.add(i);
+      throw error;
+    }
+    this.savedSize = size;
   }
 }
 
@@ -138,7 +208,7 @@ class StoredFile {
 function makePersist(FS, file) {
   let running = null;
   let queued = null;
-  const save = () => file.save(FS.analyzePath(dbPath).exists ? FS.readFile(dbPath) : new Uint8Array(0));
+  const save = () => file.save(FS, dbPath);
   const next = () => {
     if (queued) return queued;
     if (!running) {
@@ -182,8 +252,10 @@ async function main() {
   const FS = pyodide.FS;
   FS.mkdirTree(folder);
   const file = await StoredFile.open(config.database);
-  const data = await file.load();
-  if (data) FS.writeFile(dbPath, data);
+  // The file system takes the loaded buffer as the file's contents (canOwn: no copy); a new database starts
+  // as an empty file, so its writes are tracked from the first one.
+  FS.writeFile(dbPath, (await file.load()) || new Uint8Array(0), { canOwn: true });
+  file.track(FS, dbPath);
   progress("storage-opened");
 
   const response = await fetch(new URL(config.python, import.meta.url));

@@ -1,0 +1,225 @@
+"""The browser client's storage and live queries at size: what a write leaves in IndexedDB (it survives a
+reload as soon as its promise resolves), live query changes reaching the page row by row, and the first
+sync of a fresh browser showing its progress.
+
+Same setup as test_browser_client.py: the `offline init` template served by a live server, headless
+Chromium, every request checked to stay on loopback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from .support import guarded_browser, live_server, new_context
+from .test_browser_client import START_TIMEOUT_MS, open_app, project_modules
+
+#: Enough records for a database file of many storage chunks (kept small: the big sizes are in bench/).
+MANY = 2000
+
+
+async def reload(page: Any) -> None:
+    from playwright.async_api import expect
+
+    await page.reload()
+    await expect(page.locator("body")).to_have_attribute("data-ready", "true", timeout=START_TIMEOUT_MS)
+
+
+async def call(page: Any, script: str, *args: Any) -> Any:
+    """Run ``script`` (the body of an async function of ``todos``, the page's collection, and ``args``)."""
+    return await page.evaluate(
+        f"async (args) => {{ const todos = window.offlineClient.collection('todos'); {script} }}", list(args)
+    )
+
+
+def test_every_write_survives_a_reload_as_soon_as_it_resolves(
+    chromium: str, web_project: Path, tmp_path: Path
+) -> None:
+    """The durability promise, write after write, on a database that grows to many chunks: each reload
+    (which drops the worker and its in-memory file) finds exactly what the resolved writes left."""
+    schema, _ = project_modules(web_project)
+
+    async def scenario(base: str) -> None:
+        async with guarded_browser(chromium) as (browser, guard):
+            page = await open_app(await new_context(browser, guard), base)
+            first = await call(page, "return await todos.insert({ title: 'first' });")
+            await reload(page)
+            assert (await call(page, "return await todos.findById(args[0]);", first["id"]))[
+                "title"
+            ] == "first"
+
+            await call(page, "await todos.update(args[0], { title: 'renamed', done: true });", first["id"])
+            await reload(page)
+            kept = await call(page, "return await todos.findById(args[0]);", first["id"])
+            assert (kept["title"], kept["done"]) == ("renamed", True)
+
+            # Thousands of records: the file grows over many chunks, then single writes land in the middle.
+            ids = await call(
+                page,
+                "const rows = await todos.insertMany(Array.from({ length: args[0] }, (_, i) => ({ title: `r${i}` })));"
+                "return rows.map((row) => row.id);",
+                MANY,
+            )
+            await reload(page)
+            assert await call(page, "return await todos.count();") == MANY + 1
+            middle = ids[MANY // 2]
+            await call(page, "await todos.update(args[0], { title: 'middle' });", middle)
+            await call(page, "await todos.delete(args[0]);", ids[0])
+            last = await call(page, "return await todos.insert({ title: 'last' });")
+            await reload(page)
+            assert (await call(page, "return await todos.findById(args[0]);", middle))["title"] == "middle"
+            assert await call(page, "return await todos.findById(args[0]);", ids[0]) is None
+            assert (await call(page, "return await todos.findById(args[0]);", last["id"]))["title"] == "last"
+            assert await call(page, "return await todos.count();") == MANY + 1
+
+            # Writes sent at once, none awaited before the next: all of them are kept once all resolved.
+            await call(
+                page,
+                "await Promise.all(Array.from({ length: 50 }, (_, i) => todos.insert({ title: `burst ${i}` })));",
+            )
+            await reload(page)
+            assert await call(page, "return await todos.where({ title: 'burst 49' }).count();") == 1
+            assert await call(page, "return await todos.count();") == MANY + 51
+
+    with live_server(schema, web_project / "dist", tmp_path / "server.db") as live:
+        asyncio.run(scenario(live.url))
+
+
+def test_live_changes_reach_the_page_row_by_row(chromium: str, web_project: Path, tmp_path: Path) -> None:
+    """A long list is windowed (a screenful of rows in the page, not one per record); an insert, an update
+    and a removal each change their own row; an app's subscription gets the same changes."""
+    schema, _ = project_modules(web_project)
+
+    async def scenario(base: str) -> None:
+        from playwright.async_api import expect
+
+        async with guarded_browser(chromium) as (browser, guard):
+            page = await open_app(await new_context(browser, guard), base)
+            ids = await call(
+                page,
+                "const rows = await todos.insertMany(Array.from({ length: args[0] },"
+                " (_, i) => ({ title: `row ${String(i).padStart(4, '0')}`, done: i % 2 === 1 })));"
+                "return rows.map((row) => row.id);",
+                MANY,
+            )
+            count = page.locator("#count")
+            await expect(count).to_have_text(f"{MANY // 2} left · {MANY} in total")
+            rows = page.locator("#todos li")
+            assert 0 < await rows.count() < 100  # windowed: only the rows in view exist
+            await expect(rows.first.locator(".title")).to_have_text("row 0000")
+
+            # An application's own subscription: the whole results once, then only what changed.
+            await page.evaluate(
+                """() => {
+                    window.seen = [];
+                    window.offlineClient.collection("todos").orderBy("createdAt").subscribe((records, changes) =>
+                        window.seen.push({ size: records.length, reset: changes.reset,
+                            inserted: changes.inserted.map((r) => r.title), updated: changes.updated.map((r) => r.title),
+                            previous: changes.previous.map((r) => r.title), removed: changes.removed.map((r) => r.title) }));
+                }"""
+            )
+            # The first row's element is marked: only the changed row may be redrawn, never the list.
+            await rows.first.evaluate("(row) => { row.dataset.marker = 'kept'; }")
+            await call(page, "await todos.update(args[0], { title: 'row one, renamed' });", ids[1])
+            await expect(page.locator(f"#todos li[data-id='{ids[1]}'] .title")).to_have_text(
+                "row one, renamed"
+            )
+            await expect(rows.first).to_have_attribute("data-marker", "kept")
+            await call(page, "await todos.update(args[0], { done: false });", ids[3])
+            await expect(count).to_have_text(f"{MANY // 2 + 1} left · {MANY} in total")
+
+            await call(page, "await todos.delete(args[0]);", ids[0])
+            await expect(rows.first.locator(".title")).to_have_text("row one, renamed")
+            await expect(count).to_have_text(f"{MANY // 2} left · {MANY - 1} in total")  # row 0 was open
+
+            added = await call(page, "return await todos.insert({ title: 'added last' });")
+            await expect(count).to_have_text(f"{MANY // 2 + 1} left · {MANY} in total")
+            await page.locator("#list").evaluate("(list) => { list.scrollTop = list.scrollHeight; }")
+            await expect(rows.last.locator(".title")).to_have_text("added last")
+            assert await rows.count() < 100
+
+            seen = await page.evaluate("window.seen")
+            assert seen[0]["reset"] is True and seen[0]["size"] == MANY
+            assert seen[1:] == [
+                {
+                    "size": MANY,
+                    "reset": False,
+                    "inserted": [],
+                    "updated": ["row one, renamed"],
+                    "previous": ["row 0001"],
+                    "removed": [],
+                },
+                {
+                    "size": MANY,
+                    "reset": False,
+                    "inserted": [],
+                    "updated": ["row 0003"],
+                    "previous": ["row 0003"],
+                    "removed": [],
+                },
+                {
+                    "size": MANY - 1,
+                    "reset": False,
+                    "inserted": [],
+                    "updated": [],
+                    "previous": [],
+                    "removed": ["row 0000"],
+                },
+                {
+                    "size": MANY,
+                    "reset": False,
+                    "inserted": ["added last"],
+                    "updated": [],
+                    "previous": [],
+                    "removed": [],
+                },
+            ], seen
+            assert added["id"] == await page.locator("#todos li").last.get_attribute("data-id")
+
+    with live_server(schema, web_project / "dist", tmp_path / "server.db") as live:
+        asyncio.run(scenario(live.url))
+
+
+#: Records in the server's log before a fresh browser first syncs (several 500-operation batches).
+SEEDED = 3000
+
+WATCH_PROGRESS = """
+window.progressSeen = [];
+new MutationObserver(() => {
+    const element = document.getElementById("sync-progress");
+    if (element && !element.hidden) window.progressSeen.push([+element.dataset.received, +element.dataset.total]);
+}).observe(document, { subtree: true, attributes: true, attributeFilter: ["data-received", "hidden"] });
+"""
+
+
+def test_a_first_sync_shows_its_progress(chromium: str, web_project: Path, tmp_path: Path) -> None:
+    """A fresh browser receiving the server's log says how far it is, then shows every record."""
+    schema, _ = project_modules(web_project)
+
+    async def scenario(base: str) -> None:
+        from playwright.async_api import expect
+
+        async with guarded_browser(chromium) as (browser, guard):
+            context = await new_context(browser, guard)
+            await context.add_init_script(WATCH_PROGRESS)
+            page = await open_app(context, base)
+            await expect(page.locator("#count")).to_have_text(
+                f"{SEEDED - len(range(0, SEEDED, 3))} left · {SEEDED} in total", timeout=START_TIMEOUT_MS
+            )
+            progress = page.locator("#sync-progress")
+            await expect(progress).to_be_hidden()
+            await expect(progress).to_have_attribute("data-received", str(SEEDED))
+            await expect(progress).to_have_attribute("data-total", str(SEEDED))
+            seen = await page.evaluate("window.progressSeen")
+            assert seen and all(total == SEEDED for _, total in seen), seen
+            assert any(0 < received < SEEDED for received, _ in seen), seen  # shown on the way
+            assert [received for received, _ in seen] == sorted(received for received, _ in seen)
+            # Everything received was stored as it came: a reload offline shows it all.
+            await expect(page.locator("#cache-status")).to_have_attribute("data-cached", "true")
+            await context.set_offline(True)
+            await reload(page)
+            await expect(page.locator("#count")).to_contain_text(f"{SEEDED} in total")
+
+    with live_server(schema, web_project / "dist", tmp_path / "server.db", seed_count=SEEDED) as live:
+        asyncio.run(scenario(live.url))
