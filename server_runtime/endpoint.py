@@ -267,6 +267,8 @@ async def _session(
     except OfflineError as exc:
         if exc.code == p.USER_DISABLED:  # the provider's own words: not retriable, not a token problem
             await refuse(p.USER_DISABLED, _clean(exc.message), False)
+        elif exc.code == p.OVERLOADED:  # the token could not be checked now (an identity provider is down)
+            await refuse(p.OVERLOADED, _clean(exc.message), True, TRY_AGAIN)
         else:
             await refuse(p.AUTH_FAILED, "authentication failed", False)
         return

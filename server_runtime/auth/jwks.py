@@ -7,6 +7,8 @@ use, again once it is older than ``max_age``, and again when a token names a key
 provider rotated its keys). Every fetch, whatever asked for it, spends one of ``refresh_limit`` fetches per
 ``refresh_window`` seconds: tokens naming random key ids cannot make the server hammer the provider, and a
 real rotation is still picked up at once unless such a flood just spent the budget (then within the window).
+Keys that could not be read (never, or not again for a new key id) raise ``KeysUnavailable``: the token is not
+known to be bad, and the sync handshake answers it with a retriable refusal.
 
 Each key is pinned to one algorithm, decided by the key itself (its ``alg`` when it has one, else its type:
 RSA -> RS256, EC P-256/P-384/P-521 -> ES256/ES384/ES512, OKP Ed25519 -> EdDSA), never by a token's header:
@@ -39,6 +41,7 @@ __all__ = [
     "DISCOVERY_PATH",
     "JwksCache",
     "JwksUnavailable",
+    "KeysUnavailable",
     "SigningKey",
     "fetch_json",
     "require_fetchable_url",
@@ -59,6 +62,11 @@ _RSA_ALGORITHMS: Final = frozenset({"RS256", "RS384", "RS512", "PS256", "PS384",
 _EC_ALGORITHMS: Final = {"P-256": "ES256", "P-384": "ES384", "P-521": "ES512"}
 
 Fetch = Callable[[str], Awaitable[Any]]
+
+
+class KeysUnavailable(InvalidToken):
+    """The token could not be checked now: the issuer's keys could not be read, or a key id new to this
+    server arrived while refreshes were paused (the floor on refresh frequency). Worth retrying later."""
 
 
 class JwksUnavailable(Exception):
@@ -190,25 +198,34 @@ class JwksCache:
         self._attempts = 0  # fetch attempts ended so far: waiters for the lock skip one made meanwhile
         self._lock = asyncio.Lock()
         self._last_error: str | None = None
+        self._read_ok = False  # whether the last fetch attempt read the keys
 
     def __repr__(self) -> str:
         return f"JwksCache({self.issuer!r}, keys={len(self._keys)})"
 
     async def key_for(self, kid: str | None) -> SigningKey:
-        """The key a token naming ``kid`` must verify with; raises ``InvalidToken`` (loggable reason)."""
-        fresh = self._fetched_at is None or self._now() - self._fetched_at > self.max_age
-        if fresh:
-            await self._refresh()
+        """The key a token naming ``kid`` must verify with; raises ``InvalidToken`` (loggable reason), or its
+        subclass ``KeysUnavailable`` when the answer may differ once the keys can be read again."""
+        read: bool | None = None  # whether this call read the keys (None: it did not try)
+        if self._fetched_at is None or self._now() - self._fetched_at > self.max_age:
+            read = await self._refresh()
         key = self._lookup(kid)
-        if key is None and kid is not None and not fresh and self._fetched_at is not None:
-            await self._refresh()  # a new key id: the provider may have rotated its keys
+        if key is None and kid is not None and read is None:
+            read = await self._refresh()  # a new key id: the provider may have rotated its keys
             key = self._lookup(kid)
         if key is not None:
             return key
         if self._fetched_at is None:
-            raise InvalidToken(f"the keys of issuer {self.issuer} could not be fetched: {self._last_error}")
+            raise KeysUnavailable(
+                f"the keys of issuer {self.issuer} could not be fetched: {self._last_error}"
+            )
         if kid is None:
             raise InvalidToken(f"the token names no key id (kid) and issuer {self.issuer} has several keys")
+        if not read:
+            raise KeysUnavailable(
+                f"the token's key id is not among the cached keys of issuer {self.issuer}, which could not be "
+                f"read again now ({self._last_error or 'refreshes are paused: at most a few reads a minute'})"
+            )
         raise InvalidToken(f"the token's key id is not among the keys of issuer {self.issuer}")
 
     def _lookup(self, kid: str | None) -> SigningKey | None:
@@ -216,19 +233,21 @@ class JwksCache:
             return next(iter(self._keys.values()))  # a provider with one key may leave kid out
         return self._keys.get(kid)
 
-    async def _refresh(self) -> None:
+    async def _refresh(self) -> bool:
+        """Read the keys again (or share a read that ended while waiting); whether the keys were read."""
         seen = self._attempts
         async with self._lock:
             if self._attempts != seen:
-                return  # a fetch ended while this request waited for it: use its result
+                return self._read_ok  # a fetch ended while this request waited for it: use its result
             try:
-                await self._fetch_keys()
+                self._read_ok = await self._fetch_keys()
             finally:
                 self._attempts += 1  # counted when it ends: requests waiting meanwhile share its result
+            return self._read_ok
 
-    async def _fetch_keys(self) -> None:
+    async def _fetch_keys(self) -> bool:
         if self._budget.retry_after(self.issuer) is not None:
-            return  # fetched often enough lately: the floor on refresh frequency
+            return False  # fetched often enough lately: the floor on refresh frequency
         self._budget.hit(self.issuer)
         try:
             self._keys = await self._read_keys()
@@ -236,10 +255,11 @@ class JwksCache:
             self._last_error = str(exc)
             kept = "keeping the keys read before" if self._fetched_at is not None else "no keys yet"
             log.warning("JWKS of issuer %s unavailable (%s): %s", self.issuer, kept, exc)
-            return
+            return False
         self._fetched_at = self._now()
         self._last_error = None
         log.info("read %d signing key(s) of issuer %s", len(self._keys), self.issuer)
+        return True
 
     async def _read_keys(self) -> dict[str | None, SigningKey]:
         url = self.jwks_url or await self._discover()

@@ -25,7 +25,7 @@ from starlette.routing import BaseRoute, Route, Router
 
 from offline.core.errors import OfflineError
 from offline.core.uuid7 import generate_uuid_v7
-from offline.sync.protocol import USER_DISABLED
+from offline.sync.protocol import OVERLOADED, USER_DISABLED
 
 from ..live_sessions import SessionBinding
 from . import accounts as _accounts
@@ -35,6 +35,7 @@ from .attempts import SharedAttempts
 from .audit import AuditLog, AuditRetention, user_actor
 from .devices import DeviceTokens
 from .external_issuers import ExternalIssuers, external_issuers_from
+from .jwks import KeysUnavailable
 from .linking import LinkRoutes
 from .mfa import MfaRoutes
 from .orgs import OrgRoutes, current_org_claims, org_claims, roles_from
@@ -699,6 +700,9 @@ class AuthRoutes:
     async def me(self, request: Request) -> Response:
         try:
             external = await self.external_claims(_bearer(request))
+        except KeysUnavailable as exc:
+            log.warning("auth request %s not checked: %s", request.url.path, exc.reason)
+            raise _keys_unavailable() from None
         except InvalidToken as exc:
             log.info("auth request %s refused: %s", request.url.path, exc.reason)
             raise _auth_failed() from None
@@ -833,6 +837,15 @@ class AuthRoutes:
         raise AuthError(503, "SERVICE_UNAVAILABLE", "the sign-in could not be completed; try again shortly")
 
 
+def _keys_unavailable() -> AuthError:
+    return AuthError(
+        503,
+        "SERVICE_UNAVAILABLE",
+        "the identity provider's keys could not be read; try again shortly",
+        headers={"Retry-After": "30"},
+    )
+
+
 class _LostRace(Exception):
     pass
 
@@ -851,7 +864,9 @@ def _account_exists() -> AuthError:
 
 class SyncAuthProvider:
     """``sync_options={"auth": provider}``: the handshake's token must be a valid access token of a live
-    session; its claims then decide the session's scope (SPEC 4.4). Anything else is refused (AUTH_FAILED)."""
+    session, or of a configured external issuer; its claims then decide the session's scope (SPEC 4.4).
+    Anything else is refused (AUTH_FAILED), except a token of an external issuer whose keys cannot be read now:
+    OVERLOADED (retriable)."""
 
     def __init__(self, routes: AuthRoutes) -> None:
         self.routes = routes
@@ -867,6 +882,13 @@ class SyncAuthProvider:
             # Membership is read from the store at every handshake: a member removed from an organization
             # gets no more of its data, even with a token issued before the removal.
             return await self.routes.verify_access_token(token, current_orgs=True)
+        except KeysUnavailable as exc:
+            # The identity provider's keys cannot be read now: a retriable refusal, so clients try again later
+            # instead of stopping as they do on AUTH_FAILED.
+            log.warning("sync handshake not checked: %s", exc.reason)
+            raise OfflineError(
+                "the identity provider's keys could not be read; try again shortly", OVERLOADED, {}
+            ) from None
         except InvalidToken as exc:
             log.info("sync handshake refused: %s", exc.reason)
             if exc.reason == DISABLED_REASON:
