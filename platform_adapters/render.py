@@ -21,9 +21,9 @@ exactly one, else none: a public image).
   ``image``, plan ``starter`` (disks need a paid instance type), the region, health check ``/health``, the
   variables, the disk) or point it at the image (``PATCH`` when the repository or credential changed) and
   start a deploy with ``POST /services/{id}/deploys {"imageUrl"}``.
-- readiness: the deploy's status (``GET /services/{id}/deploys/{deployId}``) until ``live``; a failed one
-  (build_failed, update_failed, pre_deploy_failed, canceled) stops the wait and quotes the service's log
-  lines since the deploy began.
+- readiness: the deploy's status (``GET /services/{id}/deploys/{deployId}``) until ``live``, each new state
+  shown once and the service's log lines since the deploy began streamed into the live view; a failed one
+  (build_failed, update_failed, pre_deploy_failed, canceled) stops the wait and quotes those log lines.
 - status: the service (suspended: STOPPED) and its latest deploys (in progress: DEPLOYING; a failed newest
   deploy leaves the previous live one serving: RUNNING).
 - logs: ``GET /logs`` for the service, newest first, paged back with ``nextEndTime``, shown oldest first.
@@ -59,7 +59,7 @@ from .base import (
     StatusReport,
     report_change,
 )
-from .container_engine import require_platform
+from .container_engine import require_platform, split_reference
 from .image_registry import RegistryTarget, parse_registry, push_image
 from .render_api import RenderApi, RenderApiError, create_service_body, disk_body, image_spec
 
@@ -189,10 +189,8 @@ def _url(service: Mapping[str, Any] | None) -> str:
 
 
 def _repository(reference: str) -> str:
-    """``host/ns/app:tag`` -> ``host/ns/app`` (a digest or tag dropped)."""
-    name = reference.split("@", 1)[0]
-    slash, colon = name.rfind("/"), name.rfind(":")
-    return name[:colon] if colon > slash else name
+    """``host/ns/app:tag`` (or ``...@sha256:...``) -> ``host/ns/app``."""
+    return split_reference(reference.split("@", 1)[0])[0] if reference else ""
 
 
 class RenderAdapter(PlatformAdapter):
@@ -237,7 +235,7 @@ class RenderAdapter(PlatformAdapter):
         """The workspace: remembered, else the one ``--workspace`` names, else the only one the key sees."""
         if self._owner_id:
             return self._owner_id
-        owners = self._api(ctx).list("/owners", "owner")
+        owners = self._api(ctx).list_all("/owners", "owner")
         wanted = ctx.options.get("workspace")
         remembered = ctx.state.get("owner_id")
         chosen = None
@@ -284,7 +282,7 @@ class RenderAdapter(PlatformAdapter):
             owner = self._owner(ctx)
             found = [
                 s
-                for s in api.list("/services", "service", {"name": ctx.app, "ownerId": owner})
+                for s in api.list_all("/services", "service", {"name": ctx.app, "ownerId": owner})
                 if s.get("name") == ctx.app
             ]
             if found:
@@ -381,7 +379,7 @@ class RenderAdapter(PlatformAdapter):
         service = self._find_service(ctx)
         if service is None:
             return {}
-        variables = self._api(ctx).list(f"/services/{service['id']}/env-vars", "envVar")
+        variables = self._api(ctx).list_all(f"/services/{service['id']}/env-vars", "envVar")
         names = {str(v.get("key")) for v in variables}
         # Render keeps every variable across deploys: nothing needs sending again.
         return {name: None for name in SECRET_VARIABLES if name in names}
@@ -532,9 +530,17 @@ class RenderAdapter(PlatformAdapter):
         service_id = str(ctx.state.get("service_id") or outcome.state.get("service_id") or "")
         seen: list[str] = []
         api = self._api(ctx)
+        # The deploy's own log lines go to the live view (and the run's log file) as Render writes them.
+        vendor_line = getattr(ctx.reporter, "vendor_line", None)
+        shown: set[str] = set()
 
         def probe() -> StatusReport:
             deploy = api.request("GET", f"/services/{service_id}/deploys/{outcome.deployment_id}")
+            if callable(vendor_line) and isinstance(deploy, Mapping):
+                for line in self._log_lines(ctx, 100, since=deploy.get("createdAt")):
+                    if line not in shown:
+                        shown.add(line)
+                        vendor_line(line)
             report = render_status_report(
                 [deploy], url=outcome.url or None, deployment_id=outcome.deployment_id
             )

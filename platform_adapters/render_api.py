@@ -236,7 +236,7 @@ class RenderApi:
 
     # -- paged lists
 
-    def list(
+    def list_all(
         self, path: str, item: str | None, params: Mapping[str, Any] | None = None
     ) -> list[dict[str, Any]]:
         """Every item of a cursor-paged list (``[{item: {...}, "cursor"}]``); ``item`` None: a bare list."""

@@ -533,6 +533,10 @@ def test_offline_deploy_to_render_then_status_logs_rollback_and_reset(
     assert state is not None and state.platform == "web-service-host"
     assert state.options == {"registry": REGISTRY} and state.adapter["service_id"] == service["id"]
     assert render_cli.probes == ["https://notes.onrender.com/health"]
+    # Render's log lines of the deploy went into the run's log file as they came.
+    (run_log,) = (render_cli.project / ".offline" / "deploy" / "logs").glob("*.log")
+    assert f"==> Pulling image {REGISTRY}/notes:" in run_log.read_text()
+    assert "==> Your service is live" in run_log.read_text()
 
     second = render_cli("--confirm")  # a redeploy: registry and service remembered
     assert second.exit_code == 0, second.stderr
