@@ -12,7 +12,8 @@ from the environment. Each entry::
 (snake_case keys are accepted too). A token whose unverified ``iss`` is not this server's own (``offline``) is
 checked here: its issuer must be configured, its signature must verify with the issuer's key named by its
 ``kid`` under that key's own algorithm (``server_runtime.auth.jwks``: ``alg`` from the token header is never
-trusted, so ``none`` and HS256-with-the-public-key fail), its ``aud`` must name a configured audience, and
+trusted, so ``none`` and HS256-with-the-public-key fail), its ``aud`` must name a configured audience (a
+token without ``aud``: its ``client_id`` or ``azp``, where Cognito and Clerk name the client), and
 ``exp`` (required), ``nbf`` and ``iat`` must hold within a leeway of ``LEEWAY`` seconds.
 
 An accepted token becomes the session's claims: ``sub`` (the user id from ``userIdClaim``), ``iss``, ``exp``,
@@ -181,6 +182,25 @@ def external_issuers_from_environment(env: Mapping[str, str]) -> list[ExternalIs
     return external_issuers_from(config, ENVIRONMENT_VARIABLE)
 
 
+def _check_audience(claims: Mapping[str, Any], entry: ExternalIssuer) -> None:
+    """The token must be meant for this server: its ``aud`` names a configured audience. A token without
+    ``aud`` is judged by the client it was issued to, as its provider documents: Cognito access tokens name
+    their app client in ``client_id``, Clerk session tokens their origin in ``azp``."""
+    audience = claims.get("aud")
+    if audience is None:
+        named = [claims[k] for k in ("client_id", "azp") if isinstance(claims.get(k), str)]
+        if not named:
+            raise InvalidToken(f"a token of {entry.issuer} lacks the 'aud' claim")
+    elif isinstance(audience, str):
+        named = [audience]
+    elif isinstance(audience, list) and all(isinstance(a, str) for a in audience):
+        named = audience
+    else:
+        raise InvalidToken(f"malformed aud claim in a token of {entry.issuer}")
+    if not set(named) & set(entry.audience):
+        raise InvalidToken(f"wrong audience: a token of {entry.issuer} is not for {list(entry.audience)}")
+
+
 class ExternalIssuers:
     """Verifies tokens of the configured issuers (module docstring). ``now`` (epoch seconds) and ``fetch``
     (URL -> parsed JSON) are injectable for tests; ``keys`` tunes every issuer's ``JwksCache``."""
@@ -238,11 +258,12 @@ class ExternalIssuers:
                 token,
                 key.key,
                 algorithms=[key.algorithm],
-                audience=list(entry.audience),
                 issuer=entry.issuer,
-                # Times are checked below against this server's clock (injectable), with the leeway.
+                # Times are checked below against this server's clock (injectable), with the leeway; the
+                # audience too (_check_audience: tokens of some providers name it in another claim).
                 options={
-                    "require": ["exp", "iss", "aud"],
+                    "require": ["exp", "iss"],
+                    "verify_aud": False,
                     "verify_exp": False,
                     "verify_nbf": False,
                     "verify_iat": False,
@@ -250,15 +271,12 @@ class ExternalIssuers:
             )
         except jwt.InvalidSignatureError:
             raise InvalidToken(f"bad signature on a token of {entry.issuer}") from None
-        except jwt.InvalidAudienceError:
-            raise InvalidToken(
-                f"wrong audience: a token of {entry.issuer} is not for {list(entry.audience)}"
-            ) from None
         except jwt.MissingRequiredClaimError as exc:
             raise InvalidToken(f"a token of {entry.issuer} lacks the {exc.claim!r} claim") from None
         except jwt.InvalidTokenError as exc:
             raise InvalidToken(f"invalid token of {entry.issuer} ({type(exc).__name__})") from None
         self._check_times(claims, entry.issuer)
+        _check_audience(claims, entry)
         return self._session_claims(entry, claims)
 
     def _check_times(self, claims: Mapping[str, Any], issuer: str) -> None:

@@ -35,7 +35,7 @@ from server_runtime.environment import auth_routes_from_environment
 from tests.hardening.support import handshake_reply
 
 from .conftest import SCHEMA, SECRET, Capture, StoreFactory, http, make_routes, serve, sign_up, sync_url
-from .identity_provider import IdentityProvider, new_key
+from .identity_provider import AUDIENCE, IdentityProvider, new_key
 from .test_sync_auth import FAST, TIMEOUT, assert_auth_failed, close_all, handshake, wait_for
 
 
@@ -330,6 +330,15 @@ def test_an_accepted_token_becomes_these_session_claims() -> None:
             assert (claims["email"], claims["email_verified"]) == ("ada@example.com", True)
             assert claims["externalClaims"]["role"] == "admin"  # for write rules
             assert "sid" not in claims and "scope" not in claims
+            # Without aud (Cognito access tokens, Clerk session tokens) the client it was issued to counts.
+            for named in ({"client_id": AUDIENCE}, {"azp": AUDIENCE}):
+                assert (await verifier.verify(idp.token("s-2", uid="7", aud=None, **named)))["sub"] == "7"
+            with pytest.raises(InvalidToken, match="wrong audience"):
+                await verifier.verify(idp.token("s-3", uid="8", aud=None, azp="https://elsewhere.example"))
+            with pytest.raises(InvalidToken, match="lacks the 'aud' claim"):
+                await verifier.verify(idp.token("s-4", uid="9", aud=None))
+            with pytest.raises(InvalidToken, match="wrong audience"):
+                await verifier.verify(idp.token("s-5", uid="10", aud=["a", "b"], client_id=AUDIENCE))
 
         asyncio.run(scenario())
 
