@@ -90,6 +90,11 @@ SIZES = (0, 10_000, 50_000)
 FIRST_SYNC = (20_000, 50_000)
 
 
+def _note(what: str, figures: Any) -> None:
+    """Progress on stderr: the figures of one step, as soon as they are measured (the run is long)."""
+    print(f"[bench browser] {what}: {figures}", file=sys.stderr, flush=True)
+
+
 def _median_p95(times: list[float]) -> dict[str, float]:
     ordered = sorted(times)
     return {
@@ -176,6 +181,7 @@ async def _at_size(executable: str, base: str) -> dict[str, Any]:
                 shown.append((time.perf_counter() - started) * 1000)
             figures["ready_after_warm_reload_ms"][str(target)] = round(min(ready))
             figures["list_shown_after_reload_ms"][str(target)] = round(min(shown))
+            _note(f"at {target} records", {name: value[str(target)] for name, value in figures.items()})
         figures["renderer_rss_mb_at_50000"] = _renderer_rss_mb()
         await context.close()
     return figures
@@ -273,6 +279,7 @@ def run(count: int = 1000, *, at_size: bool = True) -> dict[str, Any]:
                 db = Path(folder) / f"seeded-{n}.db"
                 with live_server(schema, dist, db, seed_count=n) as live:
                     figures["first_sync"][str(n)] = asyncio.run(_first_sync(executable, live.url, n))
+                _note(f"first sync of {n}", figures["first_sync"][str(n)])
     figures["init_and_build_s"] = round(build_s, 2)
     figures["dist_mb"] = round(size / 1e6, 1)
     return figures

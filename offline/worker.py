@@ -128,10 +128,6 @@ class _LiveQuery:
     last: dict[str, str] | None = None  # with a limit: each result's JSON, by id
 
 
-#: A collection whose changed records are unknown (its live queries send their whole results again).
-_EVERYTHING = None
-
-
 class WorkerBridge:
     """Serves one page's requests against one `App` (see the module docstring for the messages)."""
 
@@ -189,10 +185,11 @@ class WorkerBridge:
         # not once per write as `Query.subscribe` does: a burst of writes (1,000 inserts sent at once, a
         # batch received from the server) then costs one query and one message per subscription.
         self._live: dict[int, _LiveQuery] = {}
-        # Per collection, the ids of the records changed since the last refresh (_EVERYTHING: unknown).
-        self._stale: dict[str, set[str] | None] = {}
+        # Per collection, the ids of the records changed since the last refresh.
+        self._stale: dict[str, set[str]] = {}
         self._refresh_scheduled = False
         app.commit_listeners.append(self._on_commit)
+        app.subscriptions.change_listeners.append(self._on_records_changed)
         # Unsubscribe handles of the app events this bridge listens to (see `detach`).
         self._event_offs = [
             app.events.on("sync:received", lambda event: self._mark(event["operations"])),
@@ -293,6 +290,8 @@ class WorkerBridge:
         self._event_offs.clear()
         if self._on_commit in self.app.commit_listeners:
             self.app.commit_listeners.remove(self._on_commit)
+        if self._on_records_changed in self.app.subscriptions.change_listeners:
+            self.app.subscriptions.change_listeners.remove(self._on_records_changed)
         self._live.clear()
         self._end_webauthn()
 
@@ -552,26 +551,23 @@ class WorkerBridge:
     def _on_commit(self, ops: list[Operation]) -> None:
         self._mark(ops)
 
+    def _on_records_changed(self, collection: str, record_ids: list[str]) -> None:
+        self._mark_records((collection, record_id) for record_id in record_ids)
+
     def _mark(self, ops: Iterable[Operation]) -> None:
         """Note the records ``ops`` changed; the live queries of their collections are refreshed soon."""
+        self._mark_records((operation.collection, operation.record_id) for operation in ops)
+
+    def _mark_records(self, records: Iterable[tuple[str, str]]) -> None:
         watched = {live.collection for live in self._live.values()}
         if not watched:
             return
         touched = False
-        for operation in ops:
-            if operation.collection in watched:
-                ids = self._stale.setdefault(operation.collection, set())
-                if ids is not _EVERYTHING:
-                    ids.add(operation.record_id)
+        for collection, record_id in records:
+            if collection in watched:
+                self._stale.setdefault(collection, set()).add(record_id)
                 touched = True
         if touched:
-            self._schedule_refresh()
-
-    def _mark_everything(self) -> None:
-        """Records changed in ways no operation tells (a refusal retried or discarded): resend all results."""
-        for live in self._live.values():
-            self._stale[live.collection] = _EVERYTHING
-        if self._live:
             self._schedule_refresh()
 
     def _schedule_refresh(self) -> None:
@@ -594,18 +590,15 @@ class WorkerBridge:
             if live.collection not in stale:
                 continue
             try:
-                touched = stale[live.collection]
-                if touched is _EVERYTHING:
-                    self._send_snapshot(sub, live)
-                elif live.last is not None:
+                if live.last is not None:
                     self._send_difference(sub, live)
                 else:
-                    self._send_changes(sub, live, touched)
+                    self._send_changes(sub, live, stale[live.collection])
             except Exception as exc:  # a query that stopped working must be visible, not silent
                 self.post({"type": "log", "level": "error", "message": f"subscription {sub} failed: {exc}"})
 
     def _send_snapshot(self, sub: int, live: _LiveQuery) -> None:
-        """The whole results, which replace what the page holds (on subscribing, and after a reset)."""
+        """The whole results, which replace what the page holds (on subscribing)."""
         results = live.query.fetch()
         live.ids = {record["id"] for record in results}
         if live.query._limit is not None:
@@ -702,14 +695,10 @@ class WorkerBridge:
         return self._sync_with("rejected").rejected()
 
     def _do_retry(self, request: Mapping[str, Any]) -> Any:
-        result = self._sync_with("retry").retry(str(request.get("operationId")))
-        self._mark_everything()
-        return result
+        return self._sync_with("retry").retry(str(request.get("operationId")))
 
     def _do_discard(self, request: Mapping[str, Any]) -> Any:
-        result = self._sync_with("discard").discard(str(request.get("operationId")))
-        self._mark_everything()
-        return result
+        return self._sync_with("discard").discard(str(request.get("operationId")))
 
     def _sync_with(self, method: str) -> Any:
         if not hasattr(self.app.sync, method):

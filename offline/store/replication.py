@@ -346,5 +346,7 @@ def forget_records(app: App, collection: str, record_ids: Iterable[str]) -> list
                 (collection, record_id, PENDING),
             )
             compaction.refold_and_persist(app, collection, record_id)
+    for listener in list(app.subscriptions.change_listeners):
+        listener(collection, ids)
     app.subscriptions.notify({collection}, None)
     return ids

@@ -33,6 +33,10 @@ class SubscriptionRegistry:
     def __init__(self, app: App) -> None:
         self.app = app
         self._by_collection: dict[str, list[Subscription]] = {}
+        # Called with (collection, record ids) when records change with no operation saying so (records
+        # forgotten as they leave the sync scope): views that follow records one by one, like the browser
+        # worker's live queries, hear of those here (commits and received operations name their records).
+        self.change_listeners: list[Callable[[str, list[str]], None]] = []
 
     def add(self, query: Query, callback: Callable[[list[dict[str, Any]]], Any]) -> Callable[[], None]:
         sub = Subscription(f"q{next(_ids)}", query, callback)

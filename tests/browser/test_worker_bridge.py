@@ -485,3 +485,25 @@ def test_the_page_sees_and_recovers_refused_writes(tmp_path: Path) -> None:
         asyncio.run(scenario())
     finally:
         app.close()
+
+
+def test_records_forgotten_without_an_operation_leave_the_live_query(app: App) -> None:
+    """Records dropped as they leave the sync scope carry no operation of their own: still, the page's
+    live query is told they are gone."""
+    from offline.store import replication
+
+    page = Page()
+    bridge = WorkerBridge(app, post=page.post, persist=page.persist)
+
+    async def scenario() -> None:
+        kept, gone = app.todos.insert({"title": "kept"}), app.todos.insert({"title": "gone"})
+        replication.mark_acknowledged(app, [1, 2])  # (a record's unacknowledged operations would keep it)
+        await page.request(bridge, "subscribe", collection="todos", query={}, sub=3)
+        replication.forget_records(app, "todos", [gone["id"]])
+        await asyncio.sleep(0)
+        assert page.of_type("changes") == [
+            {"type": "changes", "sub": 3, "inserted": [], "updated": [], "removed": [gone["id"]]}
+        ]
+        assert [r["id"] for r in app.todos.where({}).fetch()] == [kept["id"]]
+
+    asyncio.run(scenario())
