@@ -48,6 +48,8 @@ from .records import RecordCache, StagedView, one_operation_state
 from .stores._codec import decode_optional
 from .stores.base import (
     MOVED_FROM,
+    ONE_OPERATION,
+    RecordKey,
     RecordRow,
     ScopeSelector,
     ServerStore,
@@ -288,6 +290,7 @@ class SyncService:
             "sent": 0,
             "server_ops": 0,
             "history_sent": 0,  # records sent whole to a session because they moved into its scope
+            "states_sent": 0,  # record states sent (state-based catch-up after a compaction)
         }
         self.rejections: dict[str, int] = {}
         self.conflicts: dict[str, int] = {}
@@ -300,6 +303,8 @@ class SyncService:
         # Whether the listeners want an "operation" event (a wire dict) for every stored operation now; the
         # operational surface, which only forwards them to live event streams, says no while none is open.
         self.wants_operation_events: Callable[[], bool] = lambda: True
+        # The store's compaction horizon as a relay last read it (see `relay`).
+        self._horizon = 0
 
     # -- lifecycle ------------------------------------------------------------------------------------------
 
@@ -789,6 +794,7 @@ class SyncService:
         that resume below the horizon get record states (see `relay`)."""
         started = time.perf_counter()
         result = await self.store.compact()
+        self._horizon = max(self._horizon, int(result["horizon"]))
         log.info(
             "compacted the operation log up to delivery %d: %d operations deleted, %d kept (%.2f s)",
             result["horizon"],
@@ -1117,7 +1123,89 @@ class SyncService:
             return batch, max(page.through, cursor), page.complete
         return batch, batch[-1].delivery if batch else cursor, len(batch) < limit
 
-    async def _visible(self, session: Session, batch: list[Relayed]) -> list[str]:
+    # -- state-based catch-up (after a compaction; see server_runtime.stores.compaction) -----------------------
+
+    async def _states(self, keys: list[RecordKey]) -> list[dict[str, Any]]:
+        """The ``record-states`` entries of these records (those with a row).
+
+        The versions are read first, then the rows: a commit stores operations and rows at once, so the
+        rows hold at least what the versions name. Under the commit lock, so no commit of this process
+        lands between the two reads (the rows then hold exactly that).
+        """
+        async with self._lock:
+            versions = await self.store.record_versions(keys)
+            rows = await self.store.load_rows(keys)
+        out: list[dict[str, Any]] = []
+        for key in keys:
+            row = rows.get(key)
+            if row is None:
+                continue
+            text = row.state_text
+            if text is None or text[:1] == ONE_OPERATION:
+                text = row.state.to_json()  # a state kept as its one operation: the client wants the state
+            out.append(
+                {"collection": key[0], "recordId": key[1], "state": text, "versions": versions.get(key, {})}
+            )
+        return out
+
+    async def _send_states(self, session: Session, keys: list[RecordKey], horizon: int | None) -> None:
+        """Send ``keys``' states to ``session`` in messages of at most a batch's size; the last is final and
+        carries ``horizon`` when given (the end of a state-based catch-up), else none is final."""
+        limit = self.limits.batch_size
+        chunks = [keys[i : i + limit] for i in range(0, len(keys), limit)] or [[]]
+        for index, chunk in enumerate(chunks):
+            last = index == len(chunks) - 1 and horizon is not None
+            states = await self._states(chunk) if chunk else []
+            if not states and not last:
+                continue
+            message = p.RecordStates(
+                message_id=p.new_message_id(),
+                states=tuple(states),
+                is_final=last,
+                horizon=horizon if last else None,
+            )
+            await session.send(p.encode(message))
+            self.counters["states_sent"] += len(states)
+
+    async def _catch_up_states(
+        self, session: Session, selectors: list[ScopeSelector] | None, horizon: int
+    ) -> None:
+        """A session resuming below the compaction horizon: the states of its records that changed after its
+        cursor up to the horizon (found through what compaction kept: each record's latest operation, read
+        through the scope index for a scoped session), then a final message with the horizon."""
+        cursor = session.cursor
+        limit = self.limits.batch_size
+        keys: dict[RecordKey, None] = {}
+        while cursor < horizon:
+            if selectors is None:
+                async with self._catch_up_reads:
+                    batch = await self.read_since(cursor, limit)
+                through = batch[-1].delivery if len(batch) >= limit else horizon
+            else:
+                async with self._catch_up_reads:
+                    page = await self.store.operations_in_scope(cursor, limit, selectors)
+                batch = [
+                    Relayed(d, node, coll, record, decode_optional(scope), wire)
+                    for d, node, coll, record, scope, wire in page.operations
+                ]
+                through = page.through if not page.complete else horizon
+            for r in batch:
+                if r.delivery > horizon:
+                    break
+                if session.open:
+                    seen = r.collection in session.filters
+                else:
+                    seen = session.matches(r.collection, r.scope)
+                if seen:
+                    keys[(r.collection, r.record_id)] = None
+            if through <= cursor:
+                break
+            cursor = through
+        await self._send_states(session, list(keys), horizon)
+
+    async def _visible(
+        self, session: Session, batch: list[Relayed], moved_in: list[RecordKey] | None = None
+    ) -> list[str]:
         """The wire texts of ``batch`` that a session with record filters receives.
 
         An operation goes to the sessions whose scope its record is in after it. One that moved the record
@@ -1127,14 +1215,20 @@ class SyncService:
         """
         node_id = session.node_id
         visible: list[str] = []
+        if moved_in is None:
+            moved_in = []
         for r in batch:
             if r.node_id == node_id:
                 continue
             if session.matches(r.collection, r.scope):
                 if r.moved_from is not None and not session.matches(r.collection, r.moved_from):
                     history = getattr(self.store, "record_operations", _no_history)
-                    for earlier in await history(r.collection, r.record_id, r.delivery):
-                        visible.append(Relayed.of(earlier).wire_json())
+                    earlier = await history(r.collection, r.record_id, r.delivery)
+                    if earlier and earlier[0].delivery <= self._horizon:
+                        # Part of its history may be compacted: its state instead, sent before this frame.
+                        moved_in.append((r.collection, r.record_id))
+                    else:
+                        visible.extend(Relayed.of(item).wire_json() for item in earlier)
                     self.counters["history_sent"] += 1
                 visible.append(r.wire_json())
             elif r.moved_from is not None and session.matches(r.collection, r.moved_from):
@@ -1151,8 +1245,15 @@ class SyncService:
         last_sent = session.cursor
         resend_after, rewound_at = self.limits.ack_timeout, 0.0  # see the end of the loop
         selectors = self.catch_up_selectors(session)
+        self._horizon = max(self._horizon, await self.store.compaction_horizon())
         while self.started:
             session.wake.clear()
+            horizon = self._horizon
+            if horizon > session.cursor:
+                # What the session lacks up to the horizon was compacted (before it connected, or while it
+                # caught up): record states instead of those operations, then the log after the horizon.
+                await self._catch_up_states(session, selectors, horizon)
+                session.cursor = last_sent = horizon
             batch, top, final = await self._page(session, selectors, limit)
             if top > session.cursor:
                 node_id = session.node_id
@@ -1163,7 +1264,10 @@ class SyncService:
                         if r.node_id != node_id and r.collection in session.filters
                     ]
                 else:
-                    visible = await self._visible(session, batch)
+                    moved_in: list[RecordKey] = []
+                    visible = await self._visible(session, batch, moved_in)
+                    if moved_in:
+                        await self._send_states(session, moved_in, None)
                 # (No more than clients accept, whatever the limits given: they refuse larger frames.)
                 chunks = _frames(visible, limit, min(self.limits.relay_frame_bytes, p.MAX_MESSAGE_BYTES))
                 visible = chunks.pop() if chunks else []

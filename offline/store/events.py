@@ -41,6 +41,9 @@ EVENT_TYPES: Final[dict[str, tuple[str, ...]]] = {
     ),
     # A received operation this replica cannot store: not acknowledged, received again next session.
     "sync:apply-failed": ("operationId", "collection", "recordId", "code", "message"),
+    # The server sent record states instead of compacted operations (offline.store.compaction.adopt_states):
+    # ``records`` lists {collection, recordId} of each record whose state was replaced.
+    "sync:states": ("records",),
     "query:subscribed": ("queryId", "collection"),
     "query:invalidated": ("queryId", "trigger"),
     "query:executed": ("queryId", "duration", "resultCount"),

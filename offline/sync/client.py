@@ -23,7 +23,7 @@ from offline.core.hlc import MAX_DRIFT_MS
 from offline.core.operations import Operation, operation_from_text
 from offline.core.scopes import build_scope_map
 from offline.merge.values import operation_text
-from offline.store import replication
+from offline.store import compaction, replication
 
 from . import protocol as p
 from .transport import ConnectionLost, Transport, TransportRefused, default_transport
@@ -621,6 +621,8 @@ class SyncEngine:
                 self._signal()  # a slot for another batch opened; wait_until_synced may be done
             elif isinstance(message, p.OperationRejected):
                 self._refused(message)
+            elif isinstance(message, p.RecordStates):
+                await self._adopt_states(conn, message)
             elif isinstance(message, p.HandshakeResponse) and message.message_id == self._handshake_reply:
                 continue  # the same reply delivered twice: a duplicate is ignored, never a reason to reconnect
             elif isinstance(message, p.ErrorMessage):
@@ -633,6 +635,32 @@ class SyncEngine:
                 raise p.ProtocolError(
                     p.PROTOCOL_VIOLATION, f"unexpected {type(message).__name__} from the server"
                 )
+
+    async def _adopt_states(self, conn: Any, message: p.RecordStates) -> None:
+        """The server's record states (state-based catch-up after a compaction, see `p.RecordStates`): each
+        replaces this replica's state of its record; the final one moves the watermark to the horizon."""
+        app = self.app
+        compaction.adopt_states(
+            app,
+            [
+                (str(s["collection"]), str(s["recordId"]), str(s["state"]), dict(s.get("versions") or {}))
+                for s in message.states
+            ],
+        )
+        horizon = message.horizon if message.is_final else None
+        if horizon is not None:
+            app.apply_verified([], None, watermark=horizon)
+            self._cursor = max(self._cursor, horizon)
+        if self._scope_filters and message.states:
+            # A record the server's state puts outside this scope is dropped, as one moved away would be.
+            self._forget_outside([(str(s["collection"]), str(s["recordId"])) for s in message.states])
+        ack = p.Acknowledgment(
+            message_id=p.new_message_id(),
+            acknowledged_message_id=message.message_id,
+            last_sequence_number=0,
+            delivery_sequence=horizon,
+        )
+        await conn.send(p.encode(ack))
 
     def _refused(self, message: p.OperationRejected) -> None:
         """One of the operations sent was refused: written again when only its timestamp was at fault,
@@ -793,10 +821,14 @@ class SyncEngine:
     def _forget_moved_away(self, applied: list[Operation]) -> None:
         """Records these operations moved out of this session's scope (the server gave them to someone
         else): the server sends nothing more about them, so they are dropped here instead of going stale."""
+        self._forget_outside([(op.collection, op.record_id) for op in applied if op.type != "delete"])
+
+    def _forget_outside(self, keys: list[tuple[str, str]]) -> None:
+        """Drop those of these records that are outside this session's scope."""
         touched: dict[str, set[str]] = {}
-        for op in applied:
-            if op.collection in self._scope_filters and op.type != "delete":
-                touched.setdefault(op.collection, set()).add(op.record_id)
+        for collection, record_id in keys:
+            if collection in self._scope_filters:
+                touched.setdefault(collection, set()).add(record_id)
         for collection, record_ids in touched.items():
             handle = self.app.collection(collection)
             records = [r for r in map(handle.find_by_id, record_ids) if r is not None]

@@ -71,6 +71,7 @@ __all__ = [
     "OperationMessage",
     "OperationRejected",
     "ProtocolError",
+    "RecordStates",
     "decode",
     "decode_operation",
     "decode_operation_text",
@@ -414,6 +415,41 @@ class OperationRejected:
 
 
 @dataclass(frozen=True)
+class RecordStates:
+    """S->C ``record-states`` (DESIGN-level name: *record states*, the state-based catch-up): the server's
+    merge states of records, sent instead of the operations a compaction deleted.
+
+    A session resuming below the server's compaction horizon (``lastDeliverySequence`` under it, 0
+    included) first gets the states of the records in its scope in one or more of these messages, the last
+    with ``isFinal`` and ``horizon`` (the delivery the states account for: the client's watermark from
+    then on), then the operation stream after the horizon as usual. A record moving into a session's scope
+    whose history was compacted is sent the same way (``isFinal`` false, no horizon) before the operation
+    that moved it. Each entry of ``states`` is ``{"collection", "recordId", "state", "versions"}``:
+    ``state`` the record's merge state as JSON text (``RecordState.to_json``), ``versions`` each node's
+    highest sequence number folded into it. The client replaces its state of each record with the server's
+    and folds on top only its own operations that state does not hold; an operation streamed later at or
+    below its node's number in ``versions`` is one the state holds. Acknowledged like a batch.
+    """
+
+    TYPE: ClassVar[str] = "record-states"
+
+    message_id: str
+    states: tuple[dict[str, Any], ...]
+    is_final: bool
+    horizon: int | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.states, tuple):
+            object.__setattr__(self, "states", tuple(self.states))
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"type": self.TYPE, "messageId": self.message_id, "isFinal": self.is_final}
+        _put(out, "horizon", self.horizon)
+        out["states"] = list(self.states)
+        return out
+
+
+@dataclass(frozen=True)
 class ErrorMessage:
     """S->C: the connection is at fault."""
 
@@ -441,6 +477,7 @@ Message: TypeAlias = (
     | OperationMessage
     | Acknowledgment
     | OperationRejected
+    | RecordStates
     | ErrorMessage
 )
 
@@ -451,6 +488,7 @@ _MESSAGE_CLASSES: Final[tuple[type[Message], ...]] = (
     OperationMessage,
     Acknowledgment,
     OperationRejected,
+    RecordStates,
     ErrorMessage,
 )
 #: Wire ``type`` -> message class.
@@ -992,6 +1030,36 @@ def _operation_rejected(f: _Fields) -> OperationRejected:
     )
 
 
+def _record_states(f: _Fields) -> RecordStates:
+    value = f._get("states", True)
+    if type(value) is not list:
+        raise _wrong("states", value, "array")
+    if len(value) > f.max_batch:
+        raise ProtocolError(
+            BATCH_TOO_LARGE,
+            f"{len(value)} record states exceed the batch limit of {f.max_batch}",
+            field="states",
+            context={"limit": f.max_batch, "received": len(value)},
+        )
+    for index, item in enumerate(value):
+        path = f"states[{index}]"
+        if type(item) is not dict:
+            raise _wrong(path, item, "object")
+        for name in ("collection", "recordId", "state"):
+            if type(item.get(name)) is not str or not item[name]:
+                raise _malformed(
+                    f"{path}.{name}", f"{path}.{name} must be a non-empty string", expected="string"
+                )
+        versions = _Fields({"versions": item.get("versions")}, f.message_id, f.max_batch)
+        versions.version_vector("versions")
+    return RecordStates(
+        message_id=f.message_id,
+        states=tuple(value),
+        is_final=f.get_bool("isFinal"),
+        horizon=f.get_int("horizon", required=False),
+    )
+
+
 def _error(f: _Fields) -> ErrorMessage:
     return ErrorMessage(
         message_id=f.message_id,
@@ -1008,6 +1076,7 @@ _PARSERS: Final[Mapping[str, Callable[[_Fields], Message]]] = {
     OperationMessage.TYPE: _operation,
     Acknowledgment.TYPE: _acknowledgment,
     OperationRejected.TYPE: _operation_rejected,
+    RecordStates.TYPE: _record_states,
     ErrorMessage.TYPE: _error,
 }
 

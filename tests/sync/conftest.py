@@ -18,3 +18,19 @@ def memory_backend(tmp_path: Path) -> Iterator[Backend]:
         yield backend
     finally:
         backend.stop_all()
+
+
+@pytest.fixture(params=["memory", "sqlite", "postgres"])
+def server_backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
+    """A server store of each kind (PostgreSQL skipped, saying why, when it is unreachable)."""
+    kind = request.param
+    db: str | None = None
+    if kind == "sqlite":
+        db = str(tmp_path / "server.db")
+    elif kind == "postgres":
+        db = request.getfixturevalue("postgres_url")
+    backend = Backend(kind, db, tmp_path)
+    try:
+        yield backend
+    finally:
+        backend.stop_all()

@@ -10,11 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from offline import create_app, op
 from offline.core.hlc import MAX_DRIFT_MS
@@ -55,21 +52,6 @@ def device(tmp_path: Path, name: str, url: str, skew_ms: int = 0, **options: Any
         path=str(tmp_path / f"{name}.db"),
         now=lambda: time_ms() + skew_ms,
     )
-
-
-@pytest.fixture(params=["memory", "sqlite", "postgres"])
-def server_backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
-    kind = request.param
-    db: str | None = None
-    if kind == "sqlite":
-        db = str(tmp_path / "server.db")
-    elif kind == "postgres":
-        db = request.getfixturevalue("postgres_url")  # skipped, saying why, when PostgreSQL is unreachable
-    backend = Backend(kind, db, tmp_path)
-    try:
-        yield backend
-    finally:
-        backend.stop_all()
 
 
 def titles(app: App) -> list[str]:
