@@ -88,8 +88,14 @@ def _bad(message: str, where: str) -> OfflineError:
 
 
 def _entry(raw: Any, where: str) -> ExternalIssuer:
-    if isinstance(raw, ExternalIssuer):
-        return raw
+    if isinstance(raw, ExternalIssuer):  # checked like the dict it stands for
+        raw = {
+            "issuer": raw.issuer,
+            "audience": list(raw.audience),
+            "jwksUrl": raw.jwks_url,
+            "userIdClaim": raw.user_id_claim,
+            "scopeClaims": dict(raw.scope_claims),
+        }
     if not isinstance(raw, Mapping):
         raise _bad(f"{where} must be an object with issuer and audience", where)
     values: dict[str, Any] = {}
@@ -101,7 +107,10 @@ def _entry(raw: Any, where: str) -> ExternalIssuer:
         values[name] = value
     issuer = values.get("issuer")
     if not isinstance(issuer, str) or not issuer:
-        raise _bad(f"{where}.issuer is required: the tokens' iss, e.g. https://tenant.example.com/", where)
+        raise _bad(
+            f"{where}.issuer is required: the tokens' iss, e.g. https://tenant.example.com/",
+            f"{where}.issuer",
+        )
     problem = require_fetchable_url(issuer, f"{where}.issuer")
     if problem is not None or any(c.isspace() for c in issuer):
         raise _bad(problem or f"{where}.issuer must not contain spaces", f"{where}.issuer")
@@ -117,12 +126,12 @@ def _entry(raw: Any, where: str) -> ExternalIssuer:
             f"{where}.audience",
         )
     jwks_url = values.get("jwks_url")
-    if jwks_url is not None:
-        problem = require_fetchable_url(jwks_url, f"{where}.jwksUrl") if isinstance(jwks_url, str) else "x"
-        if problem is not None:
-            raise _bad(
-                f"{where}.jwksUrl must be an https:// URL (http:// only for localhost)", f"{where}.jwksUrl"
-            )
+    if jwks_url is not None and (
+        not isinstance(jwks_url, str) or require_fetchable_url(jwks_url, "jwksUrl") is not None
+    ):
+        raise _bad(
+            f"{where}.jwksUrl must be an https:// URL (http:// only for localhost)", f"{where}.jwksUrl"
+        )
     user_id_claim = values.get("user_id_claim", "sub")
     if not isinstance(user_id_claim, str) or not user_id_claim:
         raise _bad(f"{where}.userIdClaim must be a claim name, e.g. 'sub'", f"{where}.userIdClaim")

@@ -25,6 +25,7 @@ from offline.store import App
 from offline.sync import protocol as p
 from server_runtime import MemoryServerStore
 from server_runtime.auth.external_issuers import (
+    ExternalIssuer,
     ExternalIssuers,
     external_issuers_from,
     external_issuers_from_environment,
@@ -436,7 +437,7 @@ GOOD = '[{"issuer": "https://tenant.example.com/", "audience": "https://api.exam
     [
         ("[{", "OFFLINE_JWT_ISSUERS", "not valid JSON"),
         ('"https://tenant.example.com/"', "OFFLINE_JWT_ISSUERS", "must be a list"),
-        ('[{"audience": "x"}]', "OFFLINE_JWT_ISSUERS[0]", "issuer is required"),
+        ('[{"audience": "x"}]', "OFFLINE_JWT_ISSUERS[0].issuer", "issuer is required"),
         ('[{"issuer": "https://t.example/"}]', "OFFLINE_JWT_ISSUERS[0].audience", "audience is required"),
         (
             '[{"issuer": "https://t.example/", "audience": []}]',
@@ -503,3 +504,13 @@ def test_offline_jwt_issuers_from_the_environment() -> None:
     with pytest.raises(OfflineError) as raised:
         auth_routes_from_environment({"OFFLINE_JWT_ISSUERS": GOOD})
     assert (raised.value.context or {})["field"] == "AUTH_SECRET"
+
+
+def test_external_issuer_objects_are_checked_like_dicts() -> None:
+    (good,) = external_issuers_from(
+        [ExternalIssuer("https://t.example/", ("a",), scope_claims={"orgId": "org"})]
+    )
+    assert good.scope_claims == {"orgId": "org"}
+    with pytest.raises(OfflineError) as raised:
+        make_routes(external_issuers=[ExternalIssuer("http://t.example/", ("a",))])
+    assert (raised.value.context or {})["field"] == "external_issuers[0].issuer"
