@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import random
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from offline import OfflineError, create_app, define_schema, op, t
 from offline.core.operations import Operation
 from offline.merge.engine import MergeEngine
 from offline.store import App
+from offline.store.compaction import adopt_states
 from offline.store.database import PENDING, REJECTED
 from offline.store.replication import (
     forget_records,
@@ -359,3 +361,91 @@ def test_folding_the_compacted_state_plus_the_rest_equals_folding_the_whole_hist
     assert state_text(compacted) == state_text(whole)
     for app in (writer, whole, compacted):
         app.close()
+
+
+def server_states(server: App, held: Mapping[str, Operation]) -> list[tuple[str, str, str, dict[str, int]]]:
+    """What a server's state-based catch-up sends for every record ``server`` holds: its state text and each
+    node's highest sequence number among the operations folded into it (``held``: those, by id)."""
+    versions: dict[str, dict[str, int]] = {}
+    for o in held.values():
+        record = versions.setdefault(o.record_id, {})
+        record[o.node_id] = max(record.get(o.node_id, 0), o.sequence_number)
+    keys = [("items", rid) for rid in versions]
+    texts = server.db.load_state_texts(keys)
+    return [("items", rid, str(texts[("items", rid)]), versions[rid]) for rid in sorted(versions)]
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+)
+@given(data=st.data())
+def test_a_replica_offline_across_a_server_compaction_converges(data: st.DataObject) -> None:
+    """A "server" replica relays between an online and an offline replica and compacts; the offline one,
+    with writes of its own to the same records (every strategy), catches up from the server's record states
+    (`adopt_states`) instead of the compacted operations, sends its writes, and all three end with the
+    records the engine folds from the whole set of operations."""
+    clock = FakeClock()
+    server, online, offline = (
+        create_app(SCHEMA, path=":memory:", now=clock, compact_after=None) for _ in "sao"
+    )
+    ledger: dict[str, Operation] = {}
+    held: dict[str, Operation] = {}  # what the server folded
+    for app in (online, offline):
+        app.events.on("operation:created", lambda e: ledger.setdefault(e["operation"].id, e["operation"]))
+    rng = random.Random(data.draw(st.integers(0, 1000)))
+
+    def upload(app: App) -> None:
+        ops = [o for o in ledger.values() if o.node_id == app.node_id and o.id not in held]
+        server.apply(in_node_order(ops, rng))
+        held.update((o.id, o) for o in ops)
+        mark_acknowledged(app, [o.sequence_number for o in ops])
+
+    def download(app: App) -> None:
+        app.apply(in_node_order(list(held.values()), rng))
+
+    try:
+        for app in (server, online, offline):
+            app.set_authoritative_nodes([server.node_id])
+        for phase in ("together", "apart"):
+            for _ in range(data.draw(st.integers(2, 14), label=phase)):
+                clock.advance(data.draw(st.sampled_from([0, 1, 5])))
+                action = data.draw(st.integers(0, 5))
+                writers = (online, offline)
+                if action == 0:
+                    upload(online)
+                    if phase == "together":
+                        upload(offline)
+                        download(offline)
+                    download(online)
+                elif action == 1:
+                    server.compact()
+                else:
+                    local_write(data, data.draw(st.sampled_from(writers)))
+            if phase == "together":
+                upload(online)
+                upload(offline)
+                download(online)
+                download(offline)
+        upload(online)
+        server.compact()
+        # The catch-up, in either order: the offline replica's writes first stored (the states then hold
+        # them), or the states first (its writes then fold on top, then go up).
+        if data.draw(st.booleans(), label="send first"):
+            upload(offline)
+            adopt_states(offline, server_states(server, held))
+        else:
+            adopt_states(offline, server_states(server, held))
+            upload(offline)
+        download(online)
+        download(offline)  # the stream after the horizon: repeats of what the states hold, all of them
+        engine = MergeEngine(SCHEMA, authoritative_nodes=[server.node_id])
+        by_record: dict[str, list[Operation]] = {}
+        for o in ledger.values():
+            by_record.setdefault(o.record_id, []).append(o)
+        folded = [engine.fold("items", rid, ops)[1] for rid, ops in sorted(by_record.items())]
+        expected = canonical([r for r in folded if r is not None])
+        for app in (server, online, offline):
+            assert snapshot(app)[1] == expected
+    finally:
+        for app in (server, online, offline):
+            app.close()
