@@ -1195,7 +1195,11 @@ class SyncService:
                 if session.open:
                     seen = r.collection in session.filters
                 else:
-                    seen = session.matches(r.collection, r.scope)
+                    # Also a record this operation moved out of the session's scope: the client drops it
+                    # once the state shows it outside (as it would on receiving the operation).
+                    seen = session.matches(r.collection, r.scope) or (
+                        r.moved_from is not None and session.matches(r.collection, r.moved_from)
+                    )
                 if seen:
                     keys[(r.collection, r.record_id)] = None
             if through <= cursor:
