@@ -265,8 +265,9 @@ async def _session(
     try:
         claims = await service.authenticate(hello.auth_token)
     except OfflineError as exc:
-        if exc.code == p.USER_DISABLED:  # the provider's own words: not retriable, not a token problem
-            await refuse(p.USER_DISABLED, _clean(exc.message), False)
+        if exc.code in (p.USER_DISABLED, p.EMAIL_NOT_VERIFIED):
+            # The provider's own words: not retriable, not a token problem (no refresh helps).
+            await refuse(exc.code, _clean(exc.message), False)
         elif exc.code == p.OVERLOADED:  # the token could not be checked now (an identity provider is down)
             await refuse(p.OVERLOADED, _clean(exc.message), True, TRY_AGAIN)
         else:

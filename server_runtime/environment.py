@@ -10,6 +10,9 @@ with users kept in the same store, and makes their sync auth provider guard the 
 `server_runtime.auth.settings`); `OFFLINE_JWT_ISSUERS` (a JSON list) names external OpenID Connect issuers
 whose tokens sync accepts (see `server_runtime.auth.external_issuers`). Without `AUTH_SECRET` the server
 accepts every sync connection, and says so.
+Email for password reset and verification: `OFFLINE_SMTP_URL`, `OFFLINE_EMAIL_FROM`, `OFFLINE_EMAIL_TEMPLATES`,
+`OFFLINE_APP_URL` (see `server_runtime.email.settings`); `OFFLINE_AUTH_REQUIRE_VERIFIED_EMAIL` (`sign-in`,
+`sync`, `true` for both) is read by `server_runtime.auth.settings`.
 
 `OFFLINE_TRUSTED_PROXIES` and `OFFLINE_CLIENT_IP_HEADER` say which peers' forwarding headers name the client
 (none by default; see `server_runtime.client_address`)."""
@@ -33,6 +36,7 @@ from .auth.external_issuers import ENVIRONMENT_VARIABLE as ISSUERS_VARIABLE
 from .auth.external_issuers import external_issuers_from_environment
 from .auth.settings import auth_options_from_environment
 from .client_address import CLIENT_IP_HEADER_ENV, TRUSTED_PROXIES_ENV
+from .email.settings import email_options_from_environment
 from .server import ProductionServer, create_production_server
 from .stores import create_relational_server_store, create_sqlite_server_store
 from .stores.base import ServerStore
@@ -116,6 +120,7 @@ def auth_routes_from_environment(env: Mapping[str, str]) -> AuthRoutes | None:
         oauth_providers=providers,
         external_issuers=issuers,
         **auth_options_from_environment(env),
+        **email_options_from_environment(env),
     )
 
 

@@ -8,8 +8,9 @@
 Also: two-step sign-in (`MfaRequired`, ``auth.complete_mfa(code)``, ``enroll_totp()``, ``verify_totp(code)``),
 organizations (``create_org``, ``invite_member``, ``accept_invite``, ``activate_org``, ...), account linking
 (``link_oauth_authorize``, ``complete_link_oauth``), passkeys (`is_passkey_supported`,
-``register_passkey``, ``sign_in_with_passkey``), and an identity provider's own tokens for sync
-(`external_token_auth`).
+``register_passkey``, ``sign_in_with_passkey``), password reset (``request_password_reset(email)``,
+``reset_password(token, password)``), email verification (``request_email_verification()``,
+``verify_email(token)``), and an identity provider's own tokens for sync (`external_token_auth`).
 
 Pure Python: HTTP goes through httpx on CPython and the browser's fetch under Pyodide (imported lazily, so this
 package also runs in a browser worker); nothing here imports the server.
@@ -28,6 +29,8 @@ from .errors import (
     ALREADY_MEMBER,
     AUTH_FAILED,
     AUTH_UNAVAILABLE,
+    EMAIL_NOT_CONFIGURED,
+    EMAIL_NOT_VERIFIED,
     EMAIL_TAKEN,
     FORBIDDEN,
     INVALID_CREDENTIALS,
@@ -35,6 +38,8 @@ from .errors import (
     INVALID_MFA_CODE,
     INVALID_MFA_TOKEN,
     INVALID_REFRESH_TOKEN,
+    INVALID_RESET_TOKEN,
+    INVALID_VERIFICATION_TOKEN,
     INVITE_EMAIL_MISMATCH,
     INVITE_INVALID,
     LAST_OWNER,
@@ -43,6 +48,7 @@ from .errors import (
     MFA_NOT_ENABLED,
     MFA_NOT_PENDING,
     MFA_REQUIRED,
+    NO_EMAIL,
     OAUTH_ACCOUNT_EXISTS,
     OAUTH_FAILED,
     OAUTH_IDENTITY_LINKED,
@@ -72,6 +78,8 @@ __all__ = [
     "AUTH_FAILED",
     "AUTH_UNAVAILABLE",
     "DEFAULT_STORE",
+    "EMAIL_NOT_CONFIGURED",
+    "EMAIL_NOT_VERIFIED",
     "EMAIL_TAKEN",
     "FORBIDDEN",
     "INVALID_CREDENTIALS",
@@ -79,6 +87,8 @@ __all__ = [
     "INVALID_MFA_CODE",
     "INVALID_MFA_TOKEN",
     "INVALID_REFRESH_TOKEN",
+    "INVALID_RESET_TOKEN",
+    "INVALID_VERIFICATION_TOKEN",
     "INVITE_EMAIL_MISMATCH",
     "INVITE_INVALID",
     "LAST_OWNER",
@@ -88,6 +98,7 @@ __all__ = [
     "MFA_NOT_PENDING",
     "MFA_REQUIRED",
     "MIN_PASSWORD_LENGTH",
+    "NO_EMAIL",
     "OAUTH_ACCOUNT_EXISTS",
     "OAUTH_FAILED",
     "OAUTH_IDENTITY_LINKED",

@@ -20,10 +20,12 @@ import urllib.parse
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from .account_email import AccountEmailMethods
 from .credentials import Credentials, CredentialStore, FileCredentialStore, MemoryCredentialStore
 from .errors import (
     AUTH_FAILED,
     AUTH_UNAVAILABLE,
+    EMAIL_NOT_VERIFIED,
     INVALID_INPUT,
     INVALID_MFA_TOKEN,
     OAUTH_FAILED,
@@ -120,7 +122,7 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-class OfflineAuth(MfaMethods, OrgMethods, PasskeyMethods):
+class OfflineAuth(MfaMethods, OrgMethods, PasskeyMethods, AccountEmailMethods):
     """One user's session with one server. Create it with `create_offline_auth`."""
 
     def __init__(
@@ -253,7 +255,9 @@ class OfflineAuth(MfaMethods, OrgMethods, PasskeyMethods):
     # -- sign up, sign in, sign out -------------------------------------------------------------------------
 
     async def sign_up(self, email: str, password: str) -> User:
-        """Create an account and sign in as it; returns `user`. EMAIL_TAKEN when the email has an account."""
+        """Create an account and sign in as it; returns `user`. EMAIL_TAKEN when the email has an account.
+        EMAIL_NOT_VERIFIED (``context["account_created"]`` True) when the server requires a verified address
+        before sign-in: the account exists, a verification link is on its way; sign in once it is opened."""
         body = {"email": check_email(email), "password": check_password(password)}
         return await self._start_session("POST", "/sign-up", body)
 
@@ -285,6 +289,13 @@ class OfflineAuth(MfaMethods, OrgMethods, PasskeyMethods):
             self._mfa_pending = (token, sent_at + lifetime)
             types = answer.get("mfaTypes")
             raise MfaRequired([str(t) for t in types] if isinstance(types, list) else ["totp"], lifetime)
+        if isinstance(answer, dict) and answer.get("emailVerificationRequired") is True:
+            raise AuthError(
+                "the account was created; open the link in the verification message sent to its address, "
+                "then sign in",
+                EMAIL_NOT_VERIFIED,
+                {"url": self.server_url, "account_created": True},
+            )
         creds = credentials_from_pair(answer, self.server_url, sent_at)
         previous = self._current()
         self._generation += 1
@@ -383,7 +394,8 @@ class OfflineAuth(MfaMethods, OrgMethods, PasskeyMethods):
         self._set_session(None)
 
     async def me(self) -> User:
-        """The server's view of the signed-in user (``id``, ``email``, ``createdAt``); checks the token."""
+        """The server's view of the signed-in user (``id``, ``email``, ``emailVerified``, ``createdAt``);
+        checks the token."""
         token = await self.get_access_token()
         if token is None:
             raise AuthError("not signed in: sign in first", AUTH_FAILED, {"url": self.server_url})

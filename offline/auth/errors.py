@@ -53,6 +53,13 @@ PASSKEY_FAILED: Final = "PASSKEY_FAILED"
 PASSKEY_NOT_FOUND: Final = "PASSKEY_NOT_FOUND"
 # User administration: an administrator disabled the account (sign-in, refresh and sync are refused).
 USER_DISABLED: Final = "USER_DISABLED"
+# Password reset and email verification
+EMAIL_NOT_CONFIGURED: Final = "EMAIL_NOT_CONFIGURED"  # the server cannot send email
+INVALID_RESET_TOKEN: Final = "INVALID_RESET_TOKEN"
+INVALID_VERIFICATION_TOKEN: Final = "INVALID_VERIFICATION_TOKEN"
+NO_EMAIL: Final = "NO_EMAIL"
+# The server requires a verified address (sign-in, or the sync handshake) and the account's is not yet.
+EMAIL_NOT_VERIFIED: Final = "EMAIL_NOT_VERIFIED"
 
 #: Refresh answers meaning the session is over for good: the only way back is a new sign-in.
 SESSION_ENDED_CODES: Final = frozenset(
@@ -63,6 +70,8 @@ __all__ = [
     "ALREADY_MEMBER",
     "AUTH_FAILED",
     "AUTH_UNAVAILABLE",
+    "EMAIL_NOT_CONFIGURED",
+    "EMAIL_NOT_VERIFIED",
     "EMAIL_TAKEN",
     "FORBIDDEN",
     "INVALID_CREDENTIALS",
@@ -70,6 +79,8 @@ __all__ = [
     "INVALID_MFA_CODE",
     "INVALID_MFA_TOKEN",
     "INVALID_REFRESH_TOKEN",
+    "INVALID_RESET_TOKEN",
+    "INVALID_VERIFICATION_TOKEN",
     "INVITE_EMAIL_MISMATCH",
     "INVITE_INVALID",
     "LAST_OWNER",
@@ -78,6 +89,7 @@ __all__ = [
     "MFA_NOT_ENABLED",
     "MFA_NOT_PENDING",
     "MFA_REQUIRED",
+    "NO_EMAIL",
     "OAUTH_ACCOUNT_EXISTS",
     "OAUTH_FAILED",
     "OAUTH_IDENTITY_LINKED",

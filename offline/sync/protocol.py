@@ -33,6 +33,7 @@ __all__ = [
     "CLOCK_DRIFT",
     "CONNECTION_ERROR_CODES",
     "CONSTRAINT_VIOLATION",
+    "EMAIL_NOT_VERIFIED",
     "HASH_MISMATCH",
     "INTERNAL_ERROR",
     "INVALID_OPERATION",
@@ -120,6 +121,8 @@ SESSION_REVOKED: Final = "SESSION_REVOKED"
 TOKEN_EXPIRED: Final = "TOKEN_EXPIRED"
 #: The handshake's account was disabled by an administrator (only the administrator can change that).
 USER_DISABLED: Final = "USER_DISABLED"
+#: The server requires a verified email address for sync and the account's is not verified yet.
+EMAIL_NOT_VERIFIED: Final = "EMAIL_NOT_VERIFIED"
 
 # One operation is refused: sent as an `operation-rejected` message.
 SCOPE_VIOLATION: Final = "SCOPE_VIOLATION"
@@ -148,6 +151,7 @@ CONNECTION_ERROR_CODES: Final = frozenset(
         SESSION_REVOKED,
         TOKEN_EXPIRED,
         USER_DISABLED,
+        EMAIL_NOT_VERIFIED,
     }
 )
 OPERATION_ERROR_CODES: Final = frozenset(

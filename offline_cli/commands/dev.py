@@ -116,7 +116,8 @@ def dev(
     port = port or int(env.getenv("PORT") or 3001)
     database = db or env.getenv("OFFLINE_SERVER_DB") or str(project / "offline-server.db")
     child_env = dict(env.env)
-    child_env.update({"PORT": str(port), "HOST": host, "OFFLINE_SERVER_DB": database})
+    # OFFLINE_DEV: the server may print emails (reset and verification links) instead of sending them.
+    child_env.update({"PORT": str(port), "HOST": host, "OFFLINE_SERVER_DB": database, "OFFLINE_DEV": "1"})
     child_env.pop("DATABASE_URL", None)  # dev always runs on the embedded SQLite store
     if (project / "dist" / "index.html").is_file():
         child_env["OFFLINE_STATIC_DIR"] = str(project / "dist")

@@ -31,10 +31,9 @@ from .templates import render_template
 
 #: Packages of the installed distribution copied into the zipapp as they are.
 FRAMEWORK_PACKAGES = ("offline", "server_runtime")
-#: Requirements of the `offline` distribution that only the CLI uses; the server never imports them.
-CLI_ONLY_REQUIREMENTS = frozenset(
-    {"click", "rich", "questionary", "jinja2", "shiv", "packaging", "boto3", "docker"}
-)
+#: Requirements of the `offline` distribution that only the CLI uses; the server never imports them (jinja2
+#: is not among them: the server renders its email templates with it).
+CLI_ONLY_REQUIREMENTS = frozenset({"click", "rich", "questionary", "shiv", "packaging", "boto3", "docker"})
 #: Folder in the zipapp holding the project's own files, and the generated entry module beside it.
 APP_PACKAGE_DIR = "offline_app"
 ENTRY_MODULE = "_offline_zipapp_main"

@@ -15,7 +15,10 @@ An entry: ``{id, at, kind, actor, subject, address, detail}``. ``actor`` is who 
   ``email`` when given), ``sign-out``, ``sessions-revoked`` (by the user), ``refresh-reused``;
 - ``mfa-enabled``, ``mfa-disabled``, ``passkey-added``, ``passkey-removed``, ``identity-linked``;
 - ``user-disabled``, ``user-enabled``, ``user-signed-out``, ``user-deleted`` (actor ``admin``);
-- others may add kinds (password reset, email verification): a kind is a short lowercase name.
+- ``password-reset-requested`` (detail ``email``, ``sent``; subject None for an address without an account),
+  ``password-reset`` (detail ``sessionsRevoked``), ``password-reset-failed``, ``email-verification-sent``,
+  ``email-verified``; ``sign-in-failed`` with reason ``email-not-verified``;
+- others may add kinds: a kind is a short lowercase name.
 
 No secret ever enters an entry: ``detail`` keeps only scalar values (and lists of strings) under keys that do
 not name a secret (any key containing ``password``, ``token``, ``secret``, ``code``, ``hash``, ``key`` or

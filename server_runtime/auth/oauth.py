@@ -59,6 +59,7 @@ class OAuthProvider:
 class Profile:
     subject: str
     email: str | None
+    email_verified: bool = False  # the provider said ``email_verified: true``
 
 
 def _is_loopback(host: str | None) -> bool:
@@ -222,4 +223,4 @@ async def fetch_profile(
     email = info.get("email")
     if not isinstance(email, str) or not email or info.get("email_verified") is False:
         email = None
-    return Profile(str(subject), email)
+    return Profile(str(subject), email, email is not None and info.get("email_verified") is True)

@@ -3,7 +3,7 @@
 Each key keeps the times of its recent events; once ``attempts`` of them fall inside the last ``window``
 seconds, further attempts are refused until the oldest one leaves the window. How sign-ins use them is in
 ``sign_in_limits``; server processes sharing a PostgreSQL database also count sign-ins there (``attempts``).
-The other windows (sign-ups, second-factor codes) are kept per process.
+The other windows (sign-ups, second-factor codes, emailed tokens) are kept per process.
 """
 
 from __future__ import annotations
@@ -30,7 +30,13 @@ class RateLimits:
     addresses (``account_total_attempts``; past it only addresses that signed in to that account before may
     try). Sign-ups allowed per address (each costs a password hash); wrong second-factor codes allowed per
     account. Password checks (argon2) the process queues: at most ``password_checks_waiting`` waiting for a
-    worker, at most ``password_checks_per_address`` waiting or running for one address."""
+    worker, at most ``password_checks_per_address`` waiting or running for one address.
+
+    Emailed tokens: ``email_requests`` password-reset requests per email address (known or not: a 429
+    reveals nothing) and verification emails per account, and ``email_requests_per_address`` requests per
+    client address, within ``email_window``; at most ``email_requests`` messages actually go to one account
+    per window (more are dropped silently). ``token_attempts`` wrong or spent tokens per client address
+    within ``token_window`` (password-reset completion and email verification)."""
 
     account_attempts: int = 5
     account_window: float = 900.0
@@ -43,6 +49,11 @@ class RateLimits:
     mfa_window: float = 900.0
     password_checks_waiting: int = 8
     password_checks_per_address: int = 2
+    email_requests: int = 5
+    email_requests_per_address: int = 20
+    email_window: float = 3600.0
+    token_attempts: int = 10
+    token_window: float = 900.0
 
 
 def rate_limits_from(value: RateLimits | Mapping[str, Any] | None) -> RateLimits:

@@ -34,12 +34,22 @@ from . import sessions as _sessions
 from .attempts import SharedAttempts
 from .audit import AuditLog, AuditRetention, user_actor
 from .devices import DeviceTokens
+from .email_tokens import purge_tokens
+from .email_verification import (
+    DEFAULT_VERIFICATION_TTL,
+    EMAIL_NOT_VERIFIED,
+    EmailNotVerified,
+    EmailVerificationRoutes,
+    required_checks,
+)
 from .external_issuers import ExternalIssuers, external_issuers_from
 from .jwks import KeysUnavailable
 from .linking import LinkRoutes
+from .mailer import AuthMailer, EmailLimits
 from .mfa import MfaRoutes
 from .orgs import OrgRoutes, current_org_claims, org_claims, roles_from
 from .passkeys import PasskeyRoutes, passkey_config_from
+from .password_reset import DEFAULT_RESET_TTL, PasswordResetRoutes
 from .passwords import MAX_PASSWORD_CHARS, PasswordService, QueueFull, check_password_shape
 from .rate_limit import RateLimits, SlidingWindow, rate_limits_from, retry_after_header
 from .sign_in_limits import Reservation, SignInLimiter
@@ -54,6 +64,7 @@ from .storage import (
     User,
 )
 from .tokens import AUTH_CONFIG, InvalidToken, TokenService, hash_secret, new_refresh_token
+from .verified_emails import is_verified, mark_verified
 from .web import AuthError, normalize_email
 from .web import auth_failed as _auth_failed
 from .web import bearer as _bearer
@@ -66,6 +77,8 @@ from .web import seconds_option as _seconds
 from .web import string_field as _string_field
 
 if TYPE_CHECKING:
+    from ..email.sender import EmailSender
+    from ..email.templates import EmailTemplates
     from ..stores.base import ServerStore
 
 __all__ = ["AuthRoutes", "SyncAuthProvider", "create_auth_routes"]
@@ -146,6 +159,12 @@ class AuthRoutes:
         totp_issuer: str = "offline",
         audit_retention: AuditRetention | None = None,
         external_issuers: Sequence[Any] | None = None,
+        email_sender: EmailSender | None = None,
+        email_templates: EmailTemplates | str | None = None,
+        app_url: str | None = None,
+        require_verified_email: bool | str | Sequence[str] = False,
+        password_reset_ttl: float | datetime.timedelta = DEFAULT_RESET_TTL,
+        email_verification_ttl: float | datetime.timedelta = DEFAULT_VERIFICATION_TTL,
         now: Callable[[], float] | None = None,
     ) -> None:
         self._now = now or time.time
@@ -188,6 +207,27 @@ class AuthRoutes:
         self.orgs = OrgRoutes(self, roles=self.roles, invite_ttl=_seconds(invite_ttl, "invite_ttl"))
         self.linking = LinkRoutes(self)
         self.passkeys = PasskeyRoutes(self, passkey_config_from(passkeys))
+        self.mailer = _mailer(email_sender, email_templates, app_url)
+        self.email_limits = EmailLimits(
+            limits.email_requests,
+            limits.email_requests_per_address,
+            limits.email_window,
+            limits.token_attempts,
+            limits.token_window,
+        )
+        self.password_reset = PasswordResetRoutes(
+            self, ttl=_seconds(password_reset_ttl, "password_reset_ttl")
+        )
+        checks = required_checks(require_verified_email)
+        if checks and email_sender is None:
+            raise OfflineError(
+                "require_verified_email needs an email_sender to send the verification messages",
+                AUTH_CONFIG,
+                {"field": "email_sender"},
+            )
+        self.email_verification = EmailVerificationRoutes(
+            self, ttl=_seconds(email_verification_ttl, "email_verification_ttl"), required=checks
+        )
         self.routes: list[BaseRoute] = [
             Route("/sign-up", self._handler(self.sign_up), methods=["POST"]),
             Route("/sign-in", self._handler(self.sign_in), methods=["POST"]),
@@ -201,6 +241,8 @@ class AuthRoutes:
             *self.orgs.routes(),
             *self.linking.routes(),
             *self.passkeys.routes(),
+            *self.password_reset.routes(),
+            *self.email_verification.routes(),
         ]
         #: The routes as one ASGI app, for mounting at ``/auth`` in another application.
         self.app = Router(routes=self.routes)
@@ -229,8 +271,20 @@ class AuthRoutes:
         return self._provider
 
     def close(self) -> None:
-        """Release the password-hashing threads (they are started again on demand)."""
+        """Release the password-hashing threads (they are started again on demand) and cancel emails not
+        sent yet."""
         self.passwords.close()
+        self.mailer.close()
+
+    def require_email(self, what: str) -> None:
+        """503 EMAIL_NOT_CONFIGURED when no email sender was given (``what`` needs one)."""
+        if not self.mailer.configured:
+            raise AuthError(
+                503,
+                "EMAIL_NOT_CONFIGURED",
+                f"{what} needs email, and this server has no email sender; its operator must set "
+                "OFFLINE_SMTP_URL (or pass email_sender to create_auth_routes)",
+            )
 
     def subscribe_revocations(self, listener: Callable[[list[str]], None]) -> None:
         if listener not in self._revocation_listeners:
@@ -283,6 +337,14 @@ class AuthRoutes:
                     detail={"reason": "user-disabled", "path": request.url.path},
                 )
                 return exc.response()
+            except EmailNotVerified as exc:
+                await self.audit.record(
+                    "sign-in-failed",
+                    subject=exc.user_id,
+                    address=_client_address(request),
+                    detail={"reason": "email-not-verified", "path": request.url.path},
+                )
+                return exc.response()
             except AuthError as exc:
                 return exc.response()
             except OfflineError as exc:
@@ -302,6 +364,7 @@ class AuthRoutes:
         self._next_purge = clock + _PURGE_EVERY
         async with self._store().transaction() as tx:
             await tx.purge(self._ms(), keep_revoked_ms=self.access_ttl * 1000)
+            await purge_tokens(tx, self._ms())
         shared = self._shared_attempts()
         if shared is not None:
             longest = max(self.rate_limits.account_window, self.rate_limits.address_window)
@@ -347,8 +410,10 @@ class AuthRoutes:
 
     async def _open_session(self, tx: AuthTx, user: User) -> _Pair:
         """A new session of ``user`` and its first refresh token (no organization is active yet); refused with
-        USER_DISABLED (rolling the caller's transaction back) when the account is disabled."""
+        USER_DISABLED (rolling the caller's transaction back) when the account is disabled, or
+        EMAIL_NOT_VERIFIED when sign-in needs a verified address (``email_verification``)."""
         await self.refuse_disabled(tx, user.id)
+        await self.email_verification.check_sign_in(tx, user)
         now = self._ms()
         session_id = generate_uuid_v7()
         await tx.insert_session(SessionRow(session_id, user.id, now))
@@ -358,7 +423,13 @@ class AuthRoutes:
                 hash_secret(refresh), session_id, session_id, user.id, now, now + self.refresh_ttl * 1000
             )
         )
-        return _Pair(user, session_id, refresh, await org_claims(tx, user.id, session_id))
+        return _Pair(user, session_id, refresh, await self._claims_of(tx, user, session_id))
+
+    async def _claims_of(self, tx: AuthTx, user: User, session_id: str) -> dict[str, Any]:
+        """The access token's claims beyond the standard ones: organizations and ``email_verified``."""
+        claims = await org_claims(tx, user.id, session_id)
+        claims["email_verified"] = await is_verified(tx, user)
+        return claims
 
     async def refuse_disabled(self, tx: AuthTx, user_id: str) -> None:
         """Raise USER_DISABLED when an administrator disabled the account (and INVALID_CREDENTIALS when it was
@@ -451,6 +522,7 @@ class AuthRoutes:
         except QueueFull as full:
             self.sign_up_limiter.unhit(address, stamp)  # nothing was hashed: the sign-up does not count
             raise self._busy(full) from None
+        verification = self.email_verification
         async with self._store().transaction() as tx:
             user = User(generate_uuid_v7(), email, password_hash, self._ms())
             if not await tx.insert_user(user):
@@ -460,8 +532,21 @@ class AuthRoutes:
                     "an account with this email already exists; sign in instead",
                     field="email",
                 )
-            pair = await self._open_session(tx, user)
+            # Sign-in needs a verified address: the account is created without a session.
+            pair = None if verification.for_sign_in else await self._open_session(tx, user)
         self.sign_in_limits.remember(email, address)
+        verification.send_later(user)
+        if pair is None:
+            log.info("user %s signed up (verification required before sign-in)", user.id)
+            return JSONResponse(
+                {
+                    "user": {"id": user.id, "email": user.email},
+                    "emailVerified": False,
+                    "emailVerificationRequired": True,
+                },
+                status_code=201,
+                headers={"Cache-Control": "no-store"},
+            )
         log.info("user %s signed up (session %s)", user.id, pair.session_id)
         await self.audit.record(
             "sign-up", actor=user_actor(user.id), subject=user.id, address=address, detail={"email": email}
@@ -606,7 +691,7 @@ class AuthRoutes:
                     )
                     if not isinstance(org_id, _Keep):
                         await tx.set_active_org(row.session_id, org_id)
-                    claims = await org_claims(tx, user.id, row.session_id)
+                    claims = await self._claims_of(tx, user, row.session_id)
                     pair = _Pair(user, row.session_id, refresh, claims)
                     outcome = "ok"
         if outcome == "reused":
@@ -719,10 +804,16 @@ class AuthRoutes:
         claims = await self._claims(request)
         async with self._store().reader() as tx:
             user = await tx.user_by_id(str(claims["sub"]))
+            verified = user is not None and await is_verified(tx, user)
         if user is None:
             raise _auth_failed()
         return JSONResponse(
-            {"id": user.id, "email": user.email, "createdAt": _iso(user.created_at)},
+            {
+                "id": user.id,
+                "email": user.email,
+                "emailVerified": verified,
+                "createdAt": _iso(user.created_at),
+            },
             headers={"Cache-Control": "no-store"},
         )
 
@@ -792,6 +883,9 @@ class AuthRoutes:
             raise AuthError(exc.status, "OAUTH_FAILED", exc.message) from None
         email = normalize_email(profile.email) if profile.email else None
         user, created = await self._oauth_user(provider.name, profile.subject, email)
+        if created and email is not None and profile.email_verified:
+            async with self._store().transaction() as tx:
+                await mark_verified(tx, user.id, email, self._ms())
         async with self._store().transaction() as tx:
             await self.refuse_disabled(tx, user.id)
             second_factor = await self.mfa.required(tx, user, f"oauth:{provider.name}")
@@ -850,6 +944,28 @@ class _LostRace(Exception):
     pass
 
 
+def _mailer(
+    sender: EmailSender | None, templates: EmailTemplates | str | None, app_url: str | None
+) -> AuthMailer:
+    from ..email.sender import EmailSender
+    from ..email.templates import EmailTemplates
+
+    if sender is not None and not isinstance(sender, EmailSender):
+        raise OfflineError(
+            "email_sender must be an EmailSender (SmtpEmailSender, ConsoleEmailSender or a subclass)",
+            AUTH_CONFIG,
+            {"field": "email_sender"},
+        )
+    if app_url is not None and (not isinstance(app_url, str) or "://" not in app_url):
+        raise OfflineError(
+            "app_url must be the app's absolute address, such as https://app.example",
+            AUTH_CONFIG,
+            {"field": "app_url"},
+        )
+    chosen = templates if isinstance(templates, EmailTemplates) else EmailTemplates(templates)
+    return AuthMailer(sender, chosen, app_url=app_url)
+
+
 def _account_exists() -> AuthError:
     return AuthError(
         409,
@@ -881,7 +997,9 @@ class SyncAuthProvider:
                 return external
             # Membership is read from the store at every handshake: a member removed from an organization
             # gets no more of its data, even with a token issued before the removal.
-            return await self.routes.verify_access_token(token, current_orgs=True)
+            claims = await self.routes.verify_access_token(token, current_orgs=True)
+            await self.routes.email_verification.check_sync(claims)
+            return claims
         except KeysUnavailable as exc:
             # The identity provider's keys cannot be read now: a retriable refusal, so clients try again later
             # instead of stopping as they do on AUTH_FAILED.
@@ -898,6 +1016,9 @@ class SyncAuthProvider:
                     {},
                 ) from None
         except OfflineError as exc:
+            if exc.code == EMAIL_NOT_VERIFIED:
+                log.info("sync handshake refused: email not verified")
+                raise  # the endpoint tells the client why (not a token problem: no refresh helps)
             log.error(
                 "sync handshake refused: the token could not be checked: [%s] %s", exc.code, exc.message
             )
@@ -938,6 +1059,12 @@ def create_auth_routes(
     totp_issuer: str = "offline",
     audit_retention: AuditRetention | None = None,
     external_issuers: Sequence[Any] | None = None,
+    email_sender: EmailSender | None = None,
+    email_templates: EmailTemplates | str | None = None,
+    app_url: str | None = None,
+    require_verified_email: bool | str | Sequence[str] = False,
+    password_reset_ttl: float | datetime.timedelta = DEFAULT_RESET_TTL,
+    email_verification_ttl: float | datetime.timedelta = DEFAULT_VERIFICATION_TTL,
 ) -> AuthRoutes:
     """Auth routes signing tokens with ``secret`` (AUTH_SECRET, at least 32 bytes). ``access_ttl`` and
     ``refresh_ttl`` in seconds (15 minutes and 30 days by default); ``oauth_providers``: name -> provider dict
@@ -947,7 +1074,14 @@ def create_auth_routes(
     None: no passkeys); ``totp_issuer``: the name authenticator apps show next to the account;
     ``audit_retention``: how much of the audit log is kept (``server_runtime.auth.audit``);
     ``external_issuers``: OpenID Connect issuers whose tokens sync and ``/auth/me`` accept (a list of
-    ``{issuer, audience, jwksUrl?, userIdClaim?, scopeClaims?}``; ``server_runtime.auth.external_issuers``)."""
+    ``{issuer, audience, jwksUrl?, userIdClaim?, scopeClaims?}``; ``server_runtime.auth.external_issuers``).
+
+    Email (``server_runtime.email``, ``password_reset``, ``email_verification``): ``email_sender`` delivers the
+    password-reset and verification messages (None: those routes answer 503 EMAIL_NOT_CONFIGURED);
+    ``email_templates``: an ``EmailTemplates`` or a folder overriding the shipped templates; ``app_url``: the
+    app's address, for the links in messages; ``require_verified_email``: False, True, ``"sign-in"``,
+    ``"sync"`` or a list of those; ``password_reset_ttl`` (30 minutes) and ``email_verification_ttl`` (24
+    hours): how long an emailed token works."""
     return AuthRoutes(
         secret=secret,
         oauth_providers=oauth_providers,
@@ -961,4 +1095,10 @@ def create_auth_routes(
         totp_issuer=totp_issuer,
         audit_retention=audit_retention,
         external_issuers=external_issuers,
+        email_sender=email_sender,
+        email_templates=email_templates,
+        app_url=app_url,
+        require_verified_email=require_verified_email,
+        password_reset_ttl=password_reset_ttl,
+        email_verification_ttl=email_verification_ttl,
     )

@@ -3,7 +3,8 @@
 ``OFFLINE_AUTH_ACCESS_TTL`` and ``OFFLINE_AUTH_REFRESH_TTL`` (seconds) set the token lifetimes; every field of
 ``RateLimits`` can be set as ``OFFLINE_AUTH_<FIELD>`` (upper case, e.g. ``OFFLINE_AUTH_ADDRESS_ATTEMPTS=100``
 for many users behind one NAT); ``OFFLINE_AUDIT_MAX_ENTRIES`` and ``OFFLINE_AUDIT_MAX_AGE_DAYS`` bound the audit
-log (``audit``). Unset variables keep the defaults; a bad value is an error naming the variable.
+log (``audit``); ``OFFLINE_AUTH_REQUIRE_VERIFIED_EMAIL`` sets ``require_verified_email`` (``true``,
+``sign-in``, ``sync``). Unset variables keep the defaults; a bad value is an error naming the variable.
 """
 
 from __future__ import annotations
@@ -64,4 +65,25 @@ def auth_options_from_environment(env: Mapping[str, str]) -> dict[str, Any]:
             retention[field] = value
     if retention:
         options["audit_retention"] = AuditRetention(**retention)
+    required = env.get(_PREFIX + "REQUIRE_VERIFIED_EMAIL", "").strip().lower()
+    if required:
+        options["require_verified_email"] = _required_checks(required)
     return options
+
+
+def _required_checks(text: str) -> bool | list[str]:
+    """``OFFLINE_AUTH_REQUIRE_VERIFIED_EMAIL``: true/1 (sign-in and sync), false/0, or ``sign-in``, ``sync``
+    or ``sign-in,sync``."""
+    if text in {"1", "true", "yes", "on"}:
+        return True
+    if text in {"0", "false", "no", "off"}:
+        return False
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    if not names or any(name not in ("sign-in", "sync") for name in names):
+        name = _PREFIX + "REQUIRE_VERIFIED_EMAIL"
+        raise OfflineError(
+            f"{name} must be true, false, sign-in, sync or sign-in,sync; fix or remove it",
+            AUTH_CONFIG,
+            {"field": name},
+        )
+    return names

@@ -210,9 +210,12 @@ class _MemoryData(ExtMemoryData):
         self.refresh: dict[str, RefreshRow] = {}
         self.states: dict[str, OAuthStateRow] = {}
         # Rows of the modules that keep their own tables (kinds as those modules say): user id -> disabled
-        # mark (accounts), entry id -> audit entry (audit).
+        # mark (accounts), entry id -> audit entry (audit), token hash -> row (email_tokens), user id ->
+        # (address, verified at) (verified_emails).
         self.disabled: dict[str, Any] = {}
         self.audit: dict[str, Any] = {}
+        self.email_tokens: dict[str, Any] = {}
+        self.verified_emails: dict[str, Any] = {}
 
 
 class _MemoryTx(MemoryExtTx, AuthTx):
@@ -434,8 +437,17 @@ def _all_tables() -> tuple[str, ...]:
     import this module)."""
     from .accounts import ACCOUNT_TABLES
     from .audit import AUDIT_TABLES
+    from .email_tokens import EMAIL_TOKEN_TABLES
+    from .verified_emails import VERIFIED_EMAIL_TABLES
 
-    return (*_TABLES, *EXT_TABLES, *ACCOUNT_TABLES, *AUDIT_TABLES)
+    return (
+        *_TABLES,
+        *EXT_TABLES,
+        *ACCOUNT_TABLES,
+        *AUDIT_TABLES,
+        *EMAIL_TOKEN_TABLES,
+        *VERIFIED_EMAIL_TABLES,
+    )
 
 
 def _user(row: Sequence[Any]) -> User:

@@ -79,7 +79,9 @@ def test_runtime_requirements_drop_cli_only_and_extras_and_judge_markers_for_lin
         "tomli>=2; python_version < '3.11'",
         "pytest>=8; extra == 'test'",
     ]
+    # Jinja2 stays: the server renders its email templates with it.
     assert bundle.runtime_requirements(bundle.TargetPython("3.11"), requires) == [
+        "Jinja2>=3.1",
         "starlette>=0.40",
         "asyncpg>=0.29",
     ]
@@ -92,8 +94,8 @@ def test_runtime_requirements_of_the_installed_distribution_include_the_server_s
         r.split(">")[0].split("=")[0].lower()
         for r in bundle.runtime_requirements(bundle.TargetPython("3.11"))
     }
-    assert {"starlette", "uvicorn", "websockets", "aiosqlite", "asyncpg"} <= names
-    assert not names & {"click", "rich", "jinja2", "questionary", "shiv", "boto3", "docker", "pytest"}
+    assert {"starlette", "uvicorn", "websockets", "aiosqlite", "asyncpg", "jinja2", "aiosmtplib"} <= names
+    assert not names & {"click", "rich", "questionary", "shiv", "boto3", "docker", "pytest"}
 
 
 def test_pip_arguments_target_x86_64_manylinux_and_the_image_python(tmp_path: Path) -> None:
@@ -252,9 +254,7 @@ def test_real_bundle_runs_the_project_from_the_zipapp_alone(tmp_path: Path) -> N
     assert "site-packages/offline_app/server.py" in names
     assert "site-packages/server_runtime/__main__.py" in names
     assert any(n.startswith("site-packages/starlette/") for n in names)
-    assert not any(
-        n.startswith(("site-packages/rich/", "site-packages/jinja2/", "site-packages/boto3/")) for n in names
-    )
+    assert not any(n.startswith(("site-packages/rich/", "site-packages/boto3/")) for n in names)
     assert (deploy_dir / "client" / "index.html").is_file()
 
     port = _free_port()
