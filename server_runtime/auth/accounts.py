@@ -6,9 +6,9 @@ it, so the users table itself never changes shape.
 
 Deleting a user removes the account and everything that signs it in or describes it to the auth routes: its
 row, provider identities, sessions, refresh tokens, TOTP enrolment and recovery codes, passkeys,
-organization memberships (the organizations stay), pending challenges and its disabled mark. The records it
-synced are application data and stay, as do the registrations of its devices' node ids (so no other account
-can ever write as those devices).
+organization memberships (the organizations stay), pending challenges, emailed tokens, its verified address
+and its disabled mark. The records it synced are application data and stay, as do the registrations of its
+devices' node ids (so no other account can ever write as those devices).
 """
 
 from __future__ import annotations
@@ -226,6 +226,8 @@ async def delete_user(tx: AuthTx, user_id: str) -> bool:
             (d.challenges, [k for k, c in d.challenges.items() if c.user_id == user_id]),
             (d.active, [k for k in d.active if k in sessions]),
             (d.disabled, [user_id] if user_id in d.disabled else []),
+            (d.email_tokens, [k for k, t in d.email_tokens.items() if t.user_id == user_id]),
+            (d.verified_emails, [user_id] if user_id in d.verified_emails else []),
         ]
         for table, keys in doomed:
             for key in keys:
@@ -250,6 +252,8 @@ async def delete_user(tx: AuthTx, user_id: str) -> bool:
         "offline_auth_memberships",
         "offline_auth_challenges",
         "offline_auth_user_status",
+        "offline_auth_email_tokens",
+        "offline_auth_verified_emails",
     ):
         await tx.c.execute(f"DELETE FROM {name} WHERE user_id = ?", user_id)
     await tx.c.execute("DELETE FROM offline_auth_users WHERE id = ?", user_id)

@@ -16,8 +16,8 @@ An entry: ``{id, at, kind, actor, subject, address, detail}``. ``actor`` is who 
 - ``mfa-enabled``, ``mfa-disabled``, ``passkey-added``, ``passkey-removed``, ``identity-linked``;
 - ``user-disabled``, ``user-enabled``, ``user-signed-out``, ``user-deleted`` (actor ``admin``);
 - ``password-reset-requested`` (detail ``email``, ``sent``; subject None for an address without an account),
-  ``password-reset`` (detail ``sessionsRevoked``), ``password-reset-failed``, ``email-verification-sent``,
-  ``email-verified``; ``sign-in-failed`` with reason ``email-not-verified``;
+  ``password-reset`` (detail ``sessionsRevoked``), ``password-reset-failed``, ``email-verified``;
+  ``sign-in-failed`` with reason ``email-not-verified``;
 - others may add kinds: a kind is a short lowercase name.
 
 No secret ever enters an entry: ``detail`` keeps only scalar values (and lists of strings) under keys that do

@@ -20,7 +20,8 @@ Access tokens carry ``email_verified`` (true or false, as of their issue: refres
 right, and a fresh verification message is sent (within the account's limit); a sign-up then creates the
 account, sends the message and answers 201 ``{user, emailVerified: false, emailVerificationRequired: true}``
 without tokens. ``sync``: the sync handshake of an unverified account is refused with the connection error
-``EMAIL_NOT_VERIFIED`` (read from the store at each handshake, so a verification counts at once).
+``EMAIL_NOT_VERIFIED`` (read from the store at each handshake, so a verification counts at once). Sessions of
+external issuers' tokens (``external_issuers``) are not checked: they have no account here to verify.
 """
 
 from __future__ import annotations
@@ -148,7 +149,6 @@ class EmailVerificationRoutes:
             )
         await core.mailer.send(core.mailer.message(VERIFY_EMAIL, email, token=token, expires_in=self.ttl))
         log.info("verification message sent to user %s", user_id)
-        await core.audit.record("email-verification-sent", subject=user_id, detail={"email": email})
 
     # -- checks -----------------------------------------------------------------------------------------------
 

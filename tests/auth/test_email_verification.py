@@ -67,7 +67,7 @@ def test_verification_end_to_end(stores: StoreFactory) -> None:
                 assert asked.status_code == 200 and asked.json() == {"emailVerified": True}
                 entries = await routes.audit.entries(AuditQuery(user=pair["user"]["id"]))
                 kinds = {e.kind for e in entries}
-                assert {"email-verification-sent", "email-verified"} <= kinds
+                assert "email-verified" in kinds
                 assert token not in json.dumps([e.to_json() for e in entries])
 
     asyncio.run(scenario())

@@ -277,3 +277,40 @@ def test_reset_tokens_live_in_every_store_kind_and_are_purged(stores: StoreFacto
             await store.close()
 
     asyncio.run(scenario())
+
+
+def test_deleting_a_user_deletes_its_emailed_tokens_and_verified_address(stores: StoreFactory) -> None:
+    from server_runtime.auth.accounts import delete_user
+    from server_runtime.auth.email_tokens import VERIFY_EMAIL, EmailTokenRow, insert_token, peek_token
+    from server_runtime.auth.storage import User
+    from server_runtime.auth.verified_emails import mark_verified, verified_email
+
+    from .conftest import SCHEMA
+
+    async def scenario() -> None:
+        store = await stores.open()
+        await store.set_schema(SCHEMA)
+        auth = store.auth_store()
+        try:
+            async with auth.transaction() as tx:
+                for user_id in ("u1", "u2"):
+                    await tx.insert_user(User(user_id, f"{user_id}@x.example", None, 1))
+                    await insert_token(
+                        tx,
+                        EmailTokenRow(
+                            f"h-{user_id}", VERIFY_EMAIL, user_id, f"{user_id}@x.example", 1, 10**15
+                        ),
+                    )
+                    await mark_verified(tx, user_id, f"{user_id}@x.example", 1)
+            async with auth.transaction() as tx:
+                assert await delete_user(tx, "u1")
+            async with auth.reader() as tx:
+                assert await peek_token(tx, "h-u1") is None and await verified_email(tx, "u1") is None
+                assert (
+                    await peek_token(tx, "h-u2") is not None
+                    and await verified_email(tx, "u2") == "u2@x.example"
+                )
+        finally:
+            await store.close()
+
+    asyncio.run(scenario())
