@@ -253,6 +253,32 @@ def bases(app: App) -> dict[tuple[str, str], RecordState]:
     }
 
 
+def rename_fields(app: App, renames: Mapping[str, Sequence[tuple[str, str]]]) -> None:
+    """Rename the fields of compacted records' base states as a schema migration renames them (``renames``:
+    collection -> (old, new) names in order), inside the migration's transaction, before its rebuild: the
+    operations of the log are read under their schema version's names, a base state under the names it was
+    folded with."""
+    if not app._compacted or not any(renames.values()):
+        return
+    conn = app.db.conn
+    for collection, steps in renames.items():
+        if not steps:
+            continue
+        rows = conn.execute(
+            "SELECT record_id, state FROM _offline_compacted WHERE collection = ?", (collection,)
+        ).fetchall()
+        updated: list[tuple[str, str, str]] = []
+        for record_id, text in rows:
+            state = RecordState.from_json(text)
+            for old, new in steps:
+                if old in state.fields:
+                    state.fields[new] = state.fields.pop(old)
+            updated.append((state.to_json(), collection, str(record_id)))
+        conn.executemany(
+            "UPDATE _offline_compacted SET state = ? WHERE collection = ? AND record_id = ?", updated
+        )
+
+
 def adopt_states(
     app: App, states: Sequence[tuple[str, str, str, Mapping[str, int]]]
 ) -> list[tuple[str, str]]:

@@ -21,6 +21,7 @@ from offline.core.fields import validate_field_value
 from offline.core.migrations import MigrationStep, apply_migration_steps
 from offline.merge.values import normalize
 
+from . import compaction
 from .database import storage_error
 from .rows import drop_lookup_indexes
 
@@ -67,6 +68,9 @@ def migrate_database(app: App) -> None:
                     apply_migration_steps(db.conn, structural)
                 db.create_tables(schema)
                 db.set_meta("schema_version", str(schema.version))
+                compaction.rename_fields(
+                    app, {name: _renames_after(app, name, old) for name in schema.collections}
+                )
                 app.rebuild()
                 for version, step in backfills:
                     _run_backfill(app, version, step)
