@@ -793,8 +793,11 @@ class SyncService:
         """Compact the store's history (`ServerStore.compact`): ``{"horizon", "dropped", "kept"}``. Sessions
         that resume below the horizon get record states (see `relay`)."""
         started = time.perf_counter()
-        result = await self.store.compact()
-        self._horizon = max(self._horizon, int(result["horizon"]))
+        # The horizon is announced before anything is deleted: a relay reading the log meanwhile then
+        # drops what it read and sends states instead (see `relay`); states sent early are only a superset.
+        horizon = await self.store.max_delivery()
+        self._horizon = max(self._horizon, horizon)
+        result = await self.store.compact(horizon)
         log.info(
             "compacted the operation log up to delivery %d: %d operations deleted, %d kept (%.2f s)",
             result["horizon"],
@@ -1258,7 +1261,10 @@ class SyncService:
                 # caught up): record states instead of those operations, then the log after the horizon.
                 await self._catch_up_states(session, selectors, horizon)
                 session.cursor = last_sent = horizon
+            before = session.cursor
             batch, top, final = await self._page(session, selectors, limit)
+            if self._horizon > before:
+                continue  # a compaction began meanwhile: the page may lack what it deleted (states instead)
             if top > session.cursor:
                 node_id = session.node_id
                 if session.open:

@@ -491,9 +491,9 @@ class ServerStore(abc.ABC):
     # ---------------------------------------------------------------------------------------- compaction
 
     @abc.abstractmethod
-    async def compact(self) -> dict[str, Any]:
-        """Delete superseded history: the operations up to the highest delivery now (the *horizon*, kept in
-        meta ``compaction_horizon``), all folded into the stored rows already, except each record's latest
+    async def compact(self, horizon: int | None = None) -> dict[str, Any]:
+        """Delete superseded history: the operations up to delivery ``horizon`` (None: the highest now; kept
+        in meta ``compaction_horizon``), all folded into the stored rows already, except each record's latest
         and each node's highest, with their scope index rows; keep each node's and each record's highest
         deleted sequence numbers. Returns ``{"horizon", "dropped", "kept"}``. See
         ``server_runtime.stores.compaction`` for what each kept part serves."""

@@ -99,6 +99,12 @@ def plan(rows: Iterable[LogRow], horizon: int) -> CompactionPlan:
     return out
 
 
+def bounded(horizon: int | None, top: int) -> int:
+    """The horizon a compaction goes to: ``horizon`` (None: ``top``, the highest delivery), never above
+    ``top``, never below 0."""
+    return top if horizon is None else max(0, min(int(horizon), top))
+
+
 def with_compacted(
     held: dict[tuple[str, int], str], wanted: Iterable[tuple[str, int]], marks: Mapping[str, int]
 ) -> dict[tuple[str, int], str]:

@@ -253,10 +253,10 @@ class MemoryServerStore(ServerStore):
     async def listen(self, callback: NotifyCallback) -> None:
         self._check_open()
 
-    async def compact(self) -> dict[str, Any]:
+    async def compact(self, horizon: int | None = None) -> dict[str, Any]:
         async with self._lock:
             self._check_open()
-            horizon = len(self._ops)
+            horizon = compaction.bounded(horizon, len(self._ops))
             rows = [
                 (
                     o.delivery,
@@ -266,7 +266,7 @@ class MemoryServerStore(ServerStore):
                     o.operation.record_id,
                     o.scope,
                 )
-                for o in self._ops
+                for o in self._ops[:horizon]
                 if o is not None
             ]
             done = compaction.plan(rows, horizon)

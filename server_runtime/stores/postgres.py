@@ -564,14 +564,13 @@ class PostgresServerStore(ServerStore):
             self._callbacks.remove(callback)
             raise
 
-    async def compact(self) -> dict[str, Any]:
+    async def compact(self, horizon: int | None = None) -> dict[str, Any]:
         async with self.writer() as writer:
             assert isinstance(writer, _PostgresWriter)
             conn = writer.conn
             with self._errors("compacting the operation log"):
-                horizon = int(
-                    await conn.fetchval("SELECT COALESCE(MAX(delivery), 0) FROM offline_operations")
-                )
+                top = int(await conn.fetchval("SELECT COALESCE(MAX(delivery), 0) FROM offline_operations"))
+                horizon = compaction.bounded(horizon, top)
                 rows = await conn.fetch(
                     "SELECT delivery, node_id, sequence_number, collection, record_id, scope::text"
                     " FROM offline_operations WHERE delivery <= $1 ORDER BY delivery",

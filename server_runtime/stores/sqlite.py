@@ -769,10 +769,10 @@ class SQLiteServerStore(ServerStore):
     async def listen(self, callback: NotifyCallback) -> None:
         self._check_open()
 
-    async def compact(self) -> dict[str, Any]:
+    async def compact(self, horizon: int | None = None) -> dict[str, Any]:
         async with self.writer() as writer:
             assert isinstance(writer, _SQLiteWriter)
-            horizon = writer.max_delivery
+            horizon = compaction.bounded(horizon, writer.max_delivery)
             with self._errors("compacting the operation log"):
                 (rows,) = await writer._read(
                     [

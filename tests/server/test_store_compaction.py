@@ -92,3 +92,15 @@ def test_what_compaction_keeps_survives_a_restart(tmp_path: Path, request: pytes
 
         backend.run(first)
         backend.run(second)
+
+
+def test_compact_up_to_a_given_horizon_keeps_what_follows(backend: Backend) -> None:
+    async def test(store: ServerStore) -> None:
+        await seed(store)
+        # Up to delivery 5 (r1's history): r1 keeps its latest, nothing after 5 is touched.
+        assert await store.compact(5) == {"horizon": 5, "dropped": 4, "kept": 1}
+        assert await store.compaction_horizon() == 5
+        assert [s.delivery for s in await store.operations_since(0)] == [5, 6, 7, 8, 9, 10]
+        assert await store.compact(99) == {"horizon": 10, "dropped": 3, "kept": 3}
+
+    backend.run(test)
