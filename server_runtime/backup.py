@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import logging
 import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
@@ -41,6 +42,8 @@ __all__ = [
     "import_backup",
     "read_backup",
 ]
+
+log = logging.getLogger("offline.server.backup")
 
 FORMAT = "offline-backup"
 #: Version 2 files end in an ``hmac`` line; version 1 files (legacy) in a bare ``checksum`` line.
@@ -131,6 +134,13 @@ async def export_backup(server: ProductionServer, key: BackupKey) -> AsyncIterat
     store = server.store
     sync = server.sync
     count = (await store.stats()).get("operations", 0)
+    horizon = await store.compaction_horizon()
+    if horizon:
+        log.warning(
+            "backup export: the store was compacted up to delivery %d; the backup holds only the operations "
+            "kept, and a server restored from it rebuilds compacted records from those alone",
+            horizon,
+        )
     manifest = {
         "type": "manifest",
         "format": FORMAT,
@@ -143,6 +153,8 @@ async def export_backup(server: ProductionServer, key: BackupKey) -> AsyncIterat
         "key": key.source,
         # Which principal owns each device's node id (SyncService.bind_node): a restored server keeps them.
         "nodes": await store.node_registrations(),
+        # Nonzero: operations up to this delivery were compacted (server_runtime.stores.compaction).
+        "compactionHorizon": horizon,
     }
     mac = hmac.new(key.key, digestmod=hashlib.sha256)
     first = _line(manifest)

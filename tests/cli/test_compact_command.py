@@ -87,6 +87,13 @@ def test_compact_through_the_cli_and_resent_operations_are_repeats(server: Serve
     again = offline("compact", "--url", server.http_url, "--token", ADMIN)
     assert json.loads(again.stdout) == {"horizon": 8, "dropped": 0, "kept": 3}
 
+    # A backup taken now says it holds a compacted log.
+    backup = httpx.post(
+        f"{server.http_url}/__offline/backup/export", headers={"Authorization": f"Bearer {ADMIN}"}, timeout=30
+    )
+    manifest = json.loads(backup.content.splitlines()[0])
+    assert (manifest["compactionHorizon"], manifest["operations"]) == (8, 3)
+
 
 def test_compact_refuses_a_wrong_token_and_says_what_to_do(server: ServerProcess) -> None:
     result = offline("compact", "--url", server.http_url, "--token", "wrong")
