@@ -282,3 +282,21 @@ def test_a_real_server_refuses_sign_in_until_the_address_is_verified_and_never_l
                 _assert_no_password(process.log_path.read_text())
 
     asyncio.run(scenario())
+
+
+def test_the_requirement_from_the_environment() -> None:
+    from offline.core.errors import OfflineError
+    from server_runtime.auth.settings import auth_options_from_environment
+
+    name = "OFFLINE_AUTH_REQUIRE_VERIFIED_EMAIL"
+    assert auth_options_from_environment({name: "true"})["require_verified_email"] is True
+    assert auth_options_from_environment({name: "sync"})["require_verified_email"] == ["sync"]
+    assert auth_options_from_environment({name: " Sign-In, sync "})["require_verified_email"] == [
+        "sign-in",
+        "sync",
+    ]
+    assert auth_options_from_environment({name: "0"})["require_verified_email"] is False
+    assert "require_verified_email" not in auth_options_from_environment({})
+    with pytest.raises(OfflineError) as caught:
+        auth_options_from_environment({name: "always"})
+    assert caught.value.context["field"] == name and "always" not in caught.value.message
