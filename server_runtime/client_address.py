@@ -31,6 +31,7 @@ __all__ = [
     "TRUSTED_PROXIES_ENV",
     "ProxyPolicy",
     "client_address",
+    "is_loopback_host",
     "limit_key",
 ]
 
@@ -73,6 +74,18 @@ def _identity(address: _Address) -> str:
 
 
 @functools.lru_cache(maxsize=4096)
+def is_loopback_host(host: str | None) -> bool:
+    """Whether ``host`` (a name or an address) is this machine: ``localhost`` or a loopback address."""
+    if not host:
+        return False
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def limit_key(host: str) -> str:
     """`_identity` of a peer address as the transport gives it (unparsable: unchanged)."""
     address = _parse_address(host)

@@ -20,6 +20,7 @@ from offline.core.errors import OfflineError
 
 from ..email.sender import EmailMessage, EmailSender
 from ..email.templates import EmailTemplates
+from .rate_limit import SlidingWindow
 
 __all__ = ["AuthMailer", "EmailLimits"]
 
@@ -112,7 +113,6 @@ class EmailLimits:
     def __init__(
         self, attempts: int, per_address: int, window: float, tokens: int, token_window: float
     ) -> None:
-        from .rate_limit import SlidingWindow
 
         #: Password-reset requests per email address as typed (normalised), whether it has an account or not.
         self.per_email = SlidingWindow(attempts, window)

@@ -12,7 +12,6 @@ unverified (``email_verified: false``).
 
 from __future__ import annotations
 
-import ipaddress
 import urllib.parse
 import warnings
 from collections.abc import Mapping
@@ -23,6 +22,7 @@ import httpx
 
 from offline.core.errors import OfflineError
 
+from ..client_address import is_loopback_host as _is_loopback
 from .tokens import AUTH_CONFIG
 
 __all__ = ["OAuthFailure", "OAuthProvider", "Profile", "fetch_profile", "providers_from"]
@@ -60,17 +60,6 @@ class Profile:
     subject: str
     email: str | None
     email_verified: bool = False  # the provider said ``email_verified: true``
-
-
-def _is_loopback(host: str | None) -> bool:
-    if not host:
-        return False
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _check_url(provider: str, key: str, url: object) -> str:

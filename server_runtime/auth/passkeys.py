@@ -30,8 +30,8 @@ from starlette.routing import BaseRoute, Route
 
 from offline.core.errors import OfflineError
 
+from ..client_address import is_loopback_host as _is_loopback
 from .audit import user_actor
-from .oauth import _is_loopback
 from .storage_ext import ChallengeRow, PasskeyRow
 from .tokens import AUTH_CONFIG, hash_secret
 from .web import AuthError, client_address, invalid, iso, read_body, string_field

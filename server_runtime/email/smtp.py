@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import email.message
 import email.utils
-import ipaddress
 import logging
 import ssl
 import urllib.parse
@@ -23,6 +22,7 @@ from typing import Final
 
 from offline.core.errors import OfflineError
 
+from ..client_address import is_loopback_host
 from .sender import EMAIL_CONFIG, EMAIL_DELIVERY_FAILED, EmailMessage, EmailSender
 
 __all__ = ["SmtpEmailSender", "SmtpSettings", "check_sender_address", "smtp_settings_from_url"]
@@ -46,15 +46,6 @@ class SmtpSettings:
 
 def _config(message: str, name: str) -> OfflineError:
     return OfflineError(message, EMAIL_CONFIG, {"field": name})
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def smtp_settings_from_url(url: str, *, name: str = "OFFLINE_SMTP_URL") -> SmtpSettings:
@@ -86,7 +77,7 @@ def smtp_settings_from_url(url: str, *, name: str = "OFFLINE_SMTP_URL") -> SmtpS
     username = urllib.parse.unquote(parts.username) if parts.username else None
     password = urllib.parse.unquote(parts.password) if parts.password is not None else None
     host = parts.hostname
-    if password is not None and scheme == "smtp" and not start_tls and not _is_loopback(host):
+    if password is not None and scheme == "smtp" and not start_tls and not is_loopback_host(host):
         raise _config(
             f"{name} sends a password over plain SMTP; add ?starttls=1 or use smtps:// so it is encrypted",
             name,
