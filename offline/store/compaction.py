@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 from offline.core.operations import Operation, operation_from_text
 from offline.merge.engine import RecordState
 
-from .database import ACKED, PENDING, REJECTED, STATE_REFERENCE
+from .database import ACKED, REJECTED, STATE_REFERENCE
 
 if TYPE_CHECKING:
     from .app import App
@@ -76,16 +76,23 @@ def compact(app: App) -> int:
     engine = app.engine
     with db.lock, db.transaction():
         conn = db.conn
-        rows = conn.execute(
-            "SELECT node_id, sequence_number, collection, record_id, hlc, wire FROM _offline_ops "
-            "WHERE status = ? ORDER BY collection, record_id",
-            (ACKED,),
-        ).fetchall()
-        if not rows:
+        # One pass over the log, without the operations' texts: most compacted records keep no operation,
+        # and their base is their current state.
+        dropped: dict[tuple[str, str], list[tuple[str, int, str]]] = {}
+        pending: set[tuple[str, str]] = set()
+        count = 0
+        for node_id, seq, collection, record_id, hlc, status in conn.execute(
+            "SELECT node_id, sequence_number, collection, record_id, hlc, status FROM _offline_ops "
+            "WHERE status != ?",
+            (REJECTED,),
+        ):
+            if status == ACKED:
+                dropped.setdefault((collection, record_id), []).append((str(node_id), int(seq), str(hlc)))
+                count += 1
+            else:
+                pending.add((collection, record_id))
+        if not count:
             return 0
-        dropped: dict[tuple[str, str], list[tuple[str, int, str, str]]] = {}
-        for node_id, seq, collection, record_id, hlc, wire in rows:
-            dropped.setdefault((collection, record_id), []).append((str(node_id), int(seq), str(hlc), wire))
         keys = list(dropped)
         bases = load(app, keys)
         texts = db.load_state_texts(keys, refold=False)
@@ -93,29 +100,31 @@ def compact(app: App) -> int:
         references = [k for k, t in texts.items() if isinstance(t, str) and t[:1] == STATE_REFERENCE]
         written_out = db.load_state_texts(references) if references else {}
         texts.update(written_out)
-        kept = _kept_counts(app, keys)
         out: list[tuple[str, str, str, str]] = []
         own = 0
         clock = db.get_meta(CLOCK_KEY) or ""
         for key, items in dropped.items():
             base_state, versions = bases.get(key, (None, {}))
             text = texts.get(key)
-            if kept.get(key, 0) == 0 and text is not None:
-                base_text = (
-                    text if isinstance(text, str) else text.decode()
-                )  # every operation goes: the state
+            if key not in pending and text is not None:
+                base_text = text if isinstance(text, str) else text.decode()  # every operation goes
             else:
+                # Some stay: the base is what the dropped ones make of the old base.
                 state = base_state if base_state is not None else RecordState()
                 if key[0] in app.codecs:
-                    for _, _, _, wire in items:
+                    for (wire,) in conn.execute(
+                        "SELECT wire FROM _offline_ops WHERE collection = ? AND record_id = ? AND status = ?",
+                        (*key, ACKED),
+                    ):
                         engine.apply(state, operation_from_text(wire), want_conflicts=False)
                 base_text = state.to_json()
-            for node_id, seq, hlc, _ in items:
+            for node_id, seq, hlc in items:
                 if seq > versions.get(node_id, -1):
                     versions[node_id] = seq
-                if node_id == app.node_id:
-                    own = max(own, seq)
-                clock = max(clock, hlc)
+                if node_id == app.node_id and seq > own:
+                    own = seq
+                if hlc > clock:
+                    clock = hlc
             out.append((key[0], key[1], base_text, _versions_text(versions)))
         db.save_states([(c, r, str(t)) for (c, r), t in written_out.items()])
         conn.executemany(
@@ -131,23 +140,7 @@ def compact(app: App) -> int:
         db.set_meta(FLAG_KEY, "1")
         app._compacted = True
     app._log_growth = 0
-    return len(rows)
-
-
-def _kept_counts(app: App, keys: Sequence[tuple[str, str]]) -> dict[tuple[str, str], int]:
-    """How many operations of each record stay in the log and count (pending ones)."""
-    out: dict[tuple[str, str], int] = {}
-    for collection, ids in _by_collection(keys).items():
-        for start in range(0, len(ids), _CHUNK):
-            chunk = ids[start : start + _CHUNK]
-            marks = ",".join("?" * len(chunk))
-            for record_id, count in app.db.conn.execute(
-                f"SELECT record_id, count(*) FROM _offline_ops WHERE collection = ? AND record_id IN ({marks}) "
-                "AND status = ? GROUP BY record_id",
-                [collection, *chunk, PENDING],
-            ):
-                out[(collection, str(record_id))] = int(count)
-    return out
+    return count
 
 
 def load(
