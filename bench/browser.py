@@ -274,6 +274,7 @@ def run(count: int = 1000, *, at_size: bool = True) -> dict[str, Any]:
         if at_size:
             with live_server(schema, dist, Path(folder) / "size-server.db") as live:
                 figures["at_size"] = asyncio.run(_at_size(executable, live.url))
+            _note("at size", figures["at_size"])
             figures["first_sync"] = {}
             for n in FIRST_SYNC:
                 db = Path(folder) / f"seeded-{n}.db"

@@ -209,7 +209,8 @@ def live_server(
         )
         return server, store, await server.start()
 
-    server, store, url = asyncio.run_coroutine_threadsafe(start(), loop).result(30)
+    # (seeding a large log takes a while on a busy machine)
+    server, store, url = asyncio.run_coroutine_threadsafe(start(), loop).result(30 + seed_count / 100)
     live = LiveServer(server, store, loop, url.rstrip("/"))
     try:
         yield live
