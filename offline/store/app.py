@@ -343,10 +343,41 @@ class App:
         new = {n for n in nodes if not is_server_node_id(n)} | self._authoritative
         if new == self._authoritative:
             return
+        added = new - self._authoritative
         with self.db.transaction():
             self._authoritative = new
             self.db.set_meta("authoritative_nodes", json.dumps(sorted(new)))
-            self.rebuild()
+            self._refold_written_by(added)
+
+    def _refold_written_by(self, nodes: set[str]) -> None:
+        """Refold the records whose value a change of the authoritative nodes may change: those holding a
+        write of one of ``nodes`` in a collection with a 'server-authoritative' field (no other register
+        reads which nodes are authoritative)."""
+        collections = [
+            name
+            for name, collection in self.schema.collections.items()
+            if name in self.codecs
+            and any(d.effective_merge_strategy == "server-authoritative" for d in collection.fields.values())
+        ]
+        if not collections or not nodes:
+            return
+        marks = ",".join("?" * len(collections))
+        keys: set[tuple[str, str]] = set()
+        for node_id in sorted(nodes):
+            keys.update(
+                self.db.conn.execute(
+                    f"SELECT DISTINCT collection, record_id FROM _offline_ops WHERE node_id = ? "
+                    f"AND collection IN ({marks}) AND status != ?",
+                    (node_id, *collections, REJECTED),
+                )
+            )
+        self.flush()
+        for collection, record_id in sorted(keys):
+            self._rows.pop((collection, record_id), None)
+            state, record = self.engine.fold(
+                collection, record_id, self.db.record_operations(collection, record_id)
+            )
+            self._persist(collection, record_id, state, record)
 
     def compact(self) -> int:
         """Drop from the local log the operations the server has acknowledged (or sent), keeping what
@@ -869,6 +900,10 @@ class App:
                 current = int(self.db.get_meta("delivery_watermark") or 0)
                 if watermark > current:
                     self.db.set_meta("delivery_watermark", str(watermark))
+            if fresh:
+                # Held under another place (a peer re-sending an operation with a new sequence number).
+                for op_id in self.db.held_in_records(fresh.values()):
+                    del fresh[op_id]
             if not fresh:
                 return []
             ordered = topological_sort(fresh.values())

@@ -32,9 +32,12 @@ REJECTED = 2  # refused by the server: kept for the record, excluded from every 
 # Keyed by (node, sequence number), which a node never reuses: a node's operations are appended in order,
 # so a local write adds to the last page of the table. Operation ids are content hashes, spread at random:
 # an index on them cost most of the write (a random page per write, hundreds per received batch), so there
-# is none. Duplicates are found by (node, sequence number), or by the id in the record's merge state; an
-# operation is looked up by its place, or by id within its record's operations (the record index), and
-# only a caller that knows neither (a refusal from a past session) searches the whole log.
+# is none. Ids are indexed under their record instead, (collection, record id, id): a record's operations
+# are mostly written in order, so that index takes appends too. Duplicates are found by (node, sequence
+# number), or by the id within its record (`held_in_records`: an operation re-sent under another sequence
+# number, however old; a record's merge state only recognises a bounded part of its history); an operation
+# is looked up by its place, or by id within its record, and only a caller that knows neither (a refusal
+# from a past session) searches the whole log.
 _OPS_TABLE = """CREATE TABLE IF NOT EXISTS _offline_ops (
         node_id TEXT NOT NULL,
         sequence_number INTEGER NOT NULL,
@@ -53,8 +56,10 @@ _OPS_COLUMNS = "node_id, sequence_number, id, collection, record_id, hlc, wire, 
 _INTERNAL = (
     """CREATE TABLE IF NOT EXISTS _offline_meta (key TEXT PRIMARY KEY NOT NULL, value TEXT NOT NULL)""",
     _OPS_TABLE,
-    # Records are mostly written in the order they were created (UUID v7 ids): appends again.
-    """CREATE INDEX IF NOT EXISTS _offline_ops_record ON _offline_ops (collection, record_id)""",
+    # Records are mostly written in the order they were created (UUID v7 ids): appends again. The id last:
+    # the lookup of an operation within its record's (`held_in_records`). It replaces the index without it.
+    """CREATE INDEX IF NOT EXISTS _offline_ops_record_id ON _offline_ops (collection, record_id, id)""",
+    """DROP INDEX IF EXISTS _offline_ops_record""",
     # Only the operations waiting for the server: counting them (every sync status report) reads this
     # small index instead of every operation this node ever wrote (the browser reports status often).
     f"""CREATE INDEX IF NOT EXISTS _offline_ops_pending ON _offline_ops (node_id) WHERE status = {PENDING}""",
@@ -262,6 +267,24 @@ class LocalDatabase:
                     [node_id, *chunk],
                 ):
                     held[(node_id, seq)] = op_id
+        return held
+
+    def held_in_records(self, ops: Iterable[Operation]) -> set[str]:
+        """The ids of ``ops`` the log holds already, at whatever place (found by id within its record)."""
+        keys = [(op.collection, op.record_id, op.id) for op in ops]
+        held: set[str] = set()
+        for start in range(0, len(keys), 300):
+            chunk = keys[start : start + 300]
+            values = ",".join("(?, ?, ?)" for _ in chunk)
+            held.update(
+                row[0]
+                for row in self.conn.execute(
+                    f"WITH wanted(c, r, i) AS (VALUES {values}) SELECT o.id FROM wanted "
+                    "JOIN _offline_ops o ON o.collection = wanted.c AND o.record_id = wanted.r "
+                    "AND o.id = wanted.i",
+                    [part for key in chunk for part in key],
+                )
+            )
         return held
 
     _INSERT_OP_HEAD = (

@@ -224,6 +224,33 @@ def test_declaring_the_server_later_refolds_held_records(clock: FakeClock) -> No
     assert record(client)["owner"] == record(server)["owner"] == "server"
 
 
+def test_declaring_a_server_refolds_only_the_records_it_wrote_authoritative_fields_of(
+    clock: FakeClock,
+) -> None:
+    """Learning a new authoritative node changes only records holding its writes in collections with a
+    'server-authoritative' field: those alone are refolded, the others keep their stored state."""
+    server, client = apps = new_apps(2, clock=clock)
+    seed([server, client], clock)
+    for i in range(20):
+        client.items.insert({"id": f"other{i}", "title": "x"})
+    server.items.update("r1", {"owner": "server"})
+    clock.advance()
+    client.items.update("r1", {"owner": "client"})
+    exchange_all(apps)
+    folded: list[str] = []
+    fold = client.engine.fold
+
+    def counting(collection: str, record_id: str, ops: Any) -> Any:
+        folded.append(record_id)
+        return fold(collection, record_id, ops)
+
+    client.engine.fold = counting  # type: ignore[method-assign]
+    client.set_authoritative_nodes([server.node_id])
+    assert folded == ["r1"]
+    assert record(client)["owner"] == "server"
+    assert client.items.count() == 21
+
+
 # -- existence: update vs delete ------------------------------------------------------------------------
 
 

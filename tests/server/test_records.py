@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
+
+from offline.core.errors import OfflineError
 from offline.core.fields import t
 from offline.core.hlc import HLCTimestamp
 from offline.core.operations import Operation, create_operation
@@ -150,3 +155,35 @@ def test_lookups_through_the_cache_indexes_find_what_a_scan_finds() -> None:
         for tag in tags:
             found = sorted(r["id"] for r in target.find_containing("users", "tagIds", tag))
             assert found == sorted(str(r["id"]) for r in alive if tag in (r.get("tagIds") or ()))
+
+
+def test_a_unique_constrained_insert_into_100_000_records_reads_an_index_bucket(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The server judges constraints against its record cache (every server store, SQLite and PostgreSQL
+    alike, loads its records into one and runs no SQL per check): at 100,000 records, the unique check of an
+    insert reads the index bucket of the new value, not the collection."""
+    from offline.merge import constraints
+    from server_runtime import records
+
+    cache = RecordCache(LOOKUPS)
+    for i in range(100_000):
+        record_id = f"u{i:06d}"
+        cache.put(
+            RecordRow("users", record_id, RecordState(), {"id": record_id, "email": f"u{i}@x.io"}, "{}")
+        )
+    read: list[int] = []
+    find = records._find
+
+    def counting(candidates: Any, filters: Any) -> list[dict[str, Any]]:
+        candidates = list(candidates)
+        read.append(len(candidates))
+        return find(candidates, filters)
+
+    monkeypatch.setattr(records, "_find", counting)
+    view = StagedView(cache)
+    fresh = constraints.check_write(view, "users", {"id": "new", "email": "new@x.io"}, None)
+    assert fresh.violations == []
+    with pytest.raises(OfflineError, match="uniqueEmail"):  # first-write-wins: the later insert is refused
+        constraints.check_write(view, "users", {"id": "dup", "email": "u99999@x.io"}, None)
+    assert read and max(read) <= 1

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from offline import App, create_app, define_schema, t
+from offline import App, OfflineError, create_app, define_schema, t
 from offline.core.migrations import migrate
 from tests.merge._support import make_op
 
@@ -100,6 +100,31 @@ def test_unique_and_capacity_checks_on_insert_use_an_index(app: App) -> None:
     assert any("users" in sql for sql, _ in plans)  # the checks did look the table up
     assert _scans(plans, "users") == []
     assert app.users.where({"email": "new@x.io"}).count() == 1
+
+
+def test_a_unique_constrained_insert_into_100_000_rows_uses_an_index(app: App) -> None:
+    """At a real table's size, with the planner's statistics gathered (ANALYZE), the checks still search
+    an index. The rows are written straight into the record table: the checks read nothing else."""
+    team = app.teams.insert({"name": "t"})
+    codec = app.codecs["users"]
+    rows = [
+        codec.row(
+            {"id": f"u{i:06d}", "email": f"u{i}@x.io", "teamId": f"t{i % 2000}", "tagIds": None, "nick": None}
+        )
+        for i in range(100_000)
+    ]
+    with app.db.transaction() as conn:
+        conn.executemany(codec.upsert_sql, rows)
+        conn.execute("ANALYZE")
+    assert app.users.count() == 100_000
+
+    plans = _plans_of(app, lambda: app.users.insert({"email": "new@x.io", "teamId": team["id"]}))
+
+    assert any("users" in sql for sql, _ in plans)
+    assert _scans(plans, "users") == []
+    with pytest.raises(OfflineError) as refused:
+        app.users.insert({"email": "u99999@x.io"})  # the constraint still holds at this size
+    assert refused.value.code
 
 
 def test_deleting_a_parent_finds_its_children_through_indexes(app: App) -> None:
