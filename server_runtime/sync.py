@@ -872,6 +872,7 @@ class SyncService:
                 "sequence_number": self._seq,
                 "causal_deps": state.heads(),
                 "schema_version": self.schema.version,
+                "causal_context": state.next_context(self.node_id),
             }
         )
         self._apply(view, op)
@@ -1002,6 +1003,19 @@ class SyncService:
             trial = _Trial(row, [])
         else:
             state = view.state(op.collection, op.record_id)
+            context = op.causal_context
+            if context is not None and state.holds_dot(op.node_id, context[op.node_id]):
+                # Another operation holds this number (the log already refused a repeat by id): folded,
+                # replicas would disagree on which of the two counts (merge engine, "Bounded state").
+                return (
+                    Refusal(
+                        p.INVALID_OPERATION,
+                        f"causalContext numbers this operation {context[op.node_id]} among the writes of "
+                        f"node {op.node_id} to the record, a number another operation holds",
+                    ),
+                    [],
+                    None,
+                )
             if key in view.rows:  # staged states are the batch's own objects
                 state = type(state).from_json(state.to_json())
             conflicts = self.engine.apply(state, op)

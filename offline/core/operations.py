@@ -1,9 +1,18 @@
 """Immutable, content-addressed operations (SPEC 2.8, DESIGN.md section 3).
 
 An operation's id is the SHA-256 of the RFC 8785 canonical JSON of the fields that define *what happened*
-(type, collection, recordId, data, timestamp, nodeId). Every replica recomputes it on receipt, so an id
-doubles as an integrity check and as the key that makes re-delivery idempotent. The bookkeeping fields
-(previousData, sequenceNumber, causalDeps, schemaVersion) are deliberately outside the hash.
+(type, collection, recordId, data, timestamp, nodeId, and causalContext when the operation carries one).
+Every replica recomputes it on receipt, so an id doubles as an integrity check and as the key that makes
+re-delivery idempotent. The bookkeeping fields (previousData, sequenceNumber, causalDeps, schemaVersion) are
+deliberately outside the hash.
+
+``causalContext`` (`Operation.causal_context`) is the record's version vector as the writer held it: for
+each node, how many of that node's operations on this record it had folded (a contiguous prefix), the
+writing node's own count including this operation (so ``causal_context[node_id]`` numbers the operation among
+its node's writes to the record). The merge engine decides "had this write seen that one" from it without
+the record's causal graph (see offline/merge/engine.py, "Bounded state"). It decides merge results, so it is
+hashed: a relay cannot alter it. Operations written before it existed have none (None, no wire key, the
+same id as before) and are merged as they always were.
 
 Bytes values inside ``data`` travel (and are hashed) as ``{"__offline_bytes__": <standard base64>}``;
 that key is therefore reserved and refused in user data.
@@ -20,13 +29,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
-from .canonical import canonical_operation_payload
+from .canonical import canonical_json, canonical_operation_payload
 from .errors import INVALID_OPERATION, OfflineError
 from .frozen import FrozenDict, freeze
 from .hlc import MAX_LOGICAL, MAX_WALL_TIME, HLCTimestamp, serialize_timestamp
 
 __all__ = [
     "BYTES_MARKER",
+    "CONTEXT_WIRE_KEYS",
     "MAX_SAFE_INTEGER",
     "OPERATION_TYPES",
     "WIRE_KEYS",
@@ -37,6 +47,7 @@ __all__ = [
     "decode_value",
     "encode_value",
     "keep_received_text",
+    "plain_wire_keys",
     "received_text",
     "verify_operation",
 ]
@@ -64,6 +75,7 @@ _WIRE_NAMES: Final = {
     "sequence_number": "sequenceNumber",
     "causal_deps": "causalDeps",
     "schema_version": "schemaVersion",
+    "causal_context": "causalContext",
 }
 _MISSING: Final = object()
 # Exact types that are JSON scalars as they are (subclasses take the generic, isinstance-based paths).
@@ -366,6 +378,33 @@ def _check_deps(value: object) -> tuple[str, ...]:
     return tuple(value)
 
 
+def _check_context(value: object, node_id: str) -> FrozenDict[str, int] | None:
+    """A causal context: node id -> count (a whole number >= 0), holding the writing node at >= 1."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise _error("causalContext", "must be an object", expected="object", received=_type_name(value))
+    for key, count in value.items():
+        if not isinstance(key, str) or not key:
+            raise _error("causalContext", "keys must be node ids", expected="non-empty string")
+        _check_utf8("causalContext", key, "causalContext")
+        if type(count) is not int or not 0 <= count <= MAX_SAFE_INTEGER:
+            raise _error(
+                "causalContext",
+                f"count of node {key!r} must be a whole number >= 0",
+                path=f"causalContext.{key}",
+                expected="integer >= 0",
+                received=count if isinstance(count, (int, float)) else _type_name(count),
+            )
+    if not value.get(node_id):
+        raise _error(
+            "causalContext",
+            "must number the operation among its node's writes to the record (a count >= 1 for its nodeId)",
+            reason="MISSING_OWN_COUNT",
+        )
+    return value if type(value) is FrozenDict else FrozenDict(dict(value))
+
+
 def _get(source: Mapping[str, Any], name: str) -> Any:
     """Read ``name`` under its snake_case or its camelCase spelling."""
     wire = _WIRE_NAMES[name]
@@ -394,18 +433,35 @@ def _check_source(source: object) -> Mapping[str, Any]:
 
 
 def _content_id(
-    type_: str, collection: str, record_id: str, data: Any, timestamp: HLCTimestamp, node_id: str
+    type_: str,
+    collection: str,
+    record_id: str,
+    data: Any,
+    timestamp: HLCTimestamp,
+    node_id: str,
+    context: Mapping[str, int] | None = None,
 ) -> str:
     """Id of the given fields; ``data`` is already in hash form (``encode_value``'d)."""
-    return _text_content_id(type_, collection, record_id, data, serialize_timestamp(timestamp), node_id)
+    return _text_content_id(
+        type_, collection, record_id, data, serialize_timestamp(timestamp), node_id, context
+    )
 
 
 def _text_content_id(
-    type_: str, collection: str, record_id: str, data: Any, timestamp: str, node_id: str
+    type_: str,
+    collection: str,
+    record_id: str,
+    data: Any,
+    timestamp: str,
+    node_id: str,
+    context: Mapping[str, int] | None = None,
 ) -> str:
     """`_content_id` of a timestamp already serialized."""
     try:
         canonical = canonical_operation_payload(type_, collection, record_id, data, timestamp, node_id)
+        if context is not None:
+            # "causalContext" sorts before "collection": the payload's first key (RFC 8785 order).
+            canonical = b'{"causalContext":' + canonical_json(dict(context)) + b"," + canonical[1:]
     except ValueError as exc:
         # Only reachable for an Operation built directly, bypassing validation (e.g. holding NaN).
         raise _error("data", f"cannot be canonicalized: {exc}", reason="NOT_CANONICALIZABLE") from None
@@ -421,19 +477,24 @@ def compute_operation_id(op_or_fields: Operation | Mapping[str, Any]) -> str:
     if isinstance(op_or_fields, Operation):
         op = op_or_fields
         data = encode_value(op.data)
-        return _content_id(op.type, op.collection, op.record_id, data, op.timestamp, op.node_id)
+        return _content_id(
+            op.type, op.collection, op.record_id, data, op.timestamp, op.node_id, op.causal_context
+        )
     source = _check_source(op_or_fields)
     data = _get(source, "data")
     data = None if data is _MISSING else data
     if data is not None:
         _, data = _check_record("data", _decode(data, "data", "data"))
+    node_id = _check_str("nodeId", _require(source, "node_id"))
+    context = _get(source, "causal_context")
     return _content_id(
         _check_type(_require(source, "type")),
         _check_str("collection", _require(source, "collection")),
         _check_str("recordId", _require(source, "record_id")),
         data,
         _check_timestamp(_require(source, "timestamp")),
-        _check_str("nodeId", _require(source, "node_id")),
+        node_id,
+        _check_context(None if context is _MISSING else context, node_id),
     )
 
 
@@ -475,6 +536,9 @@ class Operation:
     sequence_number: int
     causal_deps: tuple[str, ...] = ()
     schema_version: int = 1
+    #: The record's version vector its writer held (see the module docstring); None for operations written
+    #: before it existed.
+    causal_context: FrozenDict[str, int] | None = None
 
     def __post_init__(self) -> None:
         # Direct construction must not leave a mutable dict or list reachable from a "frozen" operation.
@@ -484,6 +548,8 @@ class Operation:
             object.__setattr__(self, "previous_data", freeze(self.previous_data))
         if not isinstance(self.causal_deps, tuple):
             object.__setattr__(self, "causal_deps", tuple(self.causal_deps))
+        if self.causal_context is not None and not isinstance(self.causal_context, FrozenDict):
+            object.__setattr__(self, "causal_context", FrozenDict(dict(self.causal_context)))
 
     def __hash__(self) -> int:
         # Equal operations share an id, and hashing the id avoids walking the whole data tree.
@@ -491,7 +557,7 @@ class Operation:
 
     def to_wire(self) -> dict[str, Any]:
         """The camelCase JSON form (plain dicts and lists, bytes encoded), ready for ``json.dumps``."""
-        return {
+        wire = {
             "id": self.id,
             "nodeId": self.node_id,
             "type": self.type,
@@ -504,11 +570,14 @@ class Operation:
             "causalDeps": list(self.causal_deps),
             "schemaVersion": self.schema_version,
         }
+        if self.causal_context is not None:
+            wire["causalContext"] = dict(self.causal_context)
+        return wire
 
     @classmethod
     def from_wire(cls, d: Mapping[str, Any], *, verify: bool = True) -> Operation:
         """Read and validate the wire form; with ``verify`` the id must equal the content hash."""
-        if type(d) is dict and d.keys() == WIRE_KEYS:
+        if type(d) is dict and (d.keys() == WIRE_KEYS or d.keys() == CONTEXT_WIRE_KEYS):
             op = _from_plain_wire(d, verify)
             if op is not None:
                 return op
@@ -531,8 +600,16 @@ class Operation:
         return op
 
 
-#: The keys of an operation's wire form, all of them required (``previousData`` may be null).
-WIRE_KEYS: Final = frozenset({"id", *_WIRE_NAMES.values()})
+#: The keys of an operation's wire form, all of them required (``previousData`` may be null)...
+WIRE_KEYS: Final = frozenset({"id", *_WIRE_NAMES.values()} - {"causalContext"})
+#: ...and of one carrying a causal context.
+CONTEXT_WIRE_KEYS: Final = WIRE_KEYS | {"causalContext"}
+
+
+def plain_wire_keys(raw: Any) -> bool:
+    """Does ``raw`` (a decoded wire form) hold exactly an operation's wire keys?"""
+    return type(raw) is dict and (raw.keys() == WIRE_KEYS or raw.keys() == CONTEXT_WIRE_KEYS)
+
 
 # Key, in an operation's instance dict, of the compact wire text it was received as (not a dataclass field:
 # not compared, not hashed, not carried by copies made with dataclasses.replace).
@@ -560,7 +637,7 @@ def operation_from_text(text: str) -> Operation:
     """
     raw = json.loads(text)
     op = Operation.from_wire(raw, verify=False)
-    if type(raw) is dict and raw.keys() == WIRE_KEYS:
+    if plain_wire_keys(raw):
         keep_received_text(op, text)
     return op
 
@@ -644,6 +721,14 @@ def _from_plain_wire(d: dict[str, Any], verify: bool) -> Operation | None:
     for dep in deps:
         if type(dep) is not str:
             return None
+    context = d.get("causalContext")
+    if context is not None:
+        if type(context) is not dict or not context.get(node_id):
+            return None
+        for key, count in context.items():
+            if not _plain_str(key) or not _plain_int(count, 0):
+                return None
+        context = FrozenDict(context)
     raw_data = d["data"]
     raw_previous = d["previousData"]
     try:
@@ -671,7 +756,7 @@ def _from_plain_wire(d: dict[str, Any], verify: bool) -> Operation | None:
         return None
     stamp_text = serialize_timestamp(timestamp)
     if verify:
-        op_id = _text_content_id(type_, collection, record_id, hashed, stamp_text, node_id)
+        op_id = _text_content_id(type_, collection, record_id, hashed, stamp_text, node_id, context)
         if op_id != given_id:
             return None  # the complete path raises the mismatch
     else:
@@ -690,6 +775,7 @@ def _from_plain_wire(d: dict[str, Any], verify: bool) -> Operation | None:
         sequence_number=sequence_number,
         causal_deps=tuple(deps),
         schema_version=schema_version,
+        causal_context=context,
         **{_TIMESTAMP_TEXT: stamp_text},
     )
     return op
@@ -730,8 +816,10 @@ def _build(source: Mapping[str, Any], given_id: str | None) -> Operation:
     schema_version = _check_int("schemaVersion", _require(source, "schema_version"), 1)
     deps = _get(source, "causal_deps")
     causal_deps = _check_deps(None if deps is _MISSING else deps)
+    raw_context = _get(source, "causal_context")
+    context = _check_context(None if raw_context is _MISSING else raw_context, node_id)
 
-    op_id = given_id or _content_id(type_, collection, record_id, hashed_data, timestamp, node_id)
+    op_id = given_id or _content_id(type_, collection, record_id, hashed_data, timestamp, node_id, context)
     return Operation(
         id=op_id,
         node_id=node_id,
@@ -744,6 +832,7 @@ def _build(source: Mapping[str, Any], given_id: str | None) -> Operation:
         sequence_number=sequence_number,
         causal_deps=causal_deps,
         schema_version=schema_version,
+        causal_context=context,
     )
 
 

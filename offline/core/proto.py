@@ -288,6 +288,8 @@ def _fixed_messages() -> tuple[_Message, ...]:
                 ("sequence_number", "int64"),
                 ("causal_deps", "repeated string"),
                 ("schema_version", "uint32"),
+                # The record's version vector its writer held (offline.core.operations); empty: none.
+                ("causal_context", "map<string, int64>"),
             ),
             (_build_enum("OfflineOperationType", ("insert", "update", "delete")),),
             comment="data and previous_data carry canonical JSON (UTF-8); empty when absent.",

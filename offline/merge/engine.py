@@ -10,10 +10,10 @@ operations held*. Every register below is a commutative, idempotent fold over wr
   rounding cannot depend on arrival order.
 - max / min: the extreme of all written values.
 - append-only: every element ever added; union: an add-wins observed-remove set, where a removal only
-  removes the additions in its causal past (the record's causal graph comes from `causal_deps`).
+  removes the additions in its causal past (read from the operations' causal contexts; see below).
 - richtext: a pycrdt (Yjs) document with every update applied.
-- Tier 3 resolvers: writes folded in HLC order; a write that had not seen the current value is combined
-  with it by `resolve(a, b, base)`.
+- Tier 3 resolvers: the writes no other write had seen (the heads), combined in HLC order by
+  `resolve(a, b, base)`; a write that had seen the current value replaces it.
 
 The state of one record is a JSON-serialisable `RecordState`; the local store and the server keep it next
 to the materialised row, so applying an operation costs one record, not the history.
@@ -24,31 +24,65 @@ A record's state is read and written whole on every write, so its size is the co
 register keeps is bounded by the record's content and its writers, not by its history: lww, max / min,
 state machines and server-authoritative fields keep the winning write's key and value; a counter the
 latest insert's value and the exact sum of the deltas; append-only sets their elements; rich text the
-document's own encoding (one struct per run of one client's typing; see `richtext`); a Tier 3 field its
-settled value ("rv", resolved once per write, never on a read).
+document's own encoding (one struct per run of one client's typing; see `richtext`); an add-wins set its
+live elements' additions and, per removed element, a version vector; a Tier 3 field its heads and a
+version vector.
 
-The causal graph (``RecordState.graph``: operation id -> causal deps) is the part that grew with every
-write. None of the registers above reads it to compute a value: a value is a function of the writes
-themselves (their keys, values and deltas), whatever the order they arrive in. The graph serves three
-other things: the causal deps of the next local write (its heads), reporting whether two writes were
-concurrent (MergeTrace), and recognising a repeated operation. So for a collection whose registers are
-all of that kind the state keeps a *window* of the graph: every head, and the latest others up to
-`WINDOW_MAX` operations (`trim_window` drops the oldest non-heads). Heads stay exact (a head is never
-dropped); an operation whose causal past runs beyond the window may be reported as concurrent with a
-write it had seen (a spurious trace, never a different value). Repeats: an operation beyond the window is
-no longer recognised by the state, but no caller folds one twice: the local store and the server keep
-every operation in their log and fold only the ones the log did not hold (by node and sequence number,
-or by id), and `fold` / `state_of` fold a set. Folding an operation changes the state as a function of
-the operation and the state, so the laws (any order, any grouping, repeats held by the log) still hold;
-the property tests fold histories several windows long in random orders.
+Causality without the graph. Two registers need causal order for their value: an add-wins set (a removal
+removes the additions in its causal past) and a Tier 3 field (a write that had seen the current value
+replaces it). Causal deps name operations by id, and which operations an id's causal past holds is only
+known by remembering every id. So an operation carries a causal summary instead, its ``causal_context``
+(wire ``causalContext``, hashed into its id; see offline.core.operations): the record's version vector as
+its writer held it, counting per node the operations on this record it had folded as a contiguous prefix,
+its own node's entry numbering the operation itself. An operation is thus named by a dot (node, number),
+and "had R seen X" is ``R.causal_context[X.node] >= X.number``: a function of the two operations, exact
+because a writer only counts a prefix it holds whole (the local store and the server build the context from
+the record's state, `RecordState.next_context`). The state keeps, for the record: the clock (the
+contiguous counts held, "c") and the dots held beyond it ("x"); the pointwise maximum of the held
+operations' past vectors ("p": what some held operation had seen) and the heads, the operations nobody
+held had seen ("h": the causal deps of the next local write). All are bounded by the number of writers.
 
-Two registers do read the graph for their value: an add-wins set (a removal removes the additions in its
-causal past) and a Tier 3 field (a write that has seen the current value replaces it). Causal deps name
-operations by id, and which operations an id's causal past holds is only known by remembering the ids:
-a bounded summary (a version vector per write) would need the writes to carry it. So a collection with
-an add-wins array or a resolver keeps the whole graph, exactly as before, and its write cost still grows
-with the record's history (the quadratic part is gone: a set's additions are checked against the
-removals' causal pasts once per materialisation, see `_or_set_value`).
+Why these merge any future operation exactly as the whole graph did:
+- Add-wins set. Additions a held removal had seen are dropped when it arrives; a removal of element e
+  with a context joins e's removal vector ("m"[e], the pointwise maximum of the contexts of e's removals).
+  An addition X of e is removed iff some removal R of e had seen it, iff max over R of R.ctx[X.node] >=
+  X.number, iff m[e][X.node] >= X.number: the vector answers exactly what the graph did, for an addition
+  arriving in any order. An entry m[e][n] <= clock[n] can be dropped: every operation of n numbered up to
+  clock[n] is held, so an addition it would remove is held already and was removed when it arrived or
+  when the removal did; no future addition has such a number. A removed element whose vector empties is
+  forgotten, so in causal delivery (the usual case) the set keeps its live elements only.
+- Tier 3 field. Its heads are the writes no other write of the field had seen; the value is the heads
+  combined in HLC order with ``resolve(current, head, head's base)`` (one head: its value). A write W is
+  covered iff some write of the field had seen it, iff the pointwise maximum of the field's writes' past
+  vectors ("pv") reaches W's number: again exact for any arrival order, and a covered write can never
+  become a head again (causal pasts only grow), so only heads are kept.
+- Heads of the record: likewise with "p".
+Every part of the state is then a function of the set of operations held (maxima, sums, sets, heads), and
+the text is canonical JSON (sorted keys, sets sorted): replicas holding the same operations store the same
+bytes, whatever the order and repetition of delivery (the property tests compare the texts). The one
+exception is the rich text register, whose Yjs encoding keeps struct boundaries that follow the order its
+updates were merged in (same text, different bytes).
+
+A repeated operation is recognised by its dot (`RecordState.holds`). A buggy or hostile peer reusing a dot
+for two different operations makes replicas disagree on which of the two counts; the server refuses an
+operation whose number is not above the ones it holds of that node for the record.
+
+Operations without a causal context (written before it existed, by old clients) are merged as before:
+their causal graph is kept ("g", only theirs), trimmed to a window (below) when no register reads it, and
+between two of them causality is read from it. Across the upgrade an operation with a context is taken to
+have seen every operation without one that has an earlier HLC, and never to be seen by one: old clients
+cannot hold operations with a context (their id check refuses the unknown field). A record holding such
+operations keeps its removal vectors whole and the latest removal key per element ("mk"), and their
+states keep the window's arrival-order dependence described below; an operation without a context arriving
+at a record after its removal vectors were trimmed is judged against what is left.
+
+The window (operations without a context only). For a collection whose registers never read causal
+order, the graph serves the causal deps of the next write, conflict reports and repeats, so the state
+keeps every head and the latest others up to `WINDOW_MAX` operations (`trim_window` drops the oldest
+non-heads, in arrival order). Heads stay exact; an operation whose causal past runs beyond the window may
+be reported as concurrent with a write it had seen (a spurious trace, never a different value); a repeat
+beyond the window is recognised by the log (the local store finds operations by id within their record,
+the server has a unique index), and `fold` / `state_of` fold a set.
 
 Older states load as they are (a full graph is a window of any size: it is trimmed by the next write).
 """
@@ -119,18 +153,32 @@ class Conflict:
 class RecordState:
     """Everything needed to fold further operations into one record."""
 
-    graph: dict[str, list[str]] = field(default_factory=dict)  # op id -> causal deps (this record's ops)
+    #: Operations without a causal context (see "Bounded state"): op id -> causal deps.
+    graph: dict[str, list[str]] = field(default_factory=dict)
     exist: list[Any] | None = None  # [OpKey, op type] of the latest insert/update/delete that counted
     has_insert: bool = False
     fields: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: Operations with a causal context: per node, how many of its operations on the record are held, as a
+    #: contiguous prefix ("c")...
+    clock: dict[str, int] = field(default_factory=dict)
+    #: ...the ones held beyond it, [node, number] sorted ("x")...
+    extra: list[list[Any]] = field(default_factory=list)
+    #: ...the pointwise maximum of their past vectors: what some held operation had seen ("p")...
+    past: dict[str, int] = field(default_factory=dict)
+    #: ...and the heads among them: op id -> [node, number] ("h").
+    tips: dict[str, list[Any]] = field(default_factory=dict)
 
     def to_json(self) -> str:
         """Compact JSON text of the state; `from_json` reads it (and the plain form, see `_encode_state`)."""
+        if self.clock or self.extra:
+            return _encode_vector_state(self)
         return _encode_state(self.graph, self.exist, self.has_insert, self.fields)
 
     @classmethod
     def from_json(cls, text: str | bytes) -> RecordState:
         raw = _loads(text)
+        if "c" in raw:  # the form of a state holding operations with a causal context
+            return _decode_vector_state(cls, raw)
         graph = raw["g"]
         if type(graph) is dict:  # the plain form
             return cls(graph=graph, exist=raw["e"], has_insert=raw["i"], fields=raw["f"])
@@ -144,6 +192,10 @@ class RecordState:
             exist=None if self.exist is None else list(self.exist),
             has_insert=self.has_insert,
             fields=_loads(compact_json(self.fields)),
+            clock=dict(self.clock),
+            extra=[list(dot) for dot in self.extra],
+            past=dict(self.past),
+            tips={op_id: list(dot) for op_id, dot in self.tips.items()},
         )
 
     @property
@@ -151,11 +203,44 @@ class RecordState:
         return self.has_insert and self.exist is not None and self.exist[1] != "delete"
 
     def heads(self) -> list[str]:
-        """Ops of this record that no other held op depends on: the causal deps of the next local write."""
+        """Ops of this record that no other held op depends on: the causal deps of the next local write.
+        Once operations with a causal context are held, their heads (operations without one are older: an
+        operation with a context has seen them, by the rule of `seen`)."""
+        if self.clock or self.extra:
+            return sorted(self.tips)
         if not self.graph:
             return []
         referenced = {dep for deps in self.graph.values() for dep in deps}
         return sorted(op_id for op_id in self.graph if op_id not in referenced)
+
+    def holds_dot(self, node: str, number: int) -> bool:
+        """Is the operation numbered ``number`` among ``node``'s writes to the record held?"""
+        return number <= self.clock.get(node, 0) or [node, number] in self.extra
+
+    def next_context(self, node_id: str) -> dict[str, int]:
+        """The causal context of the next write of ``node_id`` to the record: the clock, and the node's own
+        count one higher than any of its operations held."""
+        context = dict(self.clock)
+        own = max([context.get(node_id, 0), *(n for node, n in self.extra if node == node_id)])
+        context[node_id] = own + 1
+        return context
+
+    def holds(self, op: Operation) -> bool:
+        """Does the state hold ``op`` (by its number when it has a causal context, else in the graph)?"""
+        context = op.causal_context
+        if context is None:
+            return op.id in self.graph
+        return self.holds_dot(op.node_id, context[op.node_id])
+
+    def single_operation(self) -> str | None:
+        """The id of the one operation the state holds, when it holds exactly one (else None)."""
+        if self.clock or self.extra:
+            if self.graph or self.extra or len(self.tips) != 1 or sum(self.clock.values()) != 1:
+                return None
+            return next(iter(self.tips))
+        if len(self.graph) == 1:
+            return next(iter(self.graph))
+        return None
 
     def is_ancestor(self, ancestor: str, descendant: str) -> bool:
         """Is ``ancestor`` in the causal past of ``descendant``?"""
@@ -218,6 +303,84 @@ def _loads(text: str | bytes) -> Any:
             if end == len(text):
                 return value
     return json.loads(text)
+
+
+#: The text of a state holding operations with a causal context: canonical JSON (sorted keys), so equal
+#: states are equal texts, whatever order their operations arrived in.
+_canonical_json: Callable[[Any], str] = json.JSONEncoder(
+    sort_keys=True, separators=(",", ":"), ensure_ascii=False
+).encode
+
+
+def _encode_vector_state(state: RecordState) -> str:
+    for reg in state.fields.values():
+        # Lists used as sets, in arrival order: sorted, so the text is a function of the operation set.
+        removed = reg.get("r")
+        if type(removed) is dict:
+            for ids in removed.values():
+                if type(ids) is list:
+                    ids.sort()
+    # The keys standing in "e" and in registers' "k" and "lk" (mostly one operation's, many times) are
+    # written once, in a sorted table ("K"), and referred to by their index there.
+    slots: list[tuple[dict[str, Any] | list[Any], Any]] = []
+    exist = state.exist
+    if exist is not None and _is_key(exist[0]):
+        slots.append((exist, 0))
+    for reg in state.fields.values():
+        for slot in ("k", "lk"):
+            if _is_key(reg.get(slot)):
+                slots.append((reg, slot))
+    table = sorted({tuple(holder[slot]) for holder, slot in slots})  # type: ignore[index]
+    index = {key: i for i, key in enumerate(table)}
+    fields: dict[str, Any] = {}
+    for name, reg in state.fields.items():
+        if _is_key(reg.get("k")) or _is_key(reg.get("lk")):
+            reg = dict(reg)
+            for slot in ("k", "lk"):
+                if _is_key(reg.get(slot)):
+                    reg[slot] = index[tuple(reg[slot])]
+        fields[name] = reg
+    if exist is not None and _is_key(exist[0]):
+        exist = [index[tuple(exist[0])], *exist[1:]]
+    return _canonical_json(
+        {
+            "c": state.clock,
+            "x": sorted(state.extra),
+            "p": state.past,
+            "h": state.tips,
+            "g": state.graph,
+            "e": exist,
+            "i": state.has_insert,
+            "f": fields,
+            "K": [list(key) for key in table],
+        }
+    )
+
+
+def _is_key(value: Any) -> bool:
+    return type(value) is list and 4 <= len(value) <= 5
+
+
+def _decode_vector_state(cls: type[RecordState], raw: dict[str, Any]) -> RecordState:
+    table = raw.get("K") or []
+    exist = raw["e"]
+    if exist is not None and type(exist[0]) is int:
+        exist[0] = table[exist[0]]
+    for reg in raw["f"].values():
+        for slot in ("k", "lk"):
+            ref = reg.get(slot)
+            if type(ref) is int:
+                reg[slot] = table[ref]
+    return cls(
+        graph=raw["g"],
+        exist=exist,
+        has_insert=raw["i"],
+        fields=raw["f"],
+        clock=raw["c"],
+        extra=raw["x"],
+        past=raw["p"],
+        tips=raw["h"],
+    )
 
 
 class _Irregular(Exception):
@@ -583,12 +746,19 @@ class MergeEngine:
             return
         graph = state.graph
         op_id = op.id
-        late = op.schema_version != plan.schema_version or any(op_id in deps for deps in graph.values())
+        context = op.causal_context
+        if context is None:
+            late = any(op_id in deps for deps in graph.values())
+        else:
+            late = state.past.get(op.node_id, 0) >= context[op.node_id]
+        late = late or op.schema_version != plan.schema_version
         written: Mapping[str, Any] = op.data or {}
         if plan.sets:
             names = plan.sets if late else [n for n in plan.sets if n in written]
-            if names:
+            if names and graph:
                 _drop_removed_additions(names, state)
+            if not graph and (state.clock or state.extra):
+                _forget_settled_removals(plan.sets, state)
         if plan.resolvers:
             settle = [
                 name
@@ -605,8 +775,15 @@ class MergeEngine:
         ("rv"), so reads do not call resolvers."""
         for name in names:
             reg = state.fields.get(name)
-            if not reg or not reg.get("w"):
+            if not reg:
                 continue
+            if "w" in reg:
+                _upgrade_resolver(reg, state)
+            heads = reg.get("h")
+            if not heads:
+                continue
+            if state.graph:  # an operation without a context may have completed the graph: heads again
+                reg["h"] = [h for h in heads if not _write_covered(reg, state, h[0])]
             value, fallbacks = self._resolve_writes(plan, name, reg, state)
             reg["rv"] = [value]
             if fallbacks:
@@ -620,12 +797,19 @@ class MergeEngine:
     def _apply(self, state: RecordState, op: Operation, want_conflicts: bool) -> list[Conflict]:
         graph = state.graph
         op_id = op.id
-        if op_id in graph:
-            return []
+        context = op.causal_context
         plan = self._plans.get(op.collection)
-        if plan is not None and plan.windowed and len(graph) >= WINDOW_MAX:
-            trim_window(graph)
-        graph[op_id] = list(op.causal_deps)
+        if context is None:
+            if op_id in graph:
+                return []
+            if plan is not None and plan.windowed and len(graph) >= WINDOW_MAX:
+                trim_window(graph)
+            graph[op_id] = list(op.causal_deps)
+        else:
+            number = context[op.node_id]
+            if state.holds_dot(op.node_id, number):
+                return []  # a repeat (see "Bounded state" for a peer reusing a number)
+            _add_dot(state, op_id, op.node_id, number, context)
         if plan is None:
             return []
         op_type = op.type
@@ -640,6 +824,8 @@ class MergeEngine:
 
         ts = op.timestamp
         key = [ts.wall_time, ts.logical, ts.node_id, op_id]  # op_key(op)
+        if context is not None:
+            key.append(context[op.node_id])  # its number: whether a write had seen it (`_seen`)
         exist = state.exist
         if exist is None or key > exist[0]:
             state.exist = [key, op_type]
@@ -707,11 +893,15 @@ class MergeEngine:
                 conflicts.append(conflict)
         return conflicts
 
-    def _concurrent(self, state: RecordState, other_key: OpKey, key: OpKey) -> bool:
-        """Were the writes with these keys concurrent (neither in the other's causal past)?"""
+    def _concurrent(self, state: RecordState, other_key: OpKey, key: OpKey, op: Operation) -> bool:
+        """Were the writes with these keys concurrent (neither in the other's causal past)? ``key`` is
+        ``op``'s, just folded; ``other_key`` a held write's."""
         earlier, later = (other_key, key) if other_key < key else (key, other_key)
-        # HLC respects causality, so only the earlier one can be an ancestor of the later one.
-        return not state.is_ancestor(earlier[3], later[3])
+        # HLC respects causality, so only the earlier one can be in the later one's causal past.
+        if len(later) == 5 and len(earlier) == 5 and later is not key:
+            # ``op`` arrived after a later write: whether some held write had seen it (for a trace).
+            return bool(state.past.get(earlier[2], 0) < earlier[4])
+        return not _seen(state, earlier, later, op.causal_context)
 
     def _apply_field(
         self,
@@ -731,7 +921,7 @@ class MergeEngine:
         base = previous.get(name)
         # Concurrency only decides whether a conflict is reported, never the value: a caller that does not
         # want the conflicts skips the walk of the causal graph.
-        concurrent = want_conflict and last_key is not None and self._concurrent(state, last_key, key)
+        concurrent = want_conflict and last_key is not None and self._concurrent(state, last_key, key, op)
         # The losing side's value is only needed for a trace; read it before the register changes.
         last_value = self.value_of(plan, name, register, state) if concurrent else None
 
@@ -791,24 +981,25 @@ class MergeEngine:
             for index, item in enumerate(value or ()):
                 ek = element_key(item)
                 after_keys.add(ek)
-                if ek in before_keys:
+                if ek in before_keys or _removed_by_summary(reg, ek, key):
                     continue
                 reg["a"].setdefault(ek, {})[op.id] = [*key, index]
                 reg["v"][ek] = item
-            for ek in before_keys - after_keys:
-                reg["r"].setdefault(ek, []).append(op.id)
+            context = op.causal_context
+            for ek in sorted(before_keys - after_keys):
+                if context is None:
+                    reg["r"].setdefault(ek, []).append(op.id)
+                else:
+                    _summarise_removal(reg, state, ek, context, key)
         elif kind == "richtext":
             reg = register or {}
             reg["s"] = richtext.fold_update(reg.get("s"), value)
         elif kind == "resolve":
-            reg = register or {"w": []}
+            reg = register or {"h": []}
+            if "w" in reg:
+                _upgrade_resolver(reg, state)
             reg.pop("rv", None)  # settled again once the operation is folded (_settle_resolvers)
-            writes = reg["w"]
-            if writes and key < writes[-1][0]:
-                writes.append([key, value, base])
-                writes.sort(key=lambda w: w[0])
-            else:
-                writes.append([key, value, base])  # the usual case: the latest write, already in order
+            _add_resolver_write(reg, state, op, key, value, base)
         else:  # pragma: no cover - kinds come from the schema
             raise AssertionError(kind)
 
@@ -872,26 +1063,24 @@ class MergeEngine:
     def _resolve_writes(
         self, plan: _Plan, name: str, reg: dict[str, Any], state: RecordState | None
     ) -> tuple[Any, list[str]]:
-        """A Tier 3 field's value from its writes (HLC order), and why a resolver's result was not used.
+        """A Tier 3 field's value from its heads (HLC order), and why a resolver's result was not used.
 
-        A write that has seen every write the current value combines replaces it; one that has not is
-        combined with it by ``resolve(current, write, base)``. A resolver that raises, or returns a value
+        The heads are the writes no other write of the field had seen (a write that had seen the value
+        replaces it): one head is the value; several are combined in HLC order, ``resolve(current, head,
+        head's base)``. A resolver that raises, or returns a value
         the field cannot hold, must not wedge the record or store an ill-typed value: the later write's
         value is used instead, the same on every replica (the result depends on the writes alone)."""
-        writes = reg["w"]
+        if "w" in reg:  # a register stored before heads (upgraded on the next fold)
+            reg = dict(reg)
+            _upgrade_resolver(reg, state if state is not None else RecordState())
+        writes = reg.get("h") or []
         if not writes:
             return _initial(plan.fields[name]), []
         resolver = plan.resolvers[name]
         descriptor = plan.fields[name]
         fallbacks: list[str] = []
         current = writes[0][1]
-        contributors = [writes[0][0][3]]
-        for key, value, base in writes[1:]:
-            op_id = key[3]
-            seen_all = state is not None and all(state.is_ancestor(c, op_id) for c in contributors)
-            if seen_all:
-                current, contributors = value, [op_id]
-                continue
+        for _key, value, base in writes[1:]:
             try:
                 out = thaw(resolver(current, value, base))
             except Exception as exc:
@@ -908,7 +1097,6 @@ class MergeEngine:
                     current = value
                 else:
                     current = out if out is None else normalize(descriptor, out)
-            contributors.append(op_id)
         return current, fallbacks
 
     def materialize(self, collection: str, record_id: str, state: RecordState) -> dict[str, Any] | None:
@@ -963,7 +1151,7 @@ class MergeEngine:
         """
         if text is None:
             return self._insert_text(op, record_id) if op.type == "insert" else None
-        if op.type != "update" or type(text) is not str:
+        if op.type != "update" or type(text) is not str or op.causal_context is not None:
             return None
         plan = self._plans.get(op.collection)
         if plan is None or plan.state_machines:
@@ -1035,7 +1223,7 @@ class MergeEngine:
                 added = reg["a"]
                 if type(added) is dict and (added or reg.get("r")):
                     return None  # an add-wins set that holds something: its additions name entries
-            if "w" in reg:
+            if "w" in reg or "h" in reg:
                 return None  # resolver writes: their value depends on the causal graph
         if referenced != keyed:
             return None
@@ -1045,7 +1233,13 @@ class MergeEngine:
         """`apply_to_text` of ``op`` on the state text the insert of a new record (``insert``) makes, without
         that text: for a store that keeps such a state as a reference to its operation. None outside the
         common case (as `apply_to_text`)."""
-        if op.type != "update" or insert.causal_deps or op.id == insert.id:
+        if (
+            op.type != "update"
+            or insert.causal_deps
+            or op.id == insert.id
+            or op.causal_context is not None
+            or insert.causal_context is not None
+        ):
             # apply_to_text takes none of these either: a dependency its graph does not hold; a repeat is
             # found by the general path.
             return None
@@ -1153,6 +1347,15 @@ class MergeEngine:
         """`apply_to_text` of the insert of a record with no state; its text is "" unless ``encode`` (for a
         store that keeps such a state as a reference to the operation). None outside the common case."""
         plan = self._plans.get(op.collection)
+        if op.causal_context is not None and plan is not None and op.type == "insert":
+            # The general fold, on a new state (its text is the canonical one).
+            state = RecordState()
+            self.apply(state, op, want_conflicts=False)
+            return TextFold(
+                state.to_json() if encode else "",
+                self._record(plan, record_id, state.fields, state),
+                state.fields,
+            )
         deps = list(op.causal_deps)
         ts = op.timestamp
         wall, logical, node = ts.wall_time, ts.logical, ts.node_id
@@ -1300,6 +1503,142 @@ def _or_set_value(reg: dict[str, Any], state: RecordState | None) -> list[Any]:
             survivors.append((best, reg["v"][ek]))
     survivors.sort(key=lambda pair: pair[0])
     return [item for _, item in survivors]
+
+
+def _add_dot(state: RecordState, op_id: str, node: str, number: int, context: Mapping[str, int]) -> None:
+    """Hold the operation ``op_id``, numbered ``number`` among ``node``'s writes, with its causal context."""
+    clock = state.clock
+    if number == clock.get(node, 0) + 1:
+        clock[node] = number
+        extra = state.extra
+        while extra and [node, clock[node] + 1] in extra:
+            extra.remove([node, clock[node] + 1])
+            clock[node] += 1
+    else:
+        state.extra.append([node, number])
+        state.extra.sort()
+    past = state.past
+    for other, count in context.items():
+        seen = count - 1 if other == node else count  # its past: its own number is not
+        if seen > past.get(other, 0):
+            past[other] = seen
+    tips = state.tips
+    for tip, (tip_node, tip_number) in list(tips.items()):
+        if past.get(tip_node, 0) >= tip_number:
+            del tips[tip]
+    if past.get(node, 0) < number:
+        tips[op_id] = [node, number]
+
+
+def _seen(state: RecordState, earlier: OpKey, later: OpKey, later_context: Mapping[str, int] | None) -> bool:
+    """Had the write with key ``later`` (and causal context ``later_context``) seen the one with key
+    ``earlier``? Keys of operations with a causal context carry their number (a fifth item)."""
+    if len(later) == 5:
+        if len(earlier) == 4:
+            return True  # an operation without a context is older than any with one (see "Bounded state")
+        assert later_context is not None
+        return bool(later_context.get(earlier[2], 0) >= earlier[4])
+    if len(earlier) == 5:
+        return False  # an operation without a context never saw one with
+    return state.is_ancestor(earlier[3], later[3])
+
+
+def _removed_by_summary(reg: dict[str, Any], ek: str, key: OpKey) -> bool:
+    """Had a removal of element ``ek`` with a causal context seen the addition with key ``key``?"""
+    summary = reg.get("m")
+    if not summary or ek not in summary:
+        return False
+    if len(key) == 5:
+        return bool(summary[ek].get(key[2], 0) >= key[4])
+    latest = (reg.get("mk") or {}).get(ek)
+    return latest is not None and key < latest
+
+
+def _summarise_removal(
+    reg: dict[str, Any], state: RecordState, ek: str, context: Mapping[str, int], key: OpKey
+) -> None:
+    """Fold a removal of ``ek`` with a causal context: its context joins the element's removal vector ("m",
+    the pointwise maximum; and "mk", the latest such removal's key, while the record holds operations
+    without a context), and the additions it had seen go."""
+    vector = reg.setdefault("m", {}).setdefault(ek, {})
+    for node, count in context.items():
+        if count > vector.get(node, 0):
+            vector[node] = count
+    if state.graph:
+        latest = reg.setdefault("mk", {})
+        if ek not in latest or key > latest[ek]:
+            latest[ek] = key
+    additions = reg["a"].get(ek)
+    if additions:
+        for add_id, order in list(additions.items()):
+            if _removed_by_summary(reg, ek, order[:-1]):
+                del additions[add_id]
+        if not additions:
+            del reg["a"][ek]
+            reg["v"].pop(ek, None)
+
+
+def _forget_settled_removals(names: list[str], state: RecordState) -> None:
+    """Drop from add-wins sets' removal vectors what every future addition is beyond: a count the clock
+    covers (all those operations are held, so none can still arrive); an element whose vector is left
+    empty is forgotten. Only while the record holds no operation without a context."""
+    clock = state.clock
+    for name in names:
+        reg = state.fields.get(name)
+        summary = reg.get("m") if reg else None
+        if not summary:
+            continue
+        assert reg is not None
+        for ek in list(summary):
+            vector = summary[ek]
+            for node in [node for node, count in vector.items() if count <= clock.get(node, 0)]:
+                del vector[node]
+            if not vector:
+                del summary[ek]
+        if not summary:
+            del reg["m"]
+            reg.pop("mk", None)
+
+
+def _write_covered(reg: dict[str, Any], state: RecordState, key: OpKey) -> bool:
+    """Had another write of this Tier 3 field seen the write with key ``key``?"""
+    if len(key) == 5:
+        return bool((reg.get("pv") or {}).get(key[2], 0) >= key[4])
+    latest = reg.get("pk")
+    if latest is not None and key < latest:
+        return True
+    return any(key[3] in state.ancestors(other) for other in reg.get("lw") or () if other != key[3])
+
+
+def _add_resolver_write(
+    reg: dict[str, Any], state: RecordState, op: Operation, key: OpKey, value: Any, base: Any
+) -> None:
+    """Fold a write of a Tier 3 field: the field keeps its heads (the writes no other had seen) and what
+    tells whether a write arriving later had been seen: the pointwise maximum of its writes' past vectors
+    ("pv") and the latest one's key ("pk"), and the ids of its writes without a context ("lw")."""
+    context = op.causal_context
+    if context is None:
+        written = reg.setdefault("lw", [])
+        written.append(op.id)
+        written.sort()
+    else:
+        past = reg.setdefault("pv", {})
+        for node, count in context.items():
+            seen = count - 1 if node == op.node_id else count
+            if seen > past.get(node, 0):
+                past[node] = seen
+        latest = reg.get("pk")
+        if latest is None or key > latest:
+            reg["pk"] = key
+    heads = [*reg.get("h", ()), [key, value, base]]
+    reg["h"] = sorted((h for h in heads if not _write_covered(reg, state, h[0])), key=lambda h: h[0])
+
+
+def _upgrade_resolver(reg: dict[str, Any], state: RecordState) -> None:
+    """A Tier 3 register stored with all its writes ("w", before heads): its heads and its writes' ids."""
+    writes = reg.pop("w")
+    reg["lw"] = sorted(w[0][3] for w in writes)
+    reg["h"] = sorted((w for w in writes if not _write_covered(reg, state, w[0])), key=lambda w: w[0])
 
 
 __all__ = ["REPEATED", "Conflict", "MergeEngine", "RecordState", "TextFold"]

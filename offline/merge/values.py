@@ -66,21 +66,22 @@ def wire_json(op: Operation) -> str:
     """The operation's compact wire text: ``compact_json(op.to_wire())``, byte for byte, without building the
     plain copy of its data first."""
     ts = op.timestamp
-    return value_json(
-        {
-            "id": op.id,
-            "nodeId": op.node_id,
-            "type": op.type,
-            "collection": op.collection,
-            "recordId": op.record_id,
-            "data": op.data,
-            "previousData": op.previous_data,
-            "timestamp": {"wallTime": ts.wall_time, "logical": ts.logical, "nodeId": ts.node_id},
-            "sequenceNumber": op.sequence_number,
-            "causalDeps": op.causal_deps,
-            "schemaVersion": op.schema_version,
-        }
-    )
+    wire = {
+        "id": op.id,
+        "nodeId": op.node_id,
+        "type": op.type,
+        "collection": op.collection,
+        "recordId": op.record_id,
+        "data": op.data,
+        "previousData": op.previous_data,
+        "timestamp": {"wallTime": ts.wall_time, "logical": ts.logical, "nodeId": ts.node_id},
+        "sequenceNumber": op.sequence_number,
+        "causalDeps": op.causal_deps,
+        "schemaVersion": op.schema_version,
+    }
+    if op.causal_context is not None:
+        wire["causalContext"] = op.causal_context
+    return value_json(wire)
 
 
 def operation_text(op: Operation) -> str:

@@ -21,6 +21,7 @@ from offline.core.errors import (
     INVALID_OPERATION,
     OfflineError,
 )
+from offline.core.frozen import FrozenDict
 from offline.core.hlc import HLCTimestamp, HybridLogicalClock, parse_timestamp, serialize_timestamp
 from offline.core.operations import (
     Operation,
@@ -705,6 +706,7 @@ class App:
                 self._seq,
                 state.heads(),
                 self.schema.version,
+                state.next_context(self.node_id),
             )
             cached_rows.pop(key, None)
             for conflict in engine.apply(state, op):
@@ -752,12 +754,8 @@ class App:
                 # eviction written now is the resolution, not an input).
                 earlier = [
                     o
-                    for o in (
-                        self.db.load_operation(i, (violation.collection, loser_id))
-                        for i in (state.graph if state else {})
-                        if i not in committed
-                    )
-                    if o is not None and any(f in (o.data or {}) for f in violation.fields)
+                    for o in (self.db.record_operations(violation.collection, loser_id) if state else ())
+                    if o.id not in committed and any(f in (o.data or {}) for f in violation.fields)
                 ]
                 latest = max(
                     earlier,
@@ -969,7 +967,7 @@ class App:
             repeated.update(
                 op.id
                 for op in ordered
-                if (state := states.get((op.collection, op.record_id))) is not None and op.id in state.graph
+                if (state := states.get((op.collection, op.record_id))) is not None and state.holds(op)
             )
             if repeated:
                 ordered = [op for op in ordered if op.id not in repeated]
@@ -1119,9 +1117,9 @@ def _timestamp_key(op: Operation) -> tuple[int, int, str]:
 def _stored_state(state: RecordState) -> str:
     """What `_offline_state` holds for ``state``: a reference to its operation when it has only one (see
     `STATE_REFERENCE`), else its text."""
-    graph = state.graph
-    if len(graph) == 1:
-        return STATE_REFERENCE + next(iter(graph))
+    single = state.single_operation()
+    if single is not None:
+        return STATE_REFERENCE + single
     return state.to_json()
 
 
@@ -1136,6 +1134,7 @@ def _local_operation(
     sequence_number: int,
     causal_deps: list[str],
     schema_version: int,
+    causal_context: Mapping[str, int] | None = None,
 ) -> tuple[Operation, str]:
     """``create_operation`` of a local write, and the operation's wire text (``compact_json(op.to_wire())``).
 
@@ -1161,6 +1160,7 @@ def _local_operation(
                 "sequence_number": sequence_number,
                 "causal_deps": causal_deps,
                 "schema_version": schema_version,
+                "causal_context": causal_context,
             }
         )
         return op, compact_json(op.to_wire())
@@ -1170,7 +1170,10 @@ def _local_operation(
     frozen_previous, hashed_previous = (
         (None, None) if previous is None else _check_record("previousData", previous)
     )
-    op_id = _content_id(type_, collection, record_id, hashed, timestamp, node_id)
+    context: FrozenDict[str, int] | None = (
+        None if causal_context is None else FrozenDict(dict(causal_context))
+    )
+    op_id = _content_id(type_, collection, record_id, hashed, timestamp, node_id, context)
     deps = tuple(causal_deps)
     # Every field is checked and frozen already: what the dataclass __init__ and __post_init__ would store.
     op = _new_operation(Operation)
@@ -1186,6 +1189,7 @@ def _local_operation(
         sequence_number=sequence_number,
         causal_deps=deps,
         schema_version=schema_version,
+        causal_context=context,
     )
     # The same dict, in the same key order, as op.to_wire() (the hashed forms are encode_value's output).
     wire = {
@@ -1205,6 +1209,8 @@ def _local_operation(
         "causalDeps": list(deps),
         "schemaVersion": schema_version,
     }
+    if context is not None:
+        wire["causalContext"] = dict(context)
     return op, compact_json(wire)
 
 

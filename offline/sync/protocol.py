@@ -25,7 +25,7 @@ from typing import Any, AnyStr, ClassVar, Final, TypeAlias
 
 from offline.core.errors import OfflineError
 from offline.core.json_text import ORJSON, c_compact_encoder
-from offline.core.operations import WIRE_KEYS, Operation, keep_received_text
+from offline.core.operations import Operation, keep_received_text, plain_wire_keys
 
 __all__ = [
     "AUTH_FAILED",
@@ -1191,7 +1191,7 @@ def decode_operation_text(
             raise _operation_too_large(size, max_bytes)
         try:
             op = Operation.from_wire(raw, verify=True)
-            if type(raw) is dict and raw.keys() == WIRE_KEYS:
+            if plain_wire_keys(raw):
                 keep_received_text(op, text)  # nothing but the operation's own fields: store and relay it
             return op, text
         except OfflineError as exc:

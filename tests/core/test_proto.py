@@ -162,6 +162,7 @@ EXPECTED_FIXED_JSON: dict[str, Any] = {
             "sequence_number": _f("int64", 9),
             "causal_deps": _f("string", 10, "repeated"),
             "schema_version": _f("uint32", 11),
+            "causal_context": _map(12),
         },
         "nested": {
             "OfflineOperationType": {"values": EXPECTED_ENUMS["OfflineOperation"]["OfflineOperationType"]}

@@ -3,10 +3,12 @@
 Two levels:
 
 * engine level: random histories of several simulated replicas writing one record (realistic
-  ``previousData`` and ``causal_deps``, plus some forged state-machine writes), then the full set of
-  operations is folded in many orders, with duplicates, in chunks with a JSON round trip of the state in
-  between, and re-applied: every fold must give the same record, byte for byte. Run per strategy, for
-  all strategies together, and with ill-typed values from a hostile peer mixed in.
+  ``previousData``, ``causal_deps`` and ``causal_context``, plus some forged state-machine writes), then the
+  full set of operations is folded in many orders, with duplicates, in chunks with a JSON round trip of the
+  state in between, and re-applied: every fold must give the same record and the same stored state text,
+  byte for byte. Run per strategy, for all strategies together, on histories several times longer than any
+  bound of the state, and with ill-typed values from a hostile peer mixed in; and on histories of
+  operations without a causal context (written before it existed), whose records must still agree.
 * store level: real ``create_app`` replicas (two in memory, one on an SQLite file that restarts now and
   then) doing random local writes (insert/update/delete, ``op`` helpers, rich text edits) interleaved with
   random partial, shuffled, duplicated exchanges of operations (ops dropped and resent later, as on
@@ -156,8 +158,9 @@ def draw_insert(data: st.DataObject, client_id: int | None = None) -> dict[str, 
 class EngineReplica:
     """One replica of one record, kept with the engine alone (as the store and the server do)."""
 
-    def __init__(self, engine: MergeEngine, node: str, clock: FakeClock) -> None:
+    def __init__(self, engine: MergeEngine, node: str, clock: FakeClock, *, legacy: bool = False) -> None:
         self.engine = engine
+        self.legacy = legacy  # writes operations without a causal context (as before it existed)
         self.node = node
         self.hlc = HybridLogicalClock(node, now=clock)
         self.ops: dict[str, Operation] = {}
@@ -176,7 +179,7 @@ class EngineReplica:
                 self.ops[operation.id] = operation
                 self.hlc.receive(operation.timestamp)
                 self.engine.apply(self.state, operation)
-            elif operation.id in self.state.graph:
+            elif self.state.holds(operation):
                 assert self.engine.apply(self.state, operation) == []
 
     def write(self, type_: str, data: dict[str, Any] | None, previous: dict[str, Any] | None) -> Operation:
@@ -193,6 +196,7 @@ class EngineReplica:
                 "sequence_number": self.seq,
                 "causal_deps": self.state.heads(),
                 "schema_version": 1,
+                "causal_context": None if self.legacy else self.state.next_context(self.node),
             }
         )
         self.receive([operation])
@@ -209,10 +213,11 @@ def random_history(
     junk: bool = False,
     steps: tuple[int, int] = (3, 18),
     schema: SchemaDefinition = SCHEMA,
+    legacy: bool = False,
 ) -> tuple[MergeEngine, list[EngineReplica]]:
     engine = MergeEngine(schema, authoritative_nodes=[SERVER])
     clock = FakeClock()
-    replicas = [EngineReplica(engine, node, clock) for node in NODES]
+    replicas = [EngineReplica(engine, node, clock, legacy=legacy) for node in NODES]
     steps = data.draw(st.integers(*steps), label="steps")
     for _ in range(steps):
         clock.advance(data.draw(st.sampled_from([0, 0, 1, 5])))
@@ -260,28 +265,50 @@ def random_history(
 
 
 def fold_canonical(engine: MergeEngine, ops: list[Operation]) -> str:
-    return canonical(engine.fold("items", "r1", ops)[1])
+    """The record and the stored state text ``ops`` fold to."""
+    state, record = engine.fold("items", "r1", ops)
+    return canonical(record) + "\n" + state.to_json()
 
 
-def check_fold_laws(data: st.DataObject, engine: MergeEngine, replicas: list[EngineReplica]) -> None:
+def outcome(engine: MergeEngine, state: RecordState, legacy: bool) -> str:
+    """What must be equal between folds of one operation set: the record, and the stored state text too
+    unless the operations carry no causal context (their states keep a part of the causal graph that
+    follows arrival order; see the engine's "Bounded state"). The rich text register's Yjs encoding is
+    compared by its text: its struct boundaries still follow the order updates were merged in (known gap)."""
+    record = canonical(engine.materialize("items", "r1", state))
+    if legacy:
+        return record
+    text = state.to_json()
+    body = (state.fields.get("body") or {}).get("s")
+    if body:
+        text = text.replace(body, richtext.text_of(body))
+    return record + "\n" + text
+
+
+def check_fold_laws(
+    data: st.DataObject, engine: MergeEngine, replicas: list[EngineReplica], *, legacy: bool = False
+) -> None:
     everything = {o.id: o for r in replicas for o in r.ops.values()}
     ops = [everything[k] for k in sorted(everything)]
-    state, record = engine.fold("items", "r1", ops)
-    reference = canonical(record)
+    state, _ = engine.fold("items", "r1", ops)
+    reference = outcome(engine, state, legacy)
 
-    # Commutativity: any delivery order gives the same record.
+    def folded(some: list[Operation]) -> str:
+        return outcome(engine, engine.fold("items", "r1", some)[0], legacy)
+
+    # Commutativity: any delivery order gives the same record (and state text).
     for _ in range(3):
-        assert fold_canonical(engine, data.draw(st.permutations(ops))) == reference
+        assert folded(data.draw(st.permutations(ops))) == reference
 
     # Idempotence: duplicates change nothing, and re-applying everything is a no-op.
     duplicated = [*ops, *data.draw(st.lists(st.sampled_from(ops), max_size=len(ops)))] if ops else []
-    assert fold_canonical(engine, data.draw(st.permutations(duplicated))) == reference
+    assert folded(data.draw(st.permutations(duplicated))) == reference
     before = state.to_json()
     for operation in ops:
-        if operation.id in state.graph:  # a repeat the state recognises itself (beyond: the log's)
+        if state.holds(operation):  # a repeat the state recognises itself (beyond: the log's)
             assert engine.apply(state, operation) == []
     assert state.to_json() == before
-    assert canonical(engine.materialize("items", "r1", state)) == reference
+    assert outcome(engine, state, legacy) == reference
 
     # Associativity: folding in chunks, the state stored as JSON between chunks (as the store does).
     shuffled = data.draw(st.permutations(ops))
@@ -293,7 +320,7 @@ def check_fold_laws(data: st.DataObject, engine: MergeEngine, replicas: list[Eng
             engine.apply(chunked, operation)
         chunked = RecordState.from_json(chunked.to_json())
         start = max(start, cut)
-    assert canonical(engine.materialize("items", "r1", chunked)) == reference
+    assert outcome(engine, chunked, legacy) == reference
 
     # fold(A) then B == fold(B) then A == fold(A + B), for overlapping A and B.
     a = data.draw(st.lists(st.sampled_from(ops), unique_by=lambda o: o.id)) if ops else []
@@ -305,12 +332,12 @@ def check_fold_laws(data: st.DataObject, engine: MergeEngine, replicas: list[Eng
         for operation in second:
             if operation.id not in held:
                 engine.apply(grouped, operation)
-        assert canonical(engine.materialize("items", "r1", grouped)) == reference
+        assert outcome(engine, grouped, legacy) == reference
 
     # Every replica's incrementally built state converges once it holds everything.
     for replica in replicas:
         replica.receive(data.draw(st.permutations(ops)))
-        assert canonical(replica.record()) == reference
+        assert outcome(engine, replica.state, legacy) == reference
 
 
 @pytest.mark.parametrize("strategy", list(STRATEGY_FIELDS))
@@ -325,16 +352,37 @@ def test_engine_fold_laws_per_strategy(strategy: str, data: st.DataObject) -> No
 @settings(ENGINE_SETTINGS, max_examples=5 * SCALE)
 @given(data=st.data())
 def test_engine_fold_laws_on_long_histories(strategy: str, data: st.DataObject) -> None:
-    """Histories several times longer than a bounded state's window of the causal graph: the fold laws
-    hold while the state trims what it holds of the history (the add-wins set and the resolver keep all
-    of it, in the full schema)."""
+    """Histories several times longer than the window of the causal graph a state of operations without a
+    causal context keeps: with contexts the state keeps no graph at all, and its text is still a function of
+    the operation set."""
+    field = STRATEGY_FIELDS[strategy]
+    engine, replicas = random_history(data, [field], steps=(50, 70))
+    check_fold_laws(data, engine, replicas)
+    assert all(not r.state.graph and len(r.state.tips) <= len(NODES) for r in replicas)
+
+
+@pytest.mark.parametrize("strategy", list(STRATEGY_FIELDS))
+@settings(ENGINE_SETTINGS, max_examples=5 * SCALE)
+@given(data=st.data())
+def test_engine_fold_laws_on_long_histories_without_causal_contexts(
+    strategy: str, data: st.DataObject
+) -> None:
+    """Operations written before causal contexts existed merge as they did: records agree whatever the order
+    (the state keeps their causal graph, trimmed to a window when no register reads it)."""
     field = STRATEGY_FIELDS[strategy]
     schema = SCHEMA if field in ("tags", "notes") else WINDOWED_SCHEMA
-    engine, replicas = random_history(data, [field], steps=(50, 70), schema=schema)
-    check_fold_laws(data, engine, replicas)
+    engine, replicas = random_history(data, [field], steps=(50, 70), schema=schema, legacy=True)
+    check_fold_laws(data, engine, replicas, legacy=True)
     if schema is WINDOWED_SCHEMA:
         # Trimmed: what is left is the window, and the heads (never dropped) beyond it.
         assert all(len(r.state.graph) <= WINDOW_MAX + len(r.state.heads()) for r in replicas)
+
+
+@settings(ENGINE_SETTINGS, max_examples=20 * SCALE)
+@given(data=st.data())
+def test_engine_fold_laws_without_causal_contexts_all_strategies(data: st.DataObject) -> None:
+    engine, replicas = random_history(data, ALL_FIELDS, legacy=True)
+    check_fold_laws(data, engine, replicas, legacy=True)
 
 
 @settings(ENGINE_SETTINGS, max_examples=60 * SCALE)

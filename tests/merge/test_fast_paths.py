@@ -21,7 +21,15 @@ from offline.core.hlc import HybridLogicalClock
 from offline.core.operations import Operation, create_operation
 from offline.core.uuid7 import UUIDv7Generator
 from offline.core.version_vector import topological_sort
-from offline.merge.engine import REPEATED, WINDOW_MAX, Conflict, MergeEngine, RecordState, trim_window
+from offline.merge.engine import (
+    REPEATED,
+    WINDOW_MAX,
+    Conflict,
+    MergeEngine,
+    RecordState,
+    _add_dot,
+    trim_window,
+)
 from offline.merge.values import compact_json, op_key, wire_json
 
 from ._support import FakeClock, sorted_concat
@@ -36,18 +44,26 @@ def general_apply(engine: MergeEngine, state: RecordState, op: Operation, want: 
 
 
 def _general_fold(engine: MergeEngine, state: RecordState, op: Operation, want: bool) -> list[Conflict]:
-    if op.id in state.graph:
-        return []
     plan = engine.plan(op.collection)
-    if plan.windowed and len(state.graph) >= WINDOW_MAX:
-        trim_window(state.graph)
-    state.graph[op.id] = list(op.causal_deps)
+    context = op.causal_context
+    if context is None:
+        if op.id in state.graph:
+            return []
+        if plan.windowed and len(state.graph) >= WINDOW_MAX:
+            trim_window(state.graph)
+        state.graph[op.id] = list(op.causal_deps)
+    else:
+        if state.holds(op):
+            return []
+        _add_dot(state, op.id, op.node_id, context[op.node_id], context)
     data = engine.op_fields(op) if op.type != "delete" else {}
     for name, _, _, policy in engine.transition_problems(op):
         if policy == "reject":
             return []
         data.pop(name, None)
     key = op_key(op)
+    if context is not None:
+        key.append(context[op.node_id])
     if state.exist is None or key > state.exist[0]:
         state.exist = [key, op.type]
     if op.type == "insert":
