@@ -374,11 +374,7 @@ class App:
             )
         self.flush()
         for collection, record_id in sorted(keys):
-            self._rows.pop((collection, record_id), None)
-            state, record = self.engine.fold(
-                collection, record_id, self.db.record_operations(collection, record_id)
-            )
-            self._persist(collection, record_id, state, record)
+            compaction.refold_and_persist(self, collection, record_id)
 
     def compact(self) -> int:
         """Drop from the local log the operations the server has acknowledged (or sent), keeping what
