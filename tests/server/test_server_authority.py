@@ -181,3 +181,30 @@ def test_restoring_a_backup_of_a_pre_marker_server_keeps_its_writes_authoritativ
         assert service.node_id == marked
 
     asyncio.run(scenario())
+
+
+def test_an_operation_reusing_its_nodes_number_for_a_record_is_refused() -> None:
+    """Two different operations numbered alike among one node's writes to a record (causalContext): folded,
+    replicas would disagree on which counts, so the server keeps the first and refuses the other."""
+    store = MemoryServerStore()
+    service = asyncio.run(started(store))
+    client = create_app(schema(), path=":memory:")
+    cluster = Cluster(service, [client], 0)
+    node = client.node_id
+    first = op_of(node, 1, "insert", "r1", {"title": "a"}, causal_context={node: 1})
+    second = op_of(
+        node, 2, "update", "r1", {"title": "b"}, previous_data={"title": "a"}, causal_context={node: 2}
+    )
+    reused = op_of(
+        node, 3, "update", "r1", {"title": "c"}, previous_data={"title": "a"}, causal_context={node: 2}
+    )
+    results = asyncio.run(service.commit(cluster.sessions[0], [first, second, reused]))
+    assert isinstance(results[first.id], int)
+    # One of the two numbered 2 is kept (the first judged), the other refused.
+    kept, refused = (second, reused) if isinstance(results[second.id], int) else (reused, second)
+    assert isinstance(results[kept.id], int)
+    refusal = results[refused.id]
+    assert isinstance(refusal, Refusal) and refusal.code == "INVALID_OPERATION"
+    assert "causalContext" in refusal.message
+    record = service.cache.record("tasks", "r1")
+    assert record is not None and record["title"] == dict(kept.data or {})["title"]
