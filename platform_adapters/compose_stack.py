@@ -174,7 +174,7 @@ def app_stack(
                 environment={"POSTGRES_USER": POSTGRES_USER, "POSTGRES_DB": POSTGRES_DATABASE},
                 secrets=(POSTGRES_PASSWORD,),
                 volumes=(("postgres", POSTGRES_DATA_PATH),),
-                healthcheck=("pg_isready", "-U", POSTGRES_USER, "-d", POSTGRES_DATABASE),
+                healthcheck=("pg_isready", "-h", "127.0.0.1", "-U", POSTGRES_USER, "-d", POSTGRES_DATABASE),
             )
         )
     elif "DATABASE_URL" not in secrets:

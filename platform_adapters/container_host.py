@@ -176,7 +176,7 @@ class ContainerHost(DockerEngine):
         """Run ``command`` in the running container ``name``; its exit code (-1 when it could not run)."""
         client = self._connect()
         try:
-            created = client.api.exec_create(name, command, stdout=False, stderr=False)
+            created = client.api.exec_create(name, command)  # podman wants a stream attached
             client.api.exec_start(created["Id"])
             code = client.api.exec_inspect(created["Id"]).get("ExitCode")
         except Exception as exc:

@@ -201,7 +201,7 @@ class SelfHostedAdapter(PlatformAdapter):
 
     def check_prerequisites(self, ctx: DeployContext) -> None:
         target = Target.of(ctx)
-        if target.with_postgres and ctx.env.get("DATABASE_URL") and not ctx.state.get("with_postgres"):
+        if target.with_postgres and ctx.env.get("DATABASE_URL"):
             raise DeployError(
                 "--with-postgres and DATABASE_URL were both given: the app can use one database",
                 "INVALID_OPTION",

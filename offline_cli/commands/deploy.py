@@ -272,6 +272,9 @@ Examples:
   offline deploy --platform fly --app notes --org my-team --confirm
   RENDER_API_KEY=rnd_... offline deploy --platform render --app notes --registry ghcr.io/my-team \\
       --registry-credential ghcr-bot --confirm                      Render (image pushed to your registry)
+  offline deploy --platform self-hosted --app notes --publish 127.0.0.1:8080    this machine's engine
+  offline deploy --platform docker --app notes --host ssh://deploy@my-server \\
+      --registry ghcr.io/my-team --with-postgres --confirm                 your server, over SSH
   offline deploy --json                             redeploy; print one JSON object
   offline deploy status | logs --lines 50 | rollback
   offline deploy --reset --confirm                  forget the deployment (the app keeps running)

@@ -38,6 +38,11 @@ class FakeOs(SimpleNamespace):
         self.uid = euid
         self.cwd = cwd
         self.fail_chown = fail_chown
+        self.environ: dict[str, str] = {"HOME": "/root"}
+        self.X_OK = os.X_OK
+
+    def access(self, path: str, mode: int) -> bool:
+        return self.uid == 0  # only root may enter /root
 
     def geteuid(self) -> int:
         return int(self.euid)
@@ -112,6 +117,8 @@ def test_as_root_hands_over_the_data_folder_then_drops_for_good(
         ("setgid", UID),
         ("setuid", UID),
     ]
+    # root's HOME is no place for the server's user (asyncpg looks for client certificates there)
+    assert fake.environ["HOME"] == str(volume)
 
 
 def test_an_existing_root_owned_database_is_handed_over_too(entry: dict[str, Any], tmp_path: Path) -> None:
