@@ -35,9 +35,14 @@ known by remembering every id. So an operation carries a causal summary instead,
 (wire ``causalContext``, hashed into its id; see offline.core.operations): the record's version vector as
 its writer held it, counting per node the operations on this record it had folded as a contiguous prefix,
 its own node's entry numbering the operation itself. An operation is thus named by a dot (node, number),
-and "had R seen X" is ``R.causal_context[X.node] >= X.number``: a function of the two operations, exact
-because a writer only counts a prefix it holds whole (the local store and the server build the context from
-the record's state, `RecordState.next_context`). The state keeps, for the record: the clock (the
+and "had R seen X" is ``R.causal_context[X.node] >= X.number``: a function of the two operations (the local
+store and the server build the context from the record's state, `RecordState.next_context`). It is exact
+because a node's writes to a record reach every replica in the node's order (the server stores and relays
+them so; see offline.store.compaction); a number the server refused leaves a hole nothing fills, which a
+writer's context steps over (it counts the highest number held). Not done: filling such a hole (the server
+telling replicas a number is void); until then the record's clock stops below it, so that node's later
+numbers stay in "x" and removal vectors keep entries above it: that record's state grows with the node's
+writes to it. The state keeps, for the record: the clock (the
 contiguous counts held, "c") and the dots held beyond it ("x"); the pointwise maximum of the held
 operations' past vectors ("p": what some held operation had seen) and the heads, the operations nobody
 held had seen ("h": the causal deps of the next local write). All are bounded by the number of writers.
@@ -218,11 +223,15 @@ class RecordState:
         return number <= self.clock.get(node, 0) or [node, number] in self.extra
 
     def next_context(self, node_id: str) -> dict[str, int]:
-        """The causal context of the next write of ``node_id`` to the record: the clock, and the node's own
-        count one higher than any of its operations held."""
+        """The causal context of the next write of ``node_id`` to the record: per node the highest number
+        held, and the node's own one higher. Beyond the clock's prefix only when a number is missing: one
+        in transit (a node's writes to a record reach a replica in order, so rarely) or one the server
+        refused (it will never come; the writes after it must still be removable by others)."""
         context = dict(self.clock)
-        own = max([context.get(node_id, 0), *(n for node, n in self.extra if node == node_id)])
-        context[node_id] = own + 1
+        for node, number in self.extra:
+            if number > context.get(node, 0):
+                context[node] = number
+        context[node_id] = context.get(node_id, 0) + 1
         return context
 
     def holds(self, op: Operation) -> bool:
