@@ -93,6 +93,8 @@ if [ "$want_test" = 1 ]; then
   [ -x /usr/sbin/sshd ] || missing+=(openssh-server)
   command -v ssh-keygen >/dev/null 2>&1 || missing+=(openssh-client)
   [ -x /usr/lib/cni/dnsname ] || missing+=(golang-github-containernetworking-plugin-dnsname)
+  # The rendered compose.yaml is checked with Debian's docker-compose (`config` needs no engine).
+  command -v docker-compose >/dev/null 2>&1 || missing+=(docker-compose)
   if [ ${#missing[@]} -gt 0 ]; then apt_install "${missing[@]}"; fi
   # The desktop shell's tests open a real window (pywebview on Qt WebEngine, offscreen). The PyQt6 wheels
   # bundle Qt itself, but not the system libraries it links (X11/xcb, EGL/GL, NSS, fonts, sound).

@@ -253,6 +253,13 @@ def test_deploy_runs_the_stack_locally_keeps_data_across_a_redeploy_and_rolls_ba
             assert value not in run.stdout and value not in run.stderr
         assert value not in first.stdout
 
+    # --reset forgets the deployment here and leaves the stack running on the engine.
+    reset = deployer("--reset", "--confirm")
+    assert reset.exit_code == 0 and "was left running" in reset.stderr, reset.stderr
+    assert not (deployer.project / ".offline/deploy").exists()
+    assert health(deployer.url)["status"] == "ok"
+    assert deployer("status").exit_code == 1
+
 
 # -- --host ssh:// and --with-postgres ---------------------------------------------------------------------------
 
