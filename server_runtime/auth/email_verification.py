@@ -20,14 +20,16 @@ Access tokens carry ``email_verified`` (true or false, as of their issue: refres
 right, and a fresh verification message is sent (within the account's limit); a sign-up then creates the
 account, sends the message and answers 201 ``{user, emailVerified: false, emailVerificationRequired: true}``
 without tokens. ``sync``: the sync handshake of an unverified account is refused with the connection error
-``EMAIL_NOT_VERIFIED`` (read from the store at each handshake, so a verification counts at once). Sessions of
-external issuers' tokens (``external_issuers``) are not checked: they have no account here to verify.
+``EMAIL_NOT_VERIFIED`` (read from the store at each handshake, so a verification counts at once). A token of an
+external issuer (``external_issuers``) has no account here: its own ``email_verified`` claim decides, and a
+token without that claim (or with anything but ``true``) is refused as not verified; ``/auth/me`` reports the
+claim as ``emailVerified`` (false when absent). ``sign-in`` does not concern them (the provider signs them in).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
 from starlette.requests import Request
@@ -91,6 +93,12 @@ def required_checks(value: bool | str | Iterable[str] | None) -> frozenset[str]:
             {"field": "require_verified_email"},
         )
     return frozenset(names)
+
+
+def external_email_verified(claims: Mapping[str, Any]) -> bool:
+    """Whether an external issuer's session claims say the address is verified (OpenID Connect's
+    ``email_verified``; only a boolean true counts)."""
+    return claims.get("email_verified") is True
 
 
 def invalid_verification_token() -> AuthError:
@@ -170,6 +178,18 @@ class EmailVerificationRoutes:
             raise OfflineError(
                 "this account's email address is not verified; open the link in the verification message "
                 "(ask for a new one with request_email_verification), then reconnect",
+                EMAIL_NOT_VERIFIED,
+                {},
+            )
+
+    def check_external_sync(self, claims: Mapping[str, Any]) -> None:
+        """Raise ``OfflineError(EMAIL_NOT_VERIFIED)`` when sync needs a verified address and an external
+        issuer's token does not say ``email_verified: true``. There is no account here to verify: the identity
+        provider is the only source, so a claim that is absent (or not a boolean) counts as not verified."""
+        if self.for_sync and not external_email_verified(claims):
+            raise OfflineError(
+                "the identity provider does not say this user's email address is verified "
+                "(email_verified is not true in its token); verify it with the provider, then reconnect",
                 EMAIL_NOT_VERIFIED,
                 {},
             )

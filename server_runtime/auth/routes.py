@@ -40,6 +40,7 @@ from .email_verification import (
     EMAIL_NOT_VERIFIED,
     EmailNotVerified,
     EmailVerificationRoutes,
+    external_email_verified,
     required_checks,
 )
 from .external_issuers import ExternalIssuers, external_issuers_from
@@ -796,6 +797,7 @@ class AuthRoutes:
                 {
                     "id": external["sub"],
                     "email": external.get("email"),
+                    "emailVerified": external_email_verified(external),
                     "issuer": external["iss"],
                     "createdAt": None,
                 },
@@ -994,6 +996,7 @@ class SyncAuthProvider:
         try:
             external = await self.routes.external_claims(token)
             if external is not None:
+                self.routes.email_verification.check_external_sync(external)
                 return external
             # Membership is read from the store at every handshake: a member removed from an organization
             # gets no more of its data, even with a token issued before the removal.

@@ -11,6 +11,7 @@ bound to the external principal (issuer and subject), never to a native user or 
 from __future__ import annotations
 
 import asyncio
+import io
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -32,6 +33,7 @@ from server_runtime.auth.external_issuers import (
 )
 from server_runtime.auth.jwks import MAX_DOCUMENT_BYTES, JwksCache, JwksUnavailable, fetch_json
 from server_runtime.auth.tokens import InvalidToken
+from server_runtime.email.sender import ConsoleEmailSender
 from server_runtime.environment import auth_routes_from_environment
 from tests.hardening.support import handshake_reply
 
@@ -58,7 +60,13 @@ def test_rs256_and_es256_tokens_sync_each_users_own_records(tmp_path: Path) -> N
                 url = sync_url(server)
                 me = await client.get("/auth/me", headers={"Authorization": f"Bearer {idp.token('alice')}"})
                 assert me.status_code == 200, me.text
-                assert me.json() == {"id": "alice", "email": None, "issuer": idp.issuer, "createdAt": None}
+                assert me.json() == {
+                    "id": "alice",
+                    "email": None,
+                    "emailVerified": False,
+                    "issuer": idp.issuer,
+                    "createdAt": None,
+                }
 
                 a = app_with(tmp_path, "a", url, lambda: idp.token("alice", rsa_key))
                 a2 = app_with(tmp_path, "a2", url, lambda: idp.token("alice", ec_key))  # ES256
@@ -160,6 +168,68 @@ def test_bad_tokens_are_refused_with_a_logged_reason(tmp_path: Path, captured_lo
             everything = "\n".join(captured_logs.lines)
             for token, _ in bad.values():
                 assert token.split(".")[1] not in everything  # not even the payload
+
+        asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("required", ["sync", True])
+def test_verified_email_required_for_sync_is_read_from_the_email_verified_claim(
+    required: object, captured_logs: Capture
+) -> None:
+    """require_verified_email for sync: an external issuer's token syncs only when its ``email_verified`` claim
+    is true. A claim that is false, absent or not a boolean is refused with EMAIL_NOT_VERIFIED (the server has
+    no account to verify: the provider is the only source, and silence is not a yes). /auth/me reports the
+    claim as ``emailVerified`` (false when absent), with or without the option."""
+    with IdentityProvider("RS256") as idp:
+
+        async def scenario() -> None:
+            routes = make_routes(
+                external_issuers=[idp.config()],
+                email_sender=ConsoleEmailSender(reveal=False, stream=io.StringIO()),
+                require_verified_email=required,
+            )
+            async with serve(MemoryServerStore(), routes) as server, http(server) as client:
+                url = sync_url(server)
+                refused = {
+                    "false": idp.token("eve", email="eve@example.com", email_verified=False),
+                    "absent": idp.token("eve", email="eve@example.com"),
+                    "a string": idp.token("eve", email="eve@example.com", email_verified="true"),
+                }
+                for what, token in refused.items():
+                    reply, close_code = await handshake(url, token)
+                    assert isinstance(reply, p.ErrorMessage), (what, reply)
+                    assert (reply.code, reply.retriable) == ("EMAIL_NOT_VERIFIED", False), what
+                    assert close_code == 1008, what
+                    me = await client.get("/auth/me", headers={"Authorization": f"Bearer {token}"})
+                    assert me.status_code == 200 and me.json()["emailVerified"] is False, what
+                verified = idp.token("ada", email="ada@example.com", email_verified=True)
+                reply, _ = await handshake(url, verified)
+                assert isinstance(reply, p.HandshakeResponse) and reply.accepted
+                me = await client.get("/auth/me", headers={"Authorization": f"Bearer {verified}"})
+                assert me.json() == {
+                    "id": "ada",
+                    "email": "ada@example.com",
+                    "emailVerified": True,
+                    "issuer": idp.issuer,
+                    "createdAt": None,
+                }
+            assert any("email not verified" in line for line in captured_logs.lines)
+
+        asyncio.run(scenario())
+
+
+def test_an_unverified_external_token_syncs_when_verification_is_required_only_for_sign_in() -> None:
+    with IdentityProvider("ES256") as idp:
+
+        async def scenario() -> None:
+            routes = make_routes(
+                external_issuers=[idp.config()],
+                email_sender=ConsoleEmailSender(reveal=False, stream=io.StringIO()),
+                require_verified_email="sign-in",
+            )
+            async with serve(MemoryServerStore(), routes) as server:
+                reply, _ = await handshake(sync_url(server), idp.token("eve", email_verified=False))
+                assert isinstance(reply, p.HandshakeResponse) and reply.accepted
 
         asyncio.run(scenario())
 
