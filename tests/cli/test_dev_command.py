@@ -25,6 +25,7 @@ import pytest
 from offline import create_app
 from offline.core.schema import SchemaDefinition
 from offline.store import App
+from tests.support.servers import schema_from_source
 
 ROOT = Path(__file__).resolve().parents[2]
 FAST = {"backoff_initial": 0.05, "backoff_max": 0.4, "ack_timeout": 2.0, "handshake_timeout": 10.0}
@@ -34,14 +35,6 @@ from offline import define_schema, t
 
 schema = define_schema({"version": 1, "collections": {"notes": {"fields": {"body": t.string()}}}})
 """
-
-
-def load_schema(source: str) -> SchemaDefinition:
-    namespace: dict[str, Any] = {}
-    exec(source, namespace)
-    schema = namespace["schema"]
-    assert isinstance(schema, SchemaDefinition)
-    return schema
 
 
 def free_port() -> int:
@@ -187,7 +180,7 @@ def test_dev_serves_server_py_and_restarts_when_it_changes(tmp_path: Path, dev_p
     project.mkdir()
     entry = project / "server.py"
     entry.write_text(SERVER_SOURCE)
-    schema = load_schema(SERVER_SOURCE)
+    schema = schema_from_source(SERVER_SOURCE)
     dev: Dev = dev_process(project, "--exit-after", "90")
     dev.wait_healthy()
     port = dev.base.rsplit(":", 1)[1]

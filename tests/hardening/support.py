@@ -23,10 +23,9 @@ from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed
 
 from offline import HybridLogicalClock, create_operation
-from offline.core.schema import SchemaDefinition
 from offline.core.uuid7 import generate_uuid_v7
 from offline.sync import protocol as p
-from tests.support.servers import ServerProcess, write_entry
+from tests.support.servers import ServerProcess, schema_from_source, write_entry
 
 SCHEMA_SOURCE = """
 from offline import define_schema, t
@@ -52,15 +51,7 @@ schema = define_schema(
 """
 
 
-def load_schema() -> SchemaDefinition:
-    namespace: dict[str, Any] = {}
-    exec(SCHEMA_SOURCE, namespace)
-    schema = namespace["schema"]
-    assert isinstance(schema, SchemaDefinition)
-    return schema
-
-
-SCHEMA = load_schema()
+SCHEMA = schema_from_source(SCHEMA_SOURCE)
 TIMEOUT = 30.0
 
 

@@ -12,6 +12,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from offline.core.schema import SchemaDefinition
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -124,8 +126,10 @@ def write_entry(folder: Path, schema_source: str) -> Path:
     return entry
 
 
-def schema_from_source(source: str) -> Any:
+def schema_from_source(source: str) -> SchemaDefinition:
     """The ``schema`` an entry's Python source defines (what ``write_entry`` writes), for clients of it."""
     namespace: dict[str, Any] = {}
     exec(source, namespace)
-    return namespace["schema"]
+    schema = namespace["schema"]
+    assert isinstance(schema, SchemaDefinition)
+    return schema

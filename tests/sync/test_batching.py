@@ -23,19 +23,13 @@ from offline.merge.values import compact_json
 from offline.store import App
 from offline.sync import protocol as p
 from offline.sync.transport import WebSocketTransport
-from tests.support.servers import ServerProcess, write_entry
+from tests.support.servers import ServerProcess, schema_from_source, write_entry
 
 SCHEMA_SOURCE = """
 from offline import define_schema, t
 
 schema = define_schema({"version": 1, "collections": {"items": {"fields": {"title": t.string()}}}})
 """
-
-
-def _schema() -> Any:
-    namespace: dict[str, Any] = {}
-    exec(SCHEMA_SOURCE, namespace)
-    return namespace["schema"]
 
 
 @pytest.fixture
@@ -99,7 +93,7 @@ async def _until(condition: Callable[[], bool], what: str, timeout: float = 20.0
 
 def _app(tmp_path: Path, url: str, transport: GatedTransport, **options: Any) -> App:
     sync = {"url": url, "transport": transport, "backoff_initial": 0.05, "ack_timeout": 30.0, **options}
-    return create_app(_schema(), sync=sync, path=str(tmp_path / "client.db"))
+    return create_app(schema_from_source(SCHEMA_SOURCE), sync=sync, path=str(tmp_path / "client.db"))
 
 
 def test_writes_made_while_the_window_is_full_go_out_together(tmp_path: Path, server: ServerProcess) -> None:
@@ -231,7 +225,9 @@ def test_large_batches_are_decoded_and_applied_with_the_collector_held_off(tmp_p
     import gc
 
     app = create_app(
-        _schema(), path=str(tmp_path / "client.db"), sync={"url": "ws://127.0.0.1:9/offline-sync"}
+        schema_from_source(SCHEMA_SOURCE),
+        path=str(tmp_path / "client.db"),
+        sync={"url": "ws://127.0.0.1:9/offline-sync"},
     )
     engine: Any = app.sync
     wires = [op.to_wire() for op in _inserts(300, lambda i: {"title": f"item {i}"})]
@@ -279,7 +275,9 @@ def test_a_large_batch_frame_is_parsed_and_applied_with_the_collector_held_off(
     from offline.sync.client import ConnectionLost
 
     app = create_app(
-        _schema(), path=str(tmp_path / "client.db"), sync={"url": "ws://127.0.0.1:9/offline-sync"}
+        schema_from_source(SCHEMA_SOURCE),
+        path=str(tmp_path / "client.db"),
+        sync={"url": "ws://127.0.0.1:9/offline-sync"},
     )
     engine: Any = app.sync
     wires = [op.to_wire() for op in _inserts(310, lambda i: {"title": f"item {i}"})]

@@ -35,7 +35,7 @@ from offline import OfflineError, create_app, op
 from offline.store import App
 from server_runtime.stores._codec import decode_optional
 from tests.support.chaos_proxy import S2C, ChaosProxy
-from tests.support.servers import ServerProcess, write_entry
+from tests.support.servers import ServerProcess, schema_from_source, write_entry
 
 pytestmark = pytest.mark.slow
 
@@ -70,12 +70,6 @@ schema = define_schema(
     }
 )
 """
-
-
-def load_schema() -> Any:
-    namespace: dict[str, Any] = {}
-    exec(SCHEMA_SOURCE, namespace)
-    return namespace["schema"]
 
 
 def client_config(url: str) -> dict[str, Any]:
@@ -238,7 +232,7 @@ async def settle(apps: list[App], timeout: float) -> float:
 
 async def run_chaos(tmp_path: Path, figures: dict[str, Any]) -> None:
     """The chaos run; ``figures`` collects what happened (filled in as it goes, so a failure shows it too)."""
-    schema = load_schema()
+    schema = schema_from_source(SCHEMA_SOURCE)
     rng = random.Random(SEED)
     figures.update({"clients": CLIENTS, "ops_per_client": OPS_PER_CLIENT, "seed": SEED})
     started = time.monotonic()
@@ -390,7 +384,7 @@ def test_chaos_convergence_and_durability(tmp_path: Path) -> None:
 
 async def run_lost_batches(tmp_path: Path) -> dict[str, float]:
     """Server batches lost with nothing after them: the client cannot see a gap, the server must resend."""
-    schema = load_schema()
+    schema = schema_from_source(SCHEMA_SOURCE)
     server_dir = tmp_path / "server"
     server_dir.mkdir()
     server = ServerProcess(

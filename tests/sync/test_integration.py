@@ -28,7 +28,7 @@ from offline.store.replication import delivery_watermark
 from offline.sync import protocol as p
 from offline.sync.transport import WebSocketTransport
 from server_runtime.stores import create_relational_server_store, create_sqlite_server_store
-from tests.support.servers import ServerProcess, write_entry
+from tests.support.servers import ServerProcess, schema_from_source, write_entry
 
 # -- schemas: the server process and the clients build theirs from the same source ------------------------------
 
@@ -66,17 +66,9 @@ schema = define_schema(
 """
 
 
-def load_schema(source: str) -> SchemaDefinition:
-    namespace: dict[str, Any] = {}
-    exec(source, namespace)
-    schema = namespace["schema"]
-    assert isinstance(schema, SchemaDefinition)
-    return schema
-
-
-GENERAL = load_schema(GENERAL_SOURCE)
-GENERAL_V2 = load_schema(GENERAL_SOURCE.replace('"version": 1', '"version": 2'))
-SCOPED = load_schema(SCOPED_SOURCE)
+GENERAL = schema_from_source(GENERAL_SOURCE)
+GENERAL_V2 = schema_from_source(GENERAL_SOURCE.replace('"version": 1', '"version": 2'))
+SCOPED = schema_from_source(SCOPED_SOURCE)
 assert GENERAL_V2.version == 2
 
 # Reconnect fast: a test must not wait out a production backoff.

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from offline import create_app
 from offline.store import App
+from tests.support.servers import schema_from_source
 from tests.sync.test_integration import (
     FAST,
     GENERAL_SOURCE,
@@ -20,11 +21,10 @@ from tests.sync.test_integration import (
     client,
     clients,
     collect,
-    load_schema,
     wait_for,
 )
 
-WITH_COLOR = load_schema(
+WITH_COLOR = schema_from_source(
     GENERAL_SOURCE.replace(
         '"rank": t.number().optional()}', '"rank": t.number().optional(), "color": t.string().optional()}'
     )

@@ -15,6 +15,7 @@ import pytest
 
 from offline import OfflineError, create_app
 from offline.store.replication import delivery_watermark
+from tests.support.servers import schema_from_source
 from tests.sync.test_integration import (
     FAST,
     GENERAL,
@@ -25,12 +26,11 @@ from tests.sync.test_integration import (
     clients,
     collect,
     converge,
-    load_schema,
     wait_for,
 )
 
 # The same version without the notes collection: a device built from an older source.
-ITEMS_ONLY = load_schema(
+ITEMS_ONLY = schema_from_source(
     GENERAL_SOURCE.replace('"notes": {"fields": {"body": t.string(), "rank": t.number().optional()}},', "")
 )
 assert "notes" not in ITEMS_ONLY.collections and ITEMS_ONLY.version == GENERAL.version
