@@ -246,6 +246,23 @@ def test_dev_without_server_py_serves_the_demo_schema(tmp_path: Path, dev_proces
     assert not (tmp_path / "server.py").exists()
 
 
+def test_dev_tells_its_server_it_is_in_development(tmp_path: Path, dev_process: Any) -> None:
+    """The server dev starts gets OFFLINE_DEV=1 (its console email sender then prints whole messages, links
+    included); dev's own environment has no OFFLINE_ variable (the fixture drops them)."""
+    recorder = (
+        "import json, os, pathlib\n"
+        "pathlib.Path(f'env-{os.getpid()}.json').write_text(json.dumps(dict(os.environ)))\n"
+    )
+    (tmp_path / "server.py").write_text(recorder + SERVER_SOURCE)
+    dev: Dev = dev_process(tmp_path)
+    dev.wait_healthy()
+    server_pids = server_children(dev.proc.pid)
+    seen = {int(f.stem.split("-")[1]): json.loads(f.read_text()) for f in tmp_path.glob("env-*.json")}
+    served = [env for pid, env in seen.items() if pid in server_pids]
+    assert served, (server_pids, list(seen))
+    assert all(env["OFFLINE_DEV"] == "1" for env in served)
+
+
 def test_dev_on_a_busy_port_says_so(tmp_path: Path, dev_process: Any) -> None:
     (tmp_path / "server.py").write_text(SERVER_SOURCE)
     with socket.socket() as busy:
