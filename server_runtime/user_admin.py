@@ -1,7 +1,8 @@
 """User administration and the audit log over HTTP (DESIGN.md section 7, "Auth"), for the admin token only.
 
 - ``GET /__offline/users`` (``q``: part of an email or a user id; ``after``: the ``next`` of the previous
-  page; ``limit`` 1-500, 50 by default) -> ``{users: [{id, email, createdAt, disabled}], next}``.
+  page; ``limit`` 1-500, 50 by default) -> ``{users: [{id, email, emailVerified, createdAt, disabled}],
+  next}`` (``emailVerified``: the current address is verified, ``server_runtime.auth.verified_emails``).
 - ``GET /__offline/users/{id}`` -> the user with ``disabled`` (``{at, by, reason}`` or null), ``sessions``
   (``{id, createdAt, revokedAt, revokedReason, live}``), ``devices`` (node ids registered to the user),
   ``providers``, ``mfa`` (``{totp, passkeys}``) and ``orgs``.
@@ -36,6 +37,7 @@ from offline.core.errors import OfflineError
 from .auth import accounts
 from .auth import sessions as _sessions
 from .auth.audit import AuditQuery
+from .auth.verified_emails import is_verified
 from .auth.web import AuthError, client_address, iso, read_body
 from .sync import principal_of
 
@@ -96,10 +98,11 @@ def _moment(request: Request, name: str) -> int | None:
     return int(moment.timestamp() * 1000)
 
 
-def _user_json(user: Any, mark: accounts.DisabledRow | None) -> dict[str, Any]:
+def _user_json(user: Any, mark: accounts.DisabledRow | None, verified: bool) -> dict[str, Any]:
     return {
         "id": user.id,
         "email": user.email,
+        "emailVerified": verified,
         "createdAt": iso(user.created_at),
         "disabled": None
         if mark is None
@@ -170,10 +173,11 @@ class UserAdmin:
         after = request.query_params.get("after") or None
         async with self.auth._store().reader() as tx:
             found = await accounts.find_users(tx, query, after=after, limit=limit + 1)
-        page = found[:limit]
+            page = found[:limit]
+            users = [_user_json(user, mark, await is_verified(tx, user)) for user, mark in page]
         return JSONResponse(
             {
-                "users": [_user_json(user, mark) for user, mark in page],
+                "users": users,
                 "next": page[-1][0].id if len(found) > limit else None,
             },
             headers=_NO_STORE,
@@ -186,10 +190,11 @@ class UserAdmin:
             if user is None:
                 raise _not_found(user_id)
             mark = await accounts.disabled(tx, user_id)
+            verified = await is_verified(tx, user)
             facts = await accounts.facts(tx, user_id)
         store = self.auth.server_store
         devices = await store.principal_nodes(principal_of({"sub": user_id})) if store is not None else []
-        body = _user_json(user, mark)
+        body = _user_json(user, mark, verified)
         body.update(
             {
                 "sessions": [

@@ -174,6 +174,7 @@ def show(url: str, token: str | None, timeout: float, user_id: str, as_json: boo
     mfa = data.get("mfa") or {}
     for row in (
         ("email", data.get("email") or "-"),
+        ("email verified", "yes" if data.get("emailVerified") else "no"),
         ("created", data.get("createdAt", "")),
         ("disabled", _disabled_text(data)),
         ("providers", ", ".join(data.get("providers") or []) or "-"),

@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from click.testing import CliRunner, Result
 
@@ -24,7 +27,9 @@ ADMIN_TOKEN = "admin-token-0f1e2d3c4b5a69788796a5b4c3d2e1f0"
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    process = auth_server(tmp_path_factory.mktemp("users"), env={"OFFLINE_ADMIN_TOKEN": ADMIN_TOKEN})
+    # OFFLINE_DEV: the console email sender writes the verification codes to the server's log.
+    env = {"OFFLINE_ADMIN_TOKEN": ADMIN_TOKEN, "OFFLINE_DEV": "1"}
+    process = auth_server(tmp_path_factory.mktemp("users"), env=env)
     try:
         yield process
     finally:
@@ -63,6 +68,32 @@ def test_list_show_and_search(server: ServerProcess) -> None:
     assert shown.exit_code == 0 and "ann@cli.example" in shown.stdout and "live" in shown.stdout
     as_json = json.loads(offline(server, "show", ann["user"]["id"], "--json").stdout)
     assert as_json["id"] == ann["user"]["id"] and len(as_json["sessions"]) == 1
+    assert as_json["emailVerified"] is False and re.search(r"email verified\W+no", shown.stdout)
+
+
+def verification_token(server: ServerProcess, email: str) -> str:
+    """The verification code the server's console sender logged for ``email``."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        # No OFFLINE_APP_URL: the message carries the code itself instead of a link.
+        pattern = rf"To: {re.escape(email)}\n(?:.*\n)*?Enter this code in the app:\n\n(\S+)"
+        found = re.search(pattern, server.log_path.read_text())
+        if found:
+            return found.group(1)
+        time.sleep(0.05)
+    raise AssertionError(f"no verification code for {email} in:\n{server.log_path.read_text()[-3000:]}")
+
+
+def test_show_says_whether_the_email_is_verified(server: ServerProcess) -> None:
+    user_id = signed_up(server, "dora@cli.example")["user"]["id"]
+    token = verification_token(server, "dora@cli.example")
+    verified = httpx.post(server.http_url + "/auth/email/verify", json={"token": token}, timeout=30)
+    assert verified.status_code == 200, verified.text
+    as_json = json.loads(offline(server, "show", user_id, "--json").stdout)
+    assert as_json["emailVerified"] is True
+    assert re.search(r"email verified\W+yes", offline(server, "show", user_id).stdout)
+    listed = json.loads(offline(server, "list", "--query", "dora@cli", "--json").stdout)
+    assert [u["emailVerified"] for u in listed["users"]] == [True]
 
 
 def test_disable_enable_sign_out_and_delete(server: ServerProcess) -> None:
