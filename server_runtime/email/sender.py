@@ -13,6 +13,8 @@ import sys
 from dataclasses import dataclass
 from typing import Final, TextIO
 
+from ..log_budget import LogBudget
+
 __all__ = ["EMAIL_CONFIG", "EMAIL_DELIVERY_FAILED", "ConsoleEmailSender", "EmailMessage", "EmailSender"]
 
 log = logging.getLogger("offline.server.email")
@@ -46,21 +48,26 @@ class ConsoleEmailSender(EmailSender):
 
     With ``reveal=True`` (``offline dev``) the whole plain-text body is written, links included, so a developer
     can follow a reset or verification link. With ``reveal=False`` (a server not in development mode that has
-    no SMTP settings) only the recipient and subject are logged, as a warning: the body holds a link that
-    signs its reader in, and logs are read by more people than the mailbox."""
+    no SMTP settings) only the recipient and subject are logged, at most one line a minute plus a count of the
+    rest (``server_runtime.log_budget``; the server warned at start): the body holds a link that signs its
+    reader in, and logs are read by more people than the mailbox."""
 
     delivers = False
 
     def __init__(self, *, reveal: bool = True, stream: TextIO | None = None) -> None:
         self.reveal = reveal
         self._stream = stream
+        self._unsent = LogBudget(log, "'email not sent' lines", period=60.0, burst=1)
 
     def __repr__(self) -> str:
         return f"ConsoleEmailSender(reveal={self.reveal})"
 
     async def send(self, message: EmailMessage) -> None:
         if not self.reveal:
-            log.warning(
+            # The server warned once at start that nothing is delivered; a line per message, as a warning,
+            # would let a burst of sign-ups flood the logs, so these are informational and budgeted.
+            self._unsent.log(
+                logging.INFO,
                 "email to %s not sent (%r): no SMTP server is configured; set OFFLINE_SMTP_URL",
                 message.to,
                 message.subject,

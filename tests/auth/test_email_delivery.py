@@ -176,6 +176,25 @@ def test_the_console_sender_prints_links_in_development_and_only_warns_elsewhere
     assert any("WARNING" in line and "NOT be delivered" in line for line in captured_logs.lines)
 
 
+def test_a_production_server_without_smtp_warns_once_then_logs_unsent_messages_on_a_budget(
+    captured_logs: Capture,
+) -> None:
+    """No OFFLINE_SMTP_URL outside development: one warning at start; a burst of sign-ups then costs one line
+    (budgeted, server_runtime.log_budget) and a count of the rest, not a warning per message."""
+    prod = email_options_from_environment({})["email_sender"]
+
+    async def burst() -> None:
+        for _ in range(25):
+            await prod.send(MESSAGE)
+
+    asyncio.run(burst())
+    warnings = [line for line in captured_logs.lines if "WARNING" in line]
+    assert len(warnings) == 1 and "NOT be delivered" in warnings[0]
+    unsent = [line for line in captured_logs.lines if "not sent" in line]
+    assert len(unsent) == 1 and "ada@example.com" in unsent[0]
+    assert not any("https://app.example/x" in line for line in captured_logs.lines)
+
+
 def test_smtp_settings_from_the_environment_need_a_from_address() -> None:
     url = f"smtp://mailer:{urllib.parse.quote(SMTP_PASSWORD, safe='')}@127.0.0.1:2525"
     with pytest.raises(OfflineError) as caught:
