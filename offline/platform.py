@@ -61,29 +61,42 @@ def has_module(name: str) -> bool:
 def unavailable_fields(schema: SchemaDefinition) -> list[UnavailableField]:
     """The fields of ``schema`` that cannot work in this runtime.
 
-    Rich text merges with pycrdt, a Rust extension; without a WebAssembly build of it (Pyodide ships none)
-    a browser cannot apply rich text operations, so such fields are reported up front.
+    Rich text merges with Yjs: pycrdt natively, the npm package yjs in the browser, which the page's build
+    bundles when the project has it installed (pycrdt has no WebAssembly build for Pyodide). Without it a
+    runtime cannot apply rich text operations, so such fields are reported up front.
     """
-    if has_module("pycrdt"):
+    rich = [
+        (name, field_name)
+        for name, collection in schema.collections.items()
+        for field_name, descriptor in collection.fields.items()
+        if descriptor.type == "richtext"
+    ]
+    if not rich:
         return []
-    where = "in the browser" if IS_BROWSER else "here"
-    found: list[UnavailableField] = []
-    for name, collection in schema.collections.items():
-        for field_name, descriptor in collection.fields.items():
-            if descriptor.type == "richtext":
-                found.append(
-                    UnavailableField(
-                        collection=name,
-                        field=field_name,
-                        type="richtext",
-                        reason=(
-                            f"rich text fields are unavailable {where}: they need pycrdt, which has no "
-                            f"WebAssembly build for Pyodide. Writes to {name} fail with an error, and "
-                            f"{name} records changed elsewhere do not sync to this device."
-                        ),
-                    )
-                )
-    return found
+    from offline.merge import yjs  # its Yjs package is imported on first use, not here
+
+    if yjs.missing_package() is None:
+        return []
+    where, need = (
+        (
+            "in the browser",
+            "the npm package yjs, which this page was built without (npm install yjs, then build)",
+        )
+        if IS_BROWSER
+        else ("here", "the Python package pycrdt (pip install pycrdt)")
+    )
+    return [
+        UnavailableField(
+            collection=name,
+            field=field_name,
+            type="richtext",
+            reason=(
+                f"rich text fields are unavailable {where}: they need {need}. Writes to {name} fail with an "
+                f"error, and {name} records changed elsewhere do not sync to this device."
+            ),
+        )
+        for name, field_name in rich
+    ]
 
 
 __all__ = [

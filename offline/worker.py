@@ -137,6 +137,7 @@ class WorkerBridge:
             "insertMany",
             "update",
             "delete",
+            "richtext",
             "findById",
             "fetch",
             "count",
@@ -156,7 +157,9 @@ class WorkerBridge:
         }
     )
     # Methods that may write: the bridge persists the database before replying to them.
-    WRITES = frozenset({"insert", "insertMany", "update", "delete", "call", "persist", "retry", "discard"})
+    WRITES = frozenset(
+        {"insert", "insertMany", "update", "delete", "richtext", "call", "persist", "retry", "discard"}
+    )
     # Methods that wait for something (the network, storage): served by `handle` on the event loop.
     ASYNC_METHODS = frozenset({"connect", "disconnect", "network", "persist"})
 
@@ -526,6 +529,23 @@ class WorkerBridge:
 
     def _do_delete(self, request: Mapping[str, Any]) -> Any:
         return self._collection(request).delete(request.get("recordId"))
+
+    def _do_richtext(self, request: Mapping[str, Any]) -> Any:
+        """An edit of a rich text field through `Collection.richtext`: ``"edit": "insert"`` with ``index`` and
+        ``text``, or ``"delete"`` with ``index`` and ``length`` (character indices, as in Python); answers
+        the record as it is after the edit."""
+        handle = self._collection(request).richtext(request.get("recordId"), request.get("field"))
+        edit = request.get("edit")
+        numbers = ("index",) if edit == "insert" else ("index", "length")
+        for name in numbers:
+            value = request.get(name)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise _bad(f"a rich text {edit} needs an integer {name!r}", field=name)
+        if edit == "insert":
+            return handle.insert(request["index"], request.get("text"))
+        if edit == "delete":
+            return handle.delete(request["index"], request["length"])
+        raise _bad(f"unknown rich text edit {edit!r}; use 'insert' or 'delete'", field="edit")
 
     def _do_findById(self, request: Mapping[str, Any]) -> Any:
         return self._collection(request).find_by_id(request.get("recordId"))

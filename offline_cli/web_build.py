@@ -7,6 +7,9 @@ The output is self-contained, so a page never fetches anything from another site
   its core includes CPython's ``sqlite3`` module, SQLite compiled to WebAssembly);
 - ``py/app.<hash>.zip``: the Python the worker imports: the ``offline`` library and its pure-Python
   dependencies, taken from the Python running this build, plus the project's own modules;
+- ``vendor/``: the npm package ``yjs`` (rich text in the browser: pycrdt has no WebAssembly build) and the
+  packages it imports, as the browser's ES modules, their bare imports rewritten to relative paths (a module
+  worker has no import maps); only when the project has yjs installed (the template pins it);
 - ``config.js``: the sync URL (``BUILD_SYNC_URL``, default ``ws://localhost:3001/offline-sync``; a path such
   as ``/offline-sync`` means the server the page came from) and the module names the worker loads;
 - ``sw.js`` with this build's file list, so the service worker can cache all of it for offline starts.
@@ -47,6 +50,15 @@ PYODIDE_FILES = (
     "pyodide.asm.wasm",
     "python_stdlib.zip",
     "pyodide-lock.json",
+)
+#: The npm package that merges rich text in the browser (the template pins it), and where its entry lands.
+YJS_VERSION = "13.6.33"
+VENDOR = "vendor"
+#: package.json "exports" conditions a browser's module worker matches (first match in the object's order).
+_CONDITIONS = frozenset({"browser", "import", "module", "default"})
+#: A static import or re-export at the start of a statement (not in a comment), and its specifier.
+_STATIC_IMPORT = re.compile(
+    r"""((?:^|[;\n])[ \t]*(?:import|export)\b[^'";]*?\bfrom[ \t]*|(?:^|[;\n])[ \t]*import[ \t]*)(['"])([^'"\n]+)\2"""
 )
 #: Always bundled: the library and the pure-Python packages it imports at module level.
 LIBRARY_PACKAGES = ("offline", "rfc8785")
@@ -251,6 +263,97 @@ def python_bundle(project: WebProject) -> bytes:
     return buffer.getvalue()
 
 
+def _exported(target: Any) -> str | None:
+    """The file a package.json "exports" target names for a browser's module import."""
+    if isinstance(target, str):
+        return target
+    if isinstance(target, dict):
+        for condition, value in target.items():
+            if condition in _CONDITIONS:
+                found = _exported(value)
+                if found is not None:
+                    return found
+    return None
+
+
+def _resolve_package(node_modules: Path, specifier: str) -> Path:
+    """The file a bare specifier (``lib0/array``, ``yjs``) names, by its package's "exports" (else module/main)."""
+    parts = specifier.split("/")
+    name_parts = 2 if specifier.startswith("@") else 1
+    name, subpath = "/".join(parts[:name_parts]), "/".join(parts[name_parts:])
+    folder = node_modules / name
+    try:
+        manifest = json.loads((folder / "package.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        raise _fail(
+            f"the npm package {name} (imported as {specifier!r}) is not installed in {node_modules}",
+            "Run `npm install` in the project, then build again.",
+            package=name,
+        ) from None
+    exports = manifest.get("exports")
+    key = f"./{subpath}" if subpath else "."
+    if isinstance(exports, dict) and any(k.startswith(".") for k in exports):
+        relative = _exported(exports.get(key))
+    elif exports is not None and not subpath:
+        relative = _exported(exports)
+    else:
+        relative = subpath or manifest.get("module") or manifest.get("main") or "index.js"
+    if relative is None:
+        raise _fail(
+            f"the npm package {name} exports nothing for a browser at {key!r} (imported as {specifier!r})",
+            f"Install a version of {name} with ES modules for browsers.",
+            package=name,
+        )
+    return (folder / relative).resolve()
+
+
+def vendor_modules(node_modules: Path, package: str, out: Path) -> str:
+    """Copy npm ``package`` and the modules it imports into ``out`` (as ``out/<package>/<path>``), every import
+    rewritten to a relative URL; return its entry's path inside ``out``. No bundler: the files are the
+    packages' own ES modules, which a module worker loads as they are once no bare specifier is left."""
+    root = node_modules.resolve()
+    entry = _resolve_package(root, package)
+    pending, written = [entry], set()
+
+    def place(path: Path) -> Path:
+        if not path.is_relative_to(root):
+            raise _fail(
+                f"{path} is outside {root}", "Install the packages inside the project.", path=str(path)
+            )
+        return out / path.relative_to(root)
+
+    while pending:
+        source = pending.pop()
+        if source in written:
+            continue
+        written.add(source)
+        if not source.is_file():
+            raise _fail(
+                f"{source} (a module of the npm package {package}) does not exist",
+                "Run `npm install` in the project again.",
+                path=str(source),
+            )
+        target = place(source)
+
+        def rewrite(match: re.Match[str], source: Path = source, target: Path = target) -> str:
+            specifier = match.group(3)
+            if specifier.startswith((".", "/")):
+                resolved = (source.parent / specifier).resolve()
+            else:
+                resolved = _resolve_package(root, specifier)
+            pending.append(resolved)
+            relative = os.path.relpath(place(resolved), target.parent).replace(os.sep, "/")
+            quote = match.group(2)
+            return (
+                f"{match.group(1)}{quote}{relative if relative.startswith('.') else './' + relative}{quote}"
+            )
+
+        text = _STATIC_IMPORT.sub(rewrite, source.read_text(encoding="utf-8"))
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text, encoding="utf-8")
+    return place(entry).relative_to(out.parent).as_posix()
+
+
 def _write_service_worker(source: Path, target: Path, build_id: str, files: Sequence[str]) -> None:
     text = source.read_text(encoding="utf-8")
     manifest = json.dumps({"build": build_id, "files": list(files)}, separators=(",", ":"))
@@ -289,6 +392,11 @@ def build_web_client(
         bundle_name = f"py/app.{hashlib.sha256(bundle).hexdigest()[:12]}.zip"
         (staging / "py").mkdir()
         (staging / bundle_name).write_bytes(bundle)
+        # Rich text in the browser needs yjs; a project without it still builds (its page reports rich text
+        # fields unavailable, naming the package).
+        richtext = None
+        if (root / "node_modules" / "yjs" / "package.json").is_file():
+            richtext = vendor_modules(root / "node_modules", "yjs", staging / VENDOR)
         config = {
             "syncUrl": url,
             "database": project.database,
@@ -296,6 +404,7 @@ def build_web_client(
             "actionsModule": project.actions_module,
             "python": bundle_name,
             "pyodideVersion": version,
+            "richtext": richtext,
         }
         digest = hashlib.sha256(json.dumps(config, sort_keys=True).encode())
         for path in sorted(p for p in staging.rglob("*") if p.is_file()):

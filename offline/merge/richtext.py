@@ -1,9 +1,10 @@
-"""Rich text fields as pycrdt (Yjs) documents.
+"""Rich text fields as Yjs documents.
 
 An operation on a rich text field carries a Yjs update (bytes); a record's state is its document with every
 update applied. Yjs updates commute and are idempotent, so any delivery order gives the same text.
-pycrdt is imported lazily: a schema without rich text never needs it (and a browser without a WebAssembly
-build of pycrdt can still run every other field type).
+Yjs comes from `offline.merge.yjs`: pycrdt natively, the npm package ``yjs`` in the browser (pycrdt has no
+WebAssembly build), chosen by platform and imported lazily: a schema without rich text never needs either
+(and a browser page built without yjs can still run every other field type).
 
 One document per record and field, one Yjs client per node: a node writes every edit of a document as the
 same Yjs client (`client_id_for`, derived from its node id), so its typing is one run of that client's
@@ -24,32 +25,33 @@ from typing import Any
 
 from offline.core.errors import OfflineError
 
-TEXT_KEY = "text"
+from . import yjs
+
+#: What to do when this platform's Yjs is missing, by the package it lacks.
+_INSTALL_HINT = {
+    "pycrdt": "install pycrdt (pip install pycrdt)",
+    "yjs": "add the npm package yjs to the project (npm install yjs) and build the web client again",
+}
 
 
-def _pycrdt() -> Any:
+def _yjs() -> yjs.YjsBackend:
     try:
-        import pycrdt
+        return yjs.backend()
     except ImportError as exc:  # pragma: no cover - depends on the platform
+        package = "yjs" if yjs.IS_BROWSER else "pycrdt"
         raise OfflineError(
-            "rich text fields need the pycrdt package, which is not available here; install pycrdt "
-            "(pip install pycrdt) or remove t.richtext() fields from the schema",
+            f"rich text fields need the {package} package, which is not available here; "
+            f"{_INSTALL_HINT[package]}, or remove t.richtext() fields from the schema",
             "STORAGE_ERROR",
-            {"package": "pycrdt"},
+            {"package": package},
         ) from exc
-    return pycrdt
 
 
-def _doc(state: bytes | None) -> Any:
-    pycrdt = _pycrdt()
-    doc = pycrdt.Doc()
+def _doc(state: bytes | None) -> yjs.YDoc:
+    doc = _yjs().new_doc()
     if state:
         doc.apply_update(state)
     return doc
-
-
-def _text(doc: Any) -> Any:
-    return doc.get(TEXT_KEY, type=_pycrdt().Text)
 
 
 def client_id_for(node_id: str) -> int:
@@ -90,12 +92,12 @@ class _Documents:
             doc = self.docs.pop(state, None)
         if doc is not None and (client_id is None or doc.client_id == client_id):
             return doc, True
-        doc = _pycrdt().Doc() if client_id is None else _pycrdt().Doc(client_id=client_id)
+        doc = _yjs().new_doc(client_id)
         if not state:
             return doc, True
         doc.apply_update(state)
-        encoded = bytes(doc.get_update())
-        return doc, bytes(_pycrdt().merge_updates(encoded, state)) == encoded
+        encoded = doc.get_update()
+        return doc, _yjs().merge_updates(encoded, state) == encoded
 
     def keep(self, state: bytes, doc: Any, text: str | None = None) -> None:
         self._put(self.docs, state, doc)
@@ -110,9 +112,9 @@ class _Documents:
                 return text
             doc = self.docs.get(state)
             if doc is not None:
-                text = str(_text(doc))
+                text = doc.text()
         if text is None:
-            text = str(_text(_doc(state)))
+            text = _doc(state).text()
         self._put(self.texts, state, text)
         return text
 
@@ -138,7 +140,7 @@ def _update_bytes(update: Any) -> bytes | None:
         return None
     raw = bytes(update)
     try:
-        _pycrdt().get_state(raw)
+        _yjs().state_vector(raw)
     except ValueError:
         return None  # not a Yjs update (a buggy or hostile peer)
     return raw
@@ -163,12 +165,12 @@ def fold_update(state: str | None, update: Any) -> str:
     if raw is None:
         return state or ""
     current = decode_state(state) or b""
-    pycrdt = _pycrdt()
-    merged = bytes(pycrdt.merge_updates(current, raw)) if current else raw
-    doc = pycrdt.Doc()
+    backend = _yjs()
+    merged = backend.merge_updates(current, raw) if current else raw
+    doc = backend.new_doc()
     doc.apply_update(merged)  # one update: integrated as a whole, in its own order
-    encoded = bytes(doc.get_update())
-    compact = bytes(pycrdt.merge_updates(encoded, merged))
+    encoded = doc.get_update()
+    compact = backend.merge_updates(encoded, merged)
     if compact == encoded:
         _DOCUMENTS.keep(encoded, doc)  # nothing pending: the document is the state's
     return _encode(compact)
@@ -198,37 +200,30 @@ def _text_client_id(text: str) -> int:
 def initial_update(text: str, *, client_id: int | None = None) -> bytes:
     """A Yjs update that creates a document holding ``text`` (as Yjs client ``client_id``, else a random
     one; the store passes the inserting node's `client_id_for`)."""
-    doc = _doc(None) if client_id is None else _pycrdt().Doc(client_id=client_id)
-    t = _text(doc)
-    t += text
-    return bytes(doc.get_update())
+    doc = _yjs().new_doc(client_id)
+    doc.insert(0, text)
+    return doc.get_update()
 
 
 class CharText:
-    """A document's text addressed by Python string indices (code points).
+    """A document's text addressed by Python string indices (code points), whatever the Yjs backend counts
+    in (yrs: UTF-8 bytes, yjs: UTF-16 code units; `offline.merge.yjs` converts)."""
 
-    pycrdt (yrs) counts positions in UTF-8 bytes, so the index of a character after any non-ASCII one is
-    different there: an insert would land elsewhere and a delete could panic inside yrs.
-    """
+    __slots__ = ("_doc",)
 
-    __slots__ = ("_text",)
-
-    def __init__(self, text: Any) -> None:
-        self._text = text
+    def __init__(self, doc: yjs.YDoc) -> None:
+        self._doc = doc
 
     def __str__(self) -> str:
-        return str(self._text)
+        return self._doc.text()
 
     def __len__(self) -> int:
-        return len(str(self._text))
-
-    def _offset(self, index: int) -> int:
-        return len(str(self._text)[:index].encode("utf-8"))
+        return len(self._doc.text())
 
     def insert(self, index: int, value: str) -> None:
         size = len(self)
         index = max(0, min(size, index + size if index < 0 else index))
-        self._text.insert(self._offset(index), value)
+        self._doc.insert(index, value)
 
     def __delitem__(self, key: int | slice) -> None:
         size = len(self)
@@ -242,10 +237,10 @@ class CharText:
                 raise IndexError("rich text index out of range")
             stop = start + 1
         if stop > start:
-            del self._text[self._offset(start) : self._offset(stop)]
+            self._doc.delete(start, stop)
 
     def __iadd__(self, value: str) -> CharText:
-        self._text += value
+        self._doc.insert(len(self), value)
         return self
 
 
@@ -259,9 +254,9 @@ def edit_update(state: str | None, edit: Any, *, client_id: int | None = None) -
     current = decode_state(state) or b""
     doc, clean = _DOCUMENTS.take(current, client_id)
     before = doc.get_state()
-    t = CharText(_text(doc))
+    t = CharText(doc)
     edit(t)  # if it raises, the document (taken out of the cache) is simply not kept
-    update = bytes(doc.get_update(before))
+    update = doc.get_update(before)
     text = str(t)
     if (not update or update == b"\x00\x00") and clean:
         _DOCUMENTS.keep(current, doc)  # unchanged: still the document of ``current``

@@ -19,12 +19,12 @@ from pathlib import Path
 import click
 
 from ..environment import current_environment
-from ..web_build import PYODIDE_VERSION
+from ..web_build import PYODIDE_VERSION, YJS_VERSION
 
 TEMPLATE = ("templates", "project")
 # Template files stored under another name (a dot file would be skipped by packaging tools).
 RENAMED = {"gitignore": ".gitignore"}
-# Files whose __NAME__ / __PYODIDE_VERSION__ placeholders are filled in.
+# Files whose __NAME__ / __PYODIDE_VERSION__ / __YJS_VERSION__ placeholders are filled in.
 RENDERED = {"package.json", "README.md"}
 _NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
 _TAIL_LINES = 15
@@ -49,6 +49,7 @@ def _copy(source: Traversable, target: Path, name: str) -> list[Path]:
         elif item.name in RENDERED:
             text = item.read_text(encoding="utf-8")
             text = text.replace("__NAME__", name).replace("__PYODIDE_VERSION__", PYODIDE_VERSION)
+            text = text.replace("__YJS_VERSION__", YJS_VERSION)
             destination.write_text(text, encoding="utf-8")
             written.append(destination)
         else:
@@ -131,7 +132,7 @@ def init(name: Path, install: bool) -> None:
         else:
             # The build bundles the offline library from a Python that has it: this one.
             child_env.setdefault("OFFLINE_PYTHON", sys.executable)
-            out.write(f"installing pyodide {PYODIDE_VERSION} (npm install) ...\n")
+            out.write(f"installing pyodide {PYODIDE_VERSION} and yjs {YJS_VERSION} (npm install) ...\n")
             out.flush()
             _run([npm, "install", "--no-audit", "--no-fund"], target, child_env, "npm install", 900)
             out.write("building the web client (npm run build) ...\n")

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -366,53 +365,6 @@ def test_a_second_tab_waits_for_the_first_instead_of_sharing_the_database(
             await context.set_offline(False)
 
     with live_server(schema, web_project / "dist", tmp_path / "server.db") as live:
-        asyncio.run(scenario(live))
-
-
-RICHTEXT_SCHEMA = """
-from offline import define_schema, t
-
-schema = define_schema(
-    {
-        "version": 1,
-        "collections": {
-            "todos": {"fields": {"title": t.string(), "done": t.boolean().default(False), "createdAt": t.timestamp().auto()}},
-            "notes": {"fields": {"body": t.richtext()}},
-        },
-    }
-)
-"""
-
-
-def test_richtext_fields_are_reported_unavailable_in_the_browser(
-    chromium: str, web_project: Path, tmp_path: Path
-) -> None:
-    """Pyodide has no pycrdt: the page says so up front, and a write to such a field fails loudly."""
-    from offline_cli.web_build import build_web_client
-
-    variant = tmp_path / "richtext-app"
-    shutil.copytree(web_project, variant, ignore=shutil.ignore_patterns("dist", "*.db"), symlinks=True)
-    (variant / "schema.py").write_text(RICHTEXT_SCHEMA, encoding="utf-8")
-    build_web_client(variant, sync_url="/offline-sync")
-    schema = load_module(variant / "schema.py", "richtext_schema").schema
-
-    async def scenario(live: Any) -> None:
-        from playwright.async_api import expect
-
-        async with guarded_browser(chromium) as (browser, guard):
-            page = await open_app(await new_context(browser, guard), live.url)
-            notice = page.locator("#notices .notice[data-key='unavailable-notes-body']")
-            await expect(notice).to_contain_text("rich text fields are unavailable in the browser")
-            await expect(notice).to_contain_text("pycrdt")
-            error = await page.evaluate(
-                """() => window.offlineClient.collection('notes').insert({body: 'hello'})
-                    .then(() => null, (e) => ({name: e.name, code: e.code, message: e.message}))"""
-            )
-            assert error is not None and error["name"] == "OfflineError", error
-            assert "pycrdt" in error["message"]
-            await add(page, "plain fields still work")  # the rest of the app is unaffected
-
-    with live_server(schema, variant / "dist", tmp_path / "server.db") as live:
         asyncio.run(scenario(live))
 
 

@@ -29,6 +29,7 @@ from offline_cli.web_build import (
     DEFAULT_SYNC_URL,
     PYODIDE_FILES,
     PYODIDE_VERSION,
+    YJS_VERSION,
     build_web_client,
     load_web_project,
     resolve_sync_url,
@@ -115,7 +116,7 @@ def test_init_writes_a_project_that_pins_pyodide(tmp_path: Path) -> None:
         assert (project / "web" / name).is_file(), name
     manifest = json.loads((project / "package.json").read_text())
     assert manifest["name"] == "my-todos"
-    assert manifest["dependencies"] == {"pyodide": PYODIDE_VERSION}  # pinned exactly
+    assert manifest["dependencies"] == {"pyodide": PYODIDE_VERSION, "yjs": YJS_VERSION}  # pinned exactly
     assert manifest["scripts"]["build"] == "node build.mjs"
     assert manifest["offline"]["database"] == "my-todos"
     assert "__NAME__" not in (project / "README.md").read_text()

@@ -275,7 +275,7 @@ def test_bad_requests_get_error_replies_with_codes(app: App) -> None:
 def test_ready_message_reports_richtext_unavailable_without_pycrdt(
     app: App, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import offline.platform
+    import offline.merge.yjs
 
     page = Page()
     bridge = WorkerBridge(app, post=page.post, persist=page.persist)
@@ -284,8 +284,7 @@ def test_ready_message_reports_richtext_unavailable_without_pycrdt(
     assert ready["collections"]["todos"]["fields"]["title"] == "string"
     assert ready["unavailable"] == []  # pycrdt is installed here
 
-    real = offline.platform.has_module
-    monkeypatch.setattr(offline.platform, "has_module", lambda name: name != "pycrdt" and real(name))
+    monkeypatch.setattr(offline.merge.yjs, "missing_package", lambda: "pycrdt")
     (field,) = bridge.ready_message()["unavailable"]
     assert (field["collection"], field["field"], field["type"]) == ("notes", "body", "richtext")
     assert (

@@ -85,6 +85,26 @@ class Collection extends Query {
   findById(id) {
     return this.client.request("findById", { collection: this.collection, recordId: id });
   }
+  // Edits one rich text field (t.richtext()), merged with every other edit of it: see RichText.
+  richtext(id, field) {
+    return new RichText(this.client, this.collection, id, field);
+  }
+}
+
+// The browser's side of Python's `collection.richtext(id, field)`: `insert(index, text)` and
+// `delete(index, length)`, each resolving to the record as it is after the edit. Indices count characters
+// (code points) as Python does, not UTF-16 units: [...text].length, not text.length.
+class RichText {
+  constructor(client, collection, id, field) {
+    this.client = client;
+    this.target = { collection, recordId: id, field };
+  }
+  insert(index, text) {
+    return this.client.request("richtext", { ...this.target, edit: "insert", index, text });
+  }
+  delete(index, length) {
+    return this.client.request("richtext", { ...this.target, edit: "delete", index, length });
+  }
 }
 
 // -- live results --------------------------------------------------------------------------------------------

@@ -239,14 +239,22 @@ function syncUrl(value) {
   return value;
 }
 
+// Rich text merges with Yjs: pycrdt has no WebAssembly build, so Python uses the npm package yjs (bundled
+// into vendor/ by the build), registered as the module `offline_yjs` (see offline/merge/yjs.py). Loaded
+// while Pyodide starts; a build without yjs leaves rich text fields unavailable, and the page says so.
+const loadYjs = () => (config.richtext ? import(new URL(config.richtext, import.meta.url).href) : Promise.resolve(null));
+
 async function main() {
   progress("starting");
+  const yjs = loadYjs();
   const pyodide = await loadPyodide({
     indexURL: new URL("./pyodide/", import.meta.url).href,
     stdout: (line) => console.log(line),
     stderr: (line) => console.warn(line),
   });
   progress("python-loaded");
+  const yjsModule = await yjs;
+  if (yjsModule) pyodide.registerJsModule("offline_yjs", yjsModule);
 
   await lockDatabase();
   const FS = pyodide.FS;
