@@ -133,6 +133,17 @@ def init_project(parent: Path, name: str = "todo-app", *, sync_url: str = "/offl
     return project
 
 
+def copy_project(project: Path, target: Path) -> Path:
+    """A copy of a built project to change and build again: without its build (dist/) and databases, with its
+    node_modules (whose packages keep their own dist/ folders: yjs's modules are there)."""
+
+    def leave_out(folder: str, names: list[str]) -> set[str]:
+        return {n for n in names if n.endswith(".db") or (n == "dist" and Path(folder) == project)}
+
+    shutil.copytree(project, target, ignore=leave_out, symlinks=True)
+    return target
+
+
 def load_module(path: Path, name: str) -> Any:
     """Import a project's module (schema.py, todos.py) the way the browser does: by file, by name."""
     spec = importlib.util.spec_from_file_location(name, path)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import shutil
 import sys
 import threading
 from collections.abc import Iterator
@@ -23,7 +22,7 @@ import pytest
 from offline.auth.fetch_http import FetchSender
 from offline.auth.http import AuthHttp
 
-from .support import LiveServer, guarded_browser, load_module, new_context
+from .support import LiveServer, copy_project, guarded_browser, load_module, new_context
 from .test_browser_client import eventually, open_app, sync_status
 
 SECRET = "browser-auth-test-secret-of-32-bytes!!"
@@ -121,7 +120,7 @@ def auth_project(web_project: Path, tmp_path_factory: pytest.TempPathFactory) ->
     from offline_cli.web_build import build_web_client
 
     variant = tmp_path_factory.mktemp("browser-auth") / "auth-app"
-    shutil.copytree(web_project, variant, ignore=shutil.ignore_patterns("dist", "*.db"), symlinks=True)
+    copy_project(web_project, variant)
     (variant / "schema.py").write_text(SCOPED_SCHEMA, encoding="utf-8")
     with (variant / "todos.py").open("a", encoding="utf-8") as todos:
         todos.write(AUTH_FUNCTIONS)

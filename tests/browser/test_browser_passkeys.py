@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import shutil
 import socket
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from .support import guarded_browser, load_module, new_context
+from .support import copy_project, guarded_browser, load_module, new_context
 from .test_browser_auth import AUTH_FUNCTIONS, PASSWORD, SCOPED_SCHEMA, auth_server, call, call_error
 from .test_browser_client import eventually, open_app, sync_status
 
@@ -67,7 +66,7 @@ def passkey_project(web_project: Path, tmp_path_factory: pytest.TempPathFactory)
     from offline_cli.web_build import build_web_client
 
     variant = tmp_path_factory.mktemp("browser-passkeys") / "passkey-app"
-    shutil.copytree(web_project, variant, ignore=shutil.ignore_patterns("dist", "*.db"), symlinks=True)
+    copy_project(web_project, variant)
     (variant / "schema.py").write_text(SCOPED_SCHEMA, encoding="utf-8")
     with (variant / "todos.py").open("a", encoding="utf-8") as todos:
         todos.write(AUTH_FUNCTIONS + PASSKEY_FUNCTIONS)

@@ -19,7 +19,7 @@ import pytest
 from offline import create_app
 from tests.support.servers import ServerProcess
 
-from .support import FAST_SYNC, guarded_browser, load_module, new_context
+from .support import FAST_SYNC, copy_project, guarded_browser, load_module, new_context
 from .test_browser_client import START_TIMEOUT_MS, eventually, open_app, sync_status
 
 RICHTEXT_SCHEMA = """
@@ -41,10 +41,7 @@ def richtext_project(web_project: Path, target: Path, *, with_yjs: bool = True) 
     """A copy of the template project whose schema has ``notes.body`` (rich text), built; and its schema."""
     from offline_cli.web_build import build_web_client
 
-    def leave_out(folder: str, names: list[str]) -> set[str]:  # the build and databases, not yjs's own dist/
-        return {n for n in names if n.endswith(".db") or (n == "dist" and Path(folder) == web_project)}
-
-    shutil.copytree(web_project, target, ignore=leave_out, symlinks=True)
+    copy_project(web_project, target)
     (target / "schema.py").write_text(RICHTEXT_SCHEMA, encoding="utf-8")
     if not with_yjs:
         shutil.rmtree(target / "node_modules" / "yjs")

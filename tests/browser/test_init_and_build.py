@@ -354,3 +354,68 @@ def test_offline_deploy_builds_the_template_client_with_the_deployed_sync_url(
     assert read_config(client)["syncUrl"] == "wss://my-todos.fly.dev/offline-sync"
     assert (client / "index.html").is_file() and (client / "worker.js").is_file()
     assert "npm run build with BUILD_SYNC_URL=wss://my-todos.fly.dev/offline-sync" in reporter.of("info")
+
+
+# -- rich text's yjs, bundled for the worker -------------------------------------------------------------------
+
+
+def fake_package(modules: Path, name: str, manifest: dict[str, Any], files: dict[str, str]) -> None:
+    folder = modules / name
+    folder.mkdir(parents=True)
+    (folder / "package.json").write_text(json.dumps({"name": name, **manifest}))
+    for path, text in files.items():
+        (folder / path).parent.mkdir(parents=True, exist_ok=True)
+        (folder / path).write_text(text)
+
+
+def test_build_copies_yjs_and_its_imports_with_relative_specifiers(project: Path) -> None:
+    """A module worker has no import maps: every bare import of yjs and of what it imports becomes a relative
+    URL, and package.json "exports" are read with a browser's conditions (not Node's)."""
+    assert read_config((build_web_client(project, env={})).out)["richtext"] is None  # no yjs installed
+    modules = project / "node_modules"
+    fake_package(
+        modules,
+        "yjs",
+        {"exports": {".": {"types": "./x.d.ts", "module": "./dist/yjs.mjs", "require": "./dist/yjs.cjs"}}},
+        {
+            "dist/yjs.mjs": "import * as map from 'lib0/map'\n"
+            'import {\n  random\n} from "lib0/random";\n'
+            "export { own } from './own.mjs'\n"
+            "/** import * as never from 'not-installed' (a comment) */\n",
+            "dist/own.mjs": "export const own = 1\n",
+        },
+    )
+    fake_package(
+        modules,
+        "lib0",
+        {
+            "exports": {
+                "./map": {"module": "./map.js", "require": "./dist/map.cjs"},
+                "./random": {"node": "./random.node.js", "browser": {"module": "./random.js"}},
+            }
+        },
+        {"map.js": "export const map = 1\n", "random.js": "import './map.js'\nexport const random = 2\n"},
+    )
+    dist = build_web_client(project, env={}).out
+    config = read_config(dist)
+    assert config["richtext"] == "vendor/yjs/dist/yjs.mjs"
+    entry = (dist / config["richtext"]).read_text()
+    assert "from '../../lib0/map.js'" in entry and 'from "../../lib0/random.js"' in entry
+    assert "from './own.mjs'" in entry and "'not-installed'" in entry  # comments are left alone
+    assert sorted(p.relative_to(dist / "vendor").as_posix() for p in (dist / "vendor").rglob("*.*")) == [
+        "lib0/map.js",
+        "lib0/random.js",
+        "yjs/dist/own.mjs",
+        "yjs/dist/yjs.mjs",
+    ]
+    manifest = (dist / "sw.js").read_text()
+    assert "vendor/lib0/random.js" in manifest  # cached for offline starts like the rest
+
+    (modules / "lib0" / "map.js").unlink()
+    with pytest.raises(DeployError) as missing:
+        build_web_client(project, env={})
+    assert missing.value.code == BUILD_FAILED and "map.js" in missing.value.message
+    shutil.rmtree(modules / "lib0")
+    with pytest.raises(DeployError) as absent:
+        build_web_client(project, env={})
+    assert "npm package lib0" in absent.value.message and "npm install" in (absent.value.hint or "")
