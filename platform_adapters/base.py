@@ -89,6 +89,8 @@ DEPLOY_ERROR_CODES = frozenset(
 
 #: Variables forwarded from the local shell to the deployed container (SPEC 4.6 rule 5). They are passed to
 #: the platform's secret/environment API at deploy time and never written to generated files or deploy.json.
+#: The server's auth and email settings travel the same way: some carry credentials (OFFLINE_SMTP_URL's
+#: password, OAuth client secrets), and one channel for all keeps every adapter forwarding every setting.
 SECRET_VARIABLES = (
     "DATABASE_URL",
     "AUTH_SECRET",
@@ -96,7 +98,16 @@ SECRET_VARIABLES = (
     "OFFLINE_ADMIN_TOKEN",
     "OFFLINE_METRICS_TOKEN",
     "OFFLINE_BACKUP_TOKEN",
+    "OFFLINE_SMTP_URL",
+    "OFFLINE_EMAIL_FROM",
+    "OFFLINE_APP_URL",
+    "OFFLINE_OAUTH_PROVIDERS",
+    "OFFLINE_JWT_ISSUERS",
+    "OFFLINE_AUTH_REQUIRE_VERIFIED_EMAIL",
 )
+#: Forwarded like the others but not masked in output: a switch such as ``true`` or ``sync`` is no secret, and
+#: masking it would blank every occurrence of that word in the deploy's messages.
+UNMASKED_VARIABLES = frozenset({"OFFLINE_AUTH_REQUIRE_VERIFIED_EMAIL"})
 #: Guards the deployed app's admin surface (/__offline/status, the dashboard, backups). The first deploy
 #: generates one when neither the shell nor the platform has it.
 ADMIN_TOKEN = "OFFLINE_ADMIN_TOKEN"
@@ -431,7 +442,9 @@ def masked_values(env: Mapping[str, str]) -> tuple[str, ...]:
     from urllib.parse import unquote, urlsplit
 
     values: list[str] = []
-    for value in forwarded_environment(env).values():
+    for name, value in forwarded_environment(env).items():
+        if name in UNMASKED_VARIABLES:
+            continue
         values.append(value)
         try:
             password = urlsplit(value).password

@@ -39,3 +39,14 @@ def project_dir(tmp_path: Path) -> Path:
     path = tmp_path / "project"
     path.mkdir()
     return path
+
+
+#: The server's auth and email settings as a shell would set them for `offline deploy` (all forwarded).
+SERVER_SETTINGS = {
+    "OFFLINE_JWT_ISSUERS": '[{"issuer": "https://id.example/", "audience": "notes"}]',
+    "OFFLINE_OAUTH_PROVIDERS": '{"github": {"clientId": "cid", "clientSecret": "oauth-s3cret"}}',
+    "OFFLINE_SMTP_URL": "smtp://mailer:p%40ss-smtp@smtp.example:587?starttls=1",
+    "OFFLINE_EMAIL_FROM": "Notes <no-reply@notes.example>",
+    "OFFLINE_APP_URL": "https://notes.example",
+    "OFFLINE_AUTH_REQUIRE_VERIFIED_EMAIL": "true",
+}

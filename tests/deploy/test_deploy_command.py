@@ -36,6 +36,7 @@ from ._core_fakes import (
     secret_scan,
     write_project,
 )
+from .conftest import SERVER_SETTINGS
 
 FIRST_DEPLOY = [
     "check_prerequisites",
@@ -48,6 +49,7 @@ FIRST_DEPLOY = [
 SECRETS = {
     "AUTH_SECRET": "c2VjcmV0LWF1dGgtdmFsdWUtZm9yLXRlc3Rz",
     "DATABASE_URL": "postgresql://app:very-secret-pw@db.internal/app",
+    "OFFLINE_SMTP_URL": "smtps://mailer:smtp-pa55word-9@smtp.example:465",
 }
 
 
@@ -497,6 +499,26 @@ def test_a_database_url_password_is_masked_on_its_own_raw_and_decoded() -> None:
         prompter=ScriptedPrompter,
     )
     assert services.secrets == ("postgresql://app:p%40ss-w0rd%2F1@db.internal/app", "auth-secret-value")
+
+
+def test_the_servers_auth_and_email_settings_are_forwarded_and_only_secrets_masked() -> None:
+    """Every setting the server reads for auth and email goes to the platform through the one channel every
+    adapter uses for SECRET_VARIABLES (never a generated file); the SMTP URL and OAuth providers carry
+    credentials and are masked, a plain switch like OFFLINE_AUTH_REQUIRE_VERIFIED_EMAIL=true is not (it would
+    turn every 'true' in the output into ***)."""
+    from platform_adapters.base import forwarded_environment, masked_values
+
+    settings = SERVER_SETTINGS
+    assert forwarded_environment({**settings, "HOME": "/root"}) == settings
+    masked = masked_values(settings)
+    for secret in (
+        "p%40ss-smtp",
+        "p@ss-smtp",
+        settings["OFFLINE_SMTP_URL"],
+        settings["OFFLINE_OAUTH_PROVIDERS"],
+    ):
+        assert secret in masked
+    assert "true" not in masked
 
 
 def test_a_failing_health_probe_only_warns(harness: Harness) -> None:

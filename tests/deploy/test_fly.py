@@ -39,6 +39,7 @@ from platform_adapters.fly import (
     fly_whoami_argv,
     render_fly_toml,
 )
+from tests.deploy.conftest import SERVER_SETTINGS
 from tests.deploy.fakes.flyctl import machine, release
 from tests.deploy.fakes.harness import FakeCliEnv, ListReporter, make_context
 
@@ -252,6 +253,20 @@ def test_first_deploy_creates_the_app_stages_secrets_and_waits_for_checks(
     shipped = flyctl.world("fly")["deploys"][0]["config"]
     assert shipped["primary_region"] == "ams" and "mounts" not in shipped  # DATABASE_URL is set
     assert ctx.state["org"] == "personal"
+
+
+def test_the_servers_auth_and_email_settings_are_staged_as_secrets_not_written(
+    flyctl: FakeCliEnv, project_dir: Path
+) -> None:
+    ctx = context(flyctl, project_dir, env={**SECRETS, **SERVER_SETTINGS}, region="ams")
+    adapter = FlyAdapter()
+    adapter.public_url(ctx)
+    first_deploy(adapter, ctx)
+    (staged,) = [call for call in flyctl.calls() if call["argv"] == IMPORT]
+    lines = (flyctl.stdin_of(staged) or "").splitlines()
+    assert all(f"{name}={value}" in lines for name, value in SERVER_SETTINGS.items())
+    generated = "\n".join(f.read_text() for f in ctx.deploy_dir.rglob("*") if f.is_file())
+    assert "OFFLINE_SMTP_URL" not in generated and "p%40ss-smtp" not in generated
 
 
 def test_redeploy_reuses_the_app_and_keeps_the_sqlite_volume(flyctl: FakeCliEnv, project_dir: Path) -> None:

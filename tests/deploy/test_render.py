@@ -24,6 +24,7 @@ from platform_adapters.render_api import create_service_body
 from tests.deploy.fakes.render_api import FakeRenderApi, serve
 
 from ._aws_support import AUTH_SECRET, DATABASE_URL, SECRETS, FakeEngine, make_context, reporter_of
+from .conftest import SERVER_SETTINGS
 from .test_deploy_integration import Cli
 from .test_deploy_integration import deploy_cli as deploy_cli_fixture  # noqa: F401 - the fixture, reused
 
@@ -134,6 +135,17 @@ def test_first_deploy_pushes_the_image_and_creates_an_image_backed_web_service(
     assert f"Render deploy {outcome.deployment_id}: update_in_progress" in said
     assert f"Render deploy {outcome.deployment_id}: live" in said
     assert "Render disk offline-data (1 GB) at /data" in "\n".join(RenderAdapter().planned_resources(ctx))
+
+
+def test_the_servers_auth_and_email_settings_become_service_variables(
+    tmp_path: Path, render_api: FakeRenderApi
+) -> None:
+    ctx = context(tmp_path, render_api, sqlite=True)
+    ctx.env = {**ctx.env, **SERVER_SETTINGS}
+    deploy(ctx)
+    (body,) = render_api.bodies("POST", "/v1/services")
+    env = {item["key"]: item["value"] for item in body["envVars"]}
+    assert {name: env.get(name) for name in SERVER_SETTINGS} == SERVER_SETTINGS
 
 
 def test_redeploy_sets_variables_one_by_one_and_starts_a_deploy_of_the_new_image(
