@@ -181,6 +181,46 @@ def test_staged_site_packages_hold_framework_project_and_entry_module(tmp_path: 
     compile(main, "_offline_zipapp_main.py", "exec")
 
 
+SEND_FROM_THE_BUNDLE = """
+import asyncio, sys
+staging = sys.argv[1]
+sys.path.insert(0, staging)
+import server_runtime
+assert server_runtime.__file__.startswith(staging), server_runtime.__file__
+import aiosmtplib  # the SMTP sender's client, bundled as a runtime requirement
+from server_runtime.email.sender import ConsoleEmailSender, EmailMessage
+from server_runtime.email.templates import EmailTemplates
+rendered = EmailTemplates().render(
+    "verify-email",
+    {"email": "ada@example.com", "token": "t0k", "link": "https://notes.example/verify-email?token=t0k",
+     "app_url": "https://notes.example", "expires_in_minutes": 60},
+)
+message = EmailMessage("ada@example.com", rendered.subject, rendered.text, rendered.html)
+asyncio.run(ConsoleEmailSender(reveal=True).send(message))
+"""
+
+
+def test_the_staged_server_renders_its_email_templates_and_sends_with_the_console_sender(
+    tmp_path: Path,
+) -> None:
+    """The server's email templates are package data: they must be in the bundle, not only in the source."""
+    project = write_project(tmp_path / "p")
+    staging = tmp_path / "sp"
+    staging.mkdir()
+    bundle.stage_site_packages(project, project / "server.py", staging)
+    assert (staging / "server_runtime" / "email" / "templates" / "verify-email.txt").is_file()
+    sent = subprocess.run(
+        [sys.executable, "-c", SEND_FROM_THE_BUNDLE, str(staging)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert sent.returncode == 0, sent.stderr
+    assert "To: ada@example.com" in sent.stderr
+    assert "https://notes.example/verify-email?token=t0k" in sent.stderr
+
+
 def test_failed_pip_becomes_build_failed_with_pips_last_lines(tmp_path: Path) -> None:
     project = write_project(tmp_path / "p")
     (project / "requirements.txt").write_text("this-package-does-not-exist-offline-test==0.0.0\n")
