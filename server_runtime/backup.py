@@ -1,7 +1,10 @@
 """Backups of a server's operations (DESIGN.md sections 5 and 7): NDJSON, keyed with an HMAC.
 
 A backup is one JSON object a line: a manifest first, then one line per stored operation (in delivery order),
-then the ``hmac`` line: HMAC-SHA256 over every byte before it. Its key is derived from one server secret,
+then, for a compacted store (server_runtime.stores.compaction), one ``state`` line per record whose history
+compaction deleted (its row's state and value, and each node's highest sequence number folded into it) and
+one ``compaction`` line (the horizon, each node's highest deleted number), then the ``hmac`` line:
+HMAC-SHA256 over every byte before it. Its key is derived from one server secret,
 the first one configured of: the backup token (``OFFLINE_BACKUP_TOKEN``), ``AUTH_SECRET``, the admin token
 (``OFFLINE_ADMIN_TOKEN``). The backup token comes first because it is the secret of exactly the people who may
 move backups around; a server that restores a backup needs the same secret as the one that made it. The
@@ -13,6 +16,13 @@ Import refuses a file whose HMAC does not verify, then judges every operation as
 is its content hash, it fits the schema) first in a scratch in-memory server, so a refused file leaves the
 store exactly as it was. ``?legacy=1`` accepts an unkeyed file (the older format, which ends in a bare sha256
 checksum, or ``"key": "none"``) from whoever holds the backup token, judged the same way.
+
+A compacted store's operations alone no longer rebuild its records, so import restores the ``state`` lines
+as they are (the HMAC vouches for them; the operations are still judged), after storing the operations: the
+restored server holds the same records, answers a resent compacted operation as a repeat, and sends
+clients behind its horizon record states. Such a file restores only into an empty server
+(``BACKUP_NOT_EMPTY``). A file of a compacted store without them (exported before they existed) is refused
+(``BACKUP_INCOMPLETE``) unless ``?legacy=1`` accepts restoring only what its operations rebuild.
 """
 
 from __future__ import annotations
@@ -24,12 +34,15 @@ import logging
 import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
+from offline.core.errors import OfflineError
 from offline.core.operations import Operation
 from offline.sync.protocol import ProtocolError, decode_operation
 
 from .stores import MemoryServerStore
+from .stores._codec import chunks
+from .stores.base import RecordKey, RecordRow
 from .sync import Refusal, SyncService
 
 if TYPE_CHECKING:
@@ -60,6 +73,8 @@ BACKUP_UNKEYED = "BACKUP_UNKEYED"  # an unkeyed file without ?legacy=1
 BACKUP_KEY_MISSING = "BACKUP_KEY_MISSING"  # a keyed file, and this server has no secret to check it with
 BACKUP_CHECKSUM_MISMATCH = "BACKUP_CHECKSUM_MISMATCH"  # an unkeyed file, damaged
 BACKUP_OPERATIONS_REFUSED = "BACKUP_OPERATIONS_REFUSED"  # some operation would be refused as a sync write
+BACKUP_INCOMPLETE = "BACKUP_INCOMPLETE"  # a compacted store's file without its records' states
+BACKUP_NOT_EMPTY = "BACKUP_NOT_EMPTY"  # a compacted store's file, and this server holds data already
 SCHEMA_MISMATCH = "SCHEMA_MISMATCH"
 
 _SECRET_NAMES = {
@@ -135,12 +150,6 @@ async def export_backup(server: ProductionServer, key: BackupKey) -> AsyncIterat
     sync = server.sync
     count = (await store.stats()).get("operations", 0)
     horizon = await store.compaction_horizon()
-    if horizon:
-        log.warning(
-            "backup export: the store was compacted up to delivery %d; the backup holds only the operations "
-            "kept, and a server restored from it rebuilds compacted records from those alone",
-            horizon,
-        )
     manifest = {
         "type": "manifest",
         "format": FORMAT,
@@ -153,7 +162,8 @@ async def export_backup(server: ProductionServer, key: BackupKey) -> AsyncIterat
         "key": key.source,
         # Which principal owns each device's node id (SyncService.bind_node): a restored server keeps them.
         "nodes": await store.node_registrations(),
-        # Nonzero: operations up to this delivery were compacted (server_runtime.stores.compaction).
+        # Nonzero: operations up to this delivery were compacted (server_runtime.stores.compaction); the
+        # file then carries the compacted records' states and a compaction line.
         "compactionHorizon": horizon,
     }
     mac = hmac.new(key.key, digestmod=hashlib.sha256)
@@ -173,10 +183,54 @@ async def export_backup(server: ProductionServer, key: BackupKey) -> AsyncIterat
         mac.update(data)
         written += 1
         yield data
-    yield _line({"type": "hmac", "algorithm": "hmac-sha256", "hmac": mac.hexdigest(), "operations": written})
+    tail: dict[str, Any] = {"type": "hmac", "algorithm": "hmac-sha256", "operations": written}
+    if horizon:
+        # Read after the operations: a write committed meanwhile is then in a state (folding its operation
+        # again on import changes nothing) rather than missing from one.
+        states = 0
+        async for data in _compaction_lines(server, horizon):
+            mac.update(data)
+            states += data.startswith(b'{"type":"state"')
+            yield data
+        tail["states"] = states
+    yield _line({**tail, "hmac": mac.hexdigest()})
+
+
+async def _compaction_lines(server: ProductionServer, horizon: int) -> AsyncIterator[bytes]:
+    """The ``state`` line of each record whose history compaction deleted, then the ``compaction`` line."""
+    store = server.store
+    versions, marks = await store.compacted_history()
+    for part in chunks(sorted(versions), _COMMIT_CHUNK):
+        rows = await store.load_rows(part)
+        for key in part:
+            row = rows.get(key)
+            if row is None:  # compaction records versions only of records with a row
+                continue
+            yield _line(
+                {
+                    "type": "state",
+                    "collection": key[0],
+                    "recordId": key[1],
+                    "state": row.state_json(),
+                    "record": row.record,
+                    "versions": versions[key],
+                }
+            )
+    yield _line({"type": "compaction", "horizon": horizon, "nodes": marks})
 
 
 # -- reading a file -------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RecordStateLine:
+    """A ``state`` line: a compacted record's row and each node's highest number folded into it."""
+
+    collection: str
+    record_id: str
+    state: str  # the stored state text
+    record: dict[str, Any] | None
+    versions: dict[str, int]
 
 
 @dataclass
@@ -184,6 +238,11 @@ class BackupFile:
     manifest: dict[str, Any]
     operations: list[Operation]
     keyed: bool  # its HMAC verified under this server's secret
+    #: Each operation's delivery in the backed-up store (parallel to ``operations``; 0 when absent).
+    deliveries: list[int] = field(default_factory=list)
+    states: list[RecordStateLine] = field(default_factory=list)
+    #: The ``compaction`` line: {"horizon": int, "nodes": {node id: highest deleted number}}; None: absent.
+    compaction: dict[str, Any] | None = None
 
 
 def read_backup(body: bytes, key: BackupKey, *, legacy: bool = False, max_operation_bytes: int) -> BackupFile:
@@ -214,18 +273,40 @@ def read_backup(body: bytes, key: BackupKey, *, legacy: bool = False, max_operat
     keyed = _check_integrity(manifest, tail, signed, key, legacy=legacy)
 
     body_lines = lines[1:-1]
-    if tail.get("operations") != len(body_lines):
-        raise BackupRefused(
-            BACKUP_INVALID,
-            f"the HMAC line counts {tail.get('operations')} operations, the file has {len(body_lines)}",
-        )
     operations: list[Operation] = []
+    deliveries: list[int] = []
+    states: list[RecordStateLine] = []
+    compacted: dict[str, Any] | None = None
     refused: dict[str, str] = {}
+    items: list[tuple[int, Any]] = []
     for number, line in enumerate(body_lines, start=2):
         try:
-            item = json.loads(line)
+            items.append((number, json.loads(line)))
         except ValueError as exc:
             raise BackupRefused(BACKUP_INVALID, f"line {number} is not JSON ({exc})") from None
+    kinds = [item.get("type") if isinstance(item, dict) else None for _, item in items]
+    counted = sum(1 for kind in kinds if kind not in ("state", "compaction"))
+    if tail.get("operations") != counted:
+        raise BackupRefused(
+            BACKUP_INVALID,
+            f"the HMAC line counts {tail.get('operations')} operations, the file has {counted}",
+        )
+    if tail.get("states", 0) != kinds.count("state"):
+        raise BackupRefused(
+            BACKUP_INVALID,
+            f"the HMAC line counts {tail.get('states', 0)} record states, the file has {kinds.count('state')}",
+        )
+    for (number, item), kind in zip(items, kinds, strict=True):
+        if kind == "state":
+            states.append(_state_line(item, number))
+            continue
+        if kind == "compaction":
+            if compacted is not None:
+                raise BackupRefused(BACKUP_INVALID, f"line {number} is a second compaction line")
+            compacted = _compaction_line(item, number)
+            continue
+        delivery = item.get("delivery") if isinstance(item, dict) else None
+        deliveries.append(delivery if isinstance(delivery, int) and not isinstance(delivery, bool) else 0)
         raw = item.get("operation") if isinstance(item, dict) else None
         claimed = raw.get("id") if isinstance(raw, dict) else None
         name = claimed if isinstance(claimed, str) and claimed else f"line {number}"
@@ -240,7 +321,56 @@ def read_backup(body: bytes, key: BackupKey, *, legacy: bool = False, max_operat
             status=422,
             refused=refused,
         )
-    return BackupFile(manifest, operations, keyed)
+    if states and compacted is None:
+        raise BackupRefused(BACKUP_INVALID, "the backup has record states but no compaction line")
+    horizon = manifest.get("compactionHorizon", 0)
+    if compacted is None and isinstance(horizon, int) and horizon > 0 and not legacy:
+        raise BackupRefused(
+            BACKUP_INCOMPLETE,
+            f"the backup is of a store compacted up to delivery {horizon} and holds only the operations "
+            "compaction kept, not the compacted records' states (exported by an older server): restoring it "
+            "would rebuild those records from the kept operations alone and lose data. Export the backup "
+            "again with this version, or import it with ?legacy=1 to accept that loss",
+        )
+    return BackupFile(manifest, operations, keyed, deliveries, states, compacted)
+
+
+def _state_line(item: Mapping[str, Any], number: int) -> RecordStateLine:
+    collection, record_id, state = item.get("collection"), item.get("recordId"), item.get("state")
+    record, versions = item.get("record"), item.get("versions")
+    if not (
+        isinstance(collection, str)
+        and collection
+        and isinstance(record_id, str)
+        and record_id
+        and isinstance(state, str)
+        and state
+        and (record is None or isinstance(record, dict))
+        and _is_marks(versions)
+    ):
+        raise BackupRefused(
+            BACKUP_INVALID,
+            f"line {number} is not a record state (collection, recordId, state text, record object or "
+            "null, versions mapping node ids to sequence numbers)",
+        )
+    return RecordStateLine(collection, record_id, state, record, dict(versions))
+
+
+def _compaction_line(item: Mapping[str, Any], number: int) -> dict[str, Any]:
+    horizon, nodes = item.get("horizon"), item.get("nodes")
+    if not (isinstance(horizon, int) and not isinstance(horizon, bool) and horizon >= 0 and _is_marks(nodes)):
+        raise BackupRefused(
+            BACKUP_INVALID,
+            f"line {number} is not a compaction line (horizon: a delivery, nodes: node ids to sequence numbers)",
+        )
+    return {"horizon": horizon, "nodes": dict(nodes)}
+
+
+def _is_marks(value: Any) -> TypeGuard[dict[str, int]]:
+    return isinstance(value, dict) and all(
+        isinstance(k, str) and k and isinstance(v, int) and not isinstance(v, bool) and v >= 0
+        for k, v in value.items()
+    )
 
 
 def _check_integrity(
@@ -324,6 +454,14 @@ async def import_backup(server: ProductionServer, backup: BackupFile) -> dict[st
         isinstance(k, str) and k and isinstance(v, str) and v for k, v in nodes.items()
     ):
         raise BackupRefused(BACKUP_INVALID, "the manifest's nodes must map node ids to principals")
+    if backup.compaction is not None and (sync.watermark or sync.cache.rows):
+        raise BackupRefused(
+            BACKUP_NOT_EMPTY,
+            "the backup is of a compacted store: its record states replace rows, so it restores only into a "
+            "server that holds no data yet. Import it into a fresh database",
+            status=409,
+        )
+    rows = _restored_rows(sync, backup.states)
     refused = await _judge_in_scratch(sync, backup.operations, node_id)
     if refused:
         raise BackupRefused(
@@ -339,6 +477,15 @@ async def import_backup(server: ProductionServer, backup: BackupFile) -> dict[st
     imported = duplicates = 0
     late: dict[str, str] = {}
     ops = backup.operations
+    compacted = backup.compaction
+    # The operations compaction kept up to its horizon are numbered anew here: the restored horizon is the
+    # highest new delivery among them, so clients behind it are sent the records' states.
+    within = (
+        {op.id for op, d in zip(ops, backup.deliveries, strict=True) if d <= compacted["horizon"]}
+        if compacted is not None
+        else set()
+    )
+    horizon = 0
     for start in range(0, len(ops), _COMMIT_CHUNK):
         results = await sync.commit(None, ops[start : start + _COMMIT_CHUNK])
         for op_id, value in results.items():
@@ -346,10 +493,51 @@ async def import_backup(server: ProductionServer, backup: BackupFile) -> dict[st
                 duplicates += 1
             elif isinstance(value, int):
                 imported += 1
+                if op_id in within:
+                    horizon = max(horizon, value)
             else:
                 # Refused here but not in the scratch server: this store's own records decided it.
                 late[op_id] = _describe(value)
-    return {"imported": imported, "duplicates": duplicates, "refused": late, "operations": len(ops)}
+    if compacted is not None:
+        # After the operations: stored first, the deleted numbers would make the kept operations below a
+        # node's highest deleted one look like repeats. The states then replace the rows the kept
+        # operations rebuilt.
+        versions: dict[RecordKey, dict[str, int]] = {
+            (s.collection, s.record_id): s.versions for s in backup.states
+        }
+        await sync.restore_compaction(rows, versions, compacted["nodes"], horizon or sync.watermark)
+    result: dict[str, Any] = {
+        "imported": imported,
+        "duplicates": duplicates,
+        "refused": late,
+        "operations": len(ops),
+    }
+    if compacted is not None:
+        result["states"] = len(rows)
+    return result
+
+
+def _restored_rows(sync: SyncService, states: list[RecordStateLine]) -> list[RecordRow]:
+    """The rows of the ``state`` lines, each state read once to refuse a file whose states this server
+    cannot read (before anything is stored)."""
+    rows: list[RecordRow] = []
+    for line in states:
+        if line.collection not in sync.schema.collections:
+            raise BackupRefused(
+                SCHEMA_MISMATCH,
+                f"the backup holds a record of collection {line.collection!r}, which the schema does not have",
+                status=409,
+            )
+        row = sync.stored_row(line.collection, line.record_id, line.state, line.record)
+        try:
+            row.state  # noqa: B018  # parsed now: a state this server cannot read is refused up front
+        except (OfflineError, ValueError, KeyError, TypeError) as exc:
+            raise BackupRefused(
+                BACKUP_INVALID,
+                f"the state of {line.collection}/{line.record_id} is not a record state ({exc})",
+            ) from None
+        rows.append(row)
+    return rows
 
 
 async def _judge_in_scratch(sync: SyncService, ops: list[Operation], node_id: str | None) -> dict[str, str]:

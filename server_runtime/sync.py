@@ -807,6 +807,28 @@ class SyncService:
         )
         return result
 
+    def stored_row(
+        self, collection: str, record_id: str, state_text: str, record: dict[str, Any] | None
+    ) -> RecordRow:
+        """A row from a stored state text (as a store reads it back; a `ONE_OPERATION` text is folded with
+        this server's engine when first used)."""
+        return StoredRecordRow(collection, record_id, state_text, record, self._refold)
+
+    async def restore_compaction(
+        self,
+        rows: list[RecordRow],
+        record_versions: Mapping[RecordKey, Mapping[str, int]],
+        node_marks: Mapping[str, int],
+        horizon: int,
+    ) -> None:
+        """Restore what a compaction left (`ServerStore.restore_compaction`: the compacted records' rows,
+        the deleted operations' numbers, the horizon) and serve those rows from now on."""
+        async with self._lock:
+            await self.store.restore_compaction(rows, record_versions, node_marks, horizon)
+            for row in rows:
+                self.cache.put(row)
+            self._horizon = max(self._horizon, horizon)
+
     async def adopt_node_id(self, node_id: str) -> None:
         """Take over another server's identity (restoring its backup into an empty store). A server's id from
         before the marker (offline.core.server_nodes) is kept authoritative instead, as a database of that

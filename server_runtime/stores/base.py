@@ -503,6 +503,24 @@ class ServerStore(abc.ABC):
         """Per record of ``keys`` that has operations (deleted or kept), each node's highest sequence number
         folded into its row: what a state-based catch-up sends with the state."""
 
+    @abc.abstractmethod
+    async def compacted_history(self) -> tuple[dict[RecordKey, dict[str, int]], dict[str, int]]:
+        """What compaction recorded of the operations it deleted: per record, each node's highest deleted
+        sequence number (``offline_record_versions``), and each node's (``offline_compacted_nodes``). A
+        backup carries them with the compacted records' states (``server_runtime.backup``)."""
+
+    @abc.abstractmethod
+    async def restore_compaction(
+        self,
+        rows: Iterable[RecordRow],
+        record_versions: Mapping[RecordKey, Mapping[str, int]],
+        node_marks: Mapping[str, int],
+        horizon: int,
+    ) -> None:
+        """In one transaction: store ``rows`` (replacing those of their keys), merge ``record_versions`` and
+        ``node_marks`` into what compaction recorded, and set the horizon (restoring a backup of a compacted
+        store: the rows hold what the deleted operations made)."""
+
     async def compaction_horizon(self) -> int:
         """The delivery the last compaction deleted up to (0: never compacted)."""
         return int(await self.get_meta(COMPACTION_HORIZON_KEY) or 0)

@@ -24,8 +24,9 @@ compaction keeps what each needs while deleting the rest (operations with a deli
 - Duplicate detection by id (``known_ids``) covers what is kept; repeats of deleted operations are caught
   by their place, as above.
 
-Backups (``export_operations``) hold only what is kept: a backup of a compacted store restores its records
-only as far as the kept operations rebuild them (see the README).
+Backups hold what is kept (``export_operations``) and, since the kept operations no longer rebuild the
+compacted records, those records' rows and what compaction recorded (``compacted_history``), which import
+puts back with ``restore_compaction`` (see ``server_runtime.backup``).
 """
 
 from __future__ import annotations

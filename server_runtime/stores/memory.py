@@ -288,6 +288,27 @@ class MemoryServerStore(ServerStore):
             self._meta[compaction.HORIZON_KEY] = str(horizon)
             return done.result()
 
+    async def compacted_history(self) -> tuple[dict[RecordKey, dict[str, int]], dict[str, int]]:
+        self._check_open()
+        return {k: dict(v) for k, v in self._record_versions.items()}, dict(self._compacted_nodes)
+
+    async def restore_compaction(
+        self,
+        rows: Iterable[RecordRow],
+        record_versions: Mapping[RecordKey, Mapping[str, int]],
+        node_marks: Mapping[str, int],
+        horizon: int,
+    ) -> None:
+        async with self._writer() as writer:
+            await writer.save_rows(rows)
+            await writer.set_meta(compaction.HORIZON_KEY, str(int(horizon)))
+            # Applied only once the block cannot fail any more (as the writer's own changes are).
+            for key, versions in record_versions.items():
+                self._record_versions[key] = compaction.merge_versions(
+                    self._record_versions.get(key), versions
+                )
+            self._compacted_nodes = compaction.merge_versions(self._compacted_nodes, node_marks)
+
     async def record_versions(self, keys: Iterable[RecordKey]) -> dict[RecordKey, dict[str, int]]:
         self._check_open()
         out: dict[RecordKey, dict[str, int]] = {}

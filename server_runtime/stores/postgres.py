@@ -590,28 +590,33 @@ class PostgresServerStore(ServerStore):
                         " AND s.value = d.v AND s.delivery = d.n",
                         *(list(column) for column in zip(*done.scope_rows, strict=True)),
                     )
-                versions = [
-                    (c, r, compaction.versions_text(compaction.merge_versions(stored.get((c, r)), v)))
-                    for (c, r), v in done.record_versions.items()
-                ]
-                if versions:
-                    await conn.execute(
-                        "INSERT INTO offline_record_versions (collection, record_id, versions)"
-                        " SELECT * FROM unnest($1::text[], $2::text[], $3::text[])"
-                        " ON CONFLICT (collection, record_id) DO UPDATE SET versions = EXCLUDED.versions",
-                        *(list(column) for column in zip(*versions, strict=True)),
-                    )
-                if done.node_marks:
-                    await conn.execute(
-                        "INSERT INTO offline_compacted_nodes (node_id, sequence_number)"
-                        " SELECT * FROM unnest($1::text[], $2::bigint[])"
-                        " ON CONFLICT (node_id) DO UPDATE SET sequence_number"
-                        " = GREATEST(offline_compacted_nodes.sequence_number, EXCLUDED.sequence_number)",
-                        list(done.node_marks),
-                        list(done.node_marks.values()),
-                    )
+                await _record_compaction(conn, stored, done.record_versions, done.node_marks)
             await writer.set_meta(compaction.HORIZON_KEY, str(horizon))
         return done.result()
+
+    async def compacted_history(self) -> tuple[dict[RecordKey, dict[str, int]], dict[str, int]]:
+        async with self._reading("reading what compaction recorded") as conn:
+            versions = await conn.fetch("SELECT collection, record_id, versions FROM offline_record_versions")
+            marks = await conn.fetch("SELECT node_id, sequence_number FROM offline_compacted_nodes")
+        return (
+            {(str(c), str(r)): compaction.parse_versions(v) for c, r, v in versions},
+            {str(n): int(q) for n, q in marks},
+        )
+
+    async def restore_compaction(
+        self,
+        rows: Iterable[RecordRow],
+        record_versions: Mapping[RecordKey, Mapping[str, int]],
+        node_marks: Mapping[str, int],
+        horizon: int,
+    ) -> None:
+        async with self.writer() as writer:
+            assert isinstance(writer, _PostgresWriter)
+            await writer.save_rows(rows)
+            with self._errors("restoring what compaction recorded"):
+                stored = await _stored_versions(writer.conn, record_versions)
+                await _record_compaction(writer.conn, stored, record_versions, node_marks)
+            await writer.set_meta(compaction.HORIZON_KEY, str(int(horizon)))
 
     async def record_versions(self, keys: Iterable[RecordKey]) -> dict[RecordKey, dict[str, int]]:
         wanted = list(dict.fromkeys(keys))
@@ -700,6 +705,36 @@ class PostgresServerStore(ServerStore):
                 continue
             self._dispatch(latest)  # catch up on whatever was committed while the connection was down
             return
+
+
+async def _record_compaction(
+    conn: Any,
+    stored: Mapping[RecordKey, Mapping[str, int]],
+    record_versions: Mapping[RecordKey, Mapping[str, int]],
+    node_marks: Mapping[str, int],
+) -> None:
+    """Merge ``record_versions`` (over ``stored``, what the table holds of them) and ``node_marks`` into
+    what compaction recorded."""
+    versions = [
+        (c, r, compaction.versions_text(compaction.merge_versions(stored.get((c, r)), v)))
+        for (c, r), v in record_versions.items()
+    ]
+    if versions:
+        await conn.execute(
+            "INSERT INTO offline_record_versions (collection, record_id, versions)"
+            " SELECT * FROM unnest($1::text[], $2::text[], $3::text[])"
+            " ON CONFLICT (collection, record_id) DO UPDATE SET versions = EXCLUDED.versions",
+            *(list(column) for column in zip(*versions, strict=True)),
+        )
+    if node_marks:
+        await conn.execute(
+            "INSERT INTO offline_compacted_nodes (node_id, sequence_number)"
+            " SELECT * FROM unnest($1::text[], $2::bigint[])"
+            " ON CONFLICT (node_id) DO UPDATE SET sequence_number"
+            " = GREATEST(offline_compacted_nodes.sequence_number, EXCLUDED.sequence_number)",
+            list(node_marks),
+            [int(q) for q in node_marks.values()],
+        )
 
 
 async def _stored_versions(conn: Any, keys: Iterable[RecordKey]) -> dict[RecordKey, dict[str, int]]:

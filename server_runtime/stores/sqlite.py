@@ -806,30 +806,40 @@ class SQLiteServerStore(ServerStore):
                     )
                     for row in done.scope_rows
                 ]
-                versions = [
-                    (c, r, compaction.versions_text(compaction.merge_versions(stored.get((c, r)), v)))
-                    for (c, r), v in done.record_versions.items()
-                ]
-                if versions:
-                    steps.append(
-                        _rows_step(
-                            "INSERT INTO offline_record_versions (collection, record_id, versions)",
-                            versions,
-                            " ON CONFLICT (collection, record_id) DO UPDATE SET versions = excluded.versions",
-                        )
-                    )
-                if done.node_marks:
-                    steps.append(
-                        _rows_step(
-                            "INSERT INTO offline_compacted_nodes (node_id, sequence_number)",
-                            list(done.node_marks.items()),
-                            " ON CONFLICT (node_id) DO UPDATE SET sequence_number"
-                            " = max(sequence_number, excluded.sequence_number)",
-                        )
-                    )
+                steps += _compaction_marks(stored, done.record_versions, done.node_marks)
                 await writer._read(steps)
             await writer.set_meta(compaction.HORIZON_KEY, str(horizon))
         return done.result()
+
+    async def compacted_history(self) -> tuple[dict[RecordKey, dict[str, int]], dict[str, int]]:
+        async with self._reading("reading what compaction recorded") as conn:
+            versions = await conn.execute_fetchall(
+                "SELECT collection, record_id, versions FROM offline_record_versions"
+            )
+            marks = await conn.execute_fetchall(
+                "SELECT node_id, sequence_number FROM offline_compacted_nodes"
+            )
+        return (
+            {(str(c), str(r)): compaction.parse_versions(v) for c, r, v in versions},
+            {str(n): int(q) for n, q in marks},
+        )
+
+    async def restore_compaction(
+        self,
+        rows: Iterable[RecordRow],
+        record_versions: Mapping[RecordKey, Mapping[str, int]],
+        node_marks: Mapping[str, int],
+        horizon: int,
+    ) -> None:
+        async with self.writer() as writer:
+            assert isinstance(writer, _SQLiteWriter)
+            await writer.save_rows(rows)
+            with self._errors("restoring what compaction recorded"):
+                stored = await _stored_versions(writer._read, record_versions)
+                steps = _compaction_marks(stored, record_versions, node_marks)
+                if steps:
+                    await writer._read(steps)
+            await writer.set_meta(compaction.HORIZON_KEY, str(int(horizon)))
 
     async def record_versions(self, keys: Iterable[RecordKey]) -> dict[RecordKey, dict[str, int]]:
         wanted = list(dict.fromkeys(keys))
@@ -850,6 +860,38 @@ class SQLiteServerStore(ServerStore):
                 if versions:
                     out[key] = versions
         return out
+
+
+def _compaction_marks(
+    stored: Mapping[RecordKey, Mapping[str, int]],
+    record_versions: Mapping[RecordKey, Mapping[str, int]],
+    node_marks: Mapping[str, int],
+) -> list[_Step]:
+    """The upserts merging ``record_versions`` (over ``stored``, what the table holds of them) and
+    ``node_marks`` into what compaction recorded."""
+    steps: list[_Step] = []
+    versions = [
+        (c, r, compaction.versions_text(compaction.merge_versions(stored.get((c, r)), v)))
+        for (c, r), v in record_versions.items()
+    ]
+    if versions:
+        steps.append(
+            _rows_step(
+                "INSERT INTO offline_record_versions (collection, record_id, versions)",
+                versions,
+                " ON CONFLICT (collection, record_id) DO UPDATE SET versions = excluded.versions",
+            )
+        )
+    if node_marks:
+        steps.append(
+            _rows_step(
+                "INSERT INTO offline_compacted_nodes (node_id, sequence_number)",
+                list(node_marks.items()),
+                " ON CONFLICT (node_id) DO UPDATE SET sequence_number"
+                " = max(sequence_number, excluded.sequence_number)",
+            )
+        )
+    return steps
 
 
 async def _stored_versions(

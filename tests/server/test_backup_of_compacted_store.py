@@ -1,0 +1,177 @@
+"""A backup of a compacted store restores it whole (server_runtime.backup, server_runtime.stores.compaction).
+
+Compaction deletes operations already folded into the record rows, so the operations kept no longer rebuild
+the records: the backup carries the compacted records' states, and a server restored from it (another store
+kind: SQLite into PostgreSQL and back, memory into memory) holds the same rows, the same numbers of deleted
+operations (a resent compacted operation is a repeat) and sends fresh clients the same records. An export of
+a compacted store made before the states existed is refused unless ``?legacy=1`` accepts its loss.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from server_runtime import create_relational_server_store
+from server_runtime.stores import MemoryServerStore, ServerStore
+from server_runtime.stores.base import RecordRow
+from tests.server.test_backup import backup_mac, fill, fresh_client_records, import_backup, lines_of
+from tests.server.test_operational import (
+    ADMIN,
+    ALL_TOKENS,
+    BACKUP,
+    TIMEOUT,
+    bearer,
+    client,
+    serve,
+    shutdown,
+    sync_url,
+)
+
+# (store the backup is taken from, store it is restored into)
+PAIRS = [("sqlite", "postgresql"), ("postgresql", "sqlite"), ("memory", "memory")]
+
+
+def store_maker(kind: str, request: pytest.FixtureRequest) -> Callable[[], Any]:
+    """An async factory of a fresh store of ``kind`` (None: ``serve``'s SQLite file)."""
+    # Outside the event loop: the fixture creates its schema with asyncio.run.
+    url = request.getfixturevalue("postgres_url") if kind == "postgresql" else None
+
+    async def make() -> ServerStore | None:
+        if kind == "memory":
+            return MemoryServerStore()
+        if url is not None:
+            return await create_relational_server_store(url)
+        return None
+
+    return make
+
+
+async def export(http: httpx.AsyncClient, url: str | None) -> bytes:
+    response = await http.post(f"{url}/__offline/backup/export", headers=bearer(BACKUP))
+    assert response.status_code == 200, response.text
+    return response.content
+
+
+async def compact(http: httpx.AsyncClient, url: str | None) -> dict[str, Any]:
+    response = await http.post(f"{url}/__offline/compact", headers=bearer(ADMIN))
+    assert response.status_code == 200, response.text
+    answer: dict[str, Any] = response.json()
+    return answer
+
+
+async def rows_of(store: ServerStore) -> dict[tuple[str, str], RecordRow]:
+    return {row.key: row async for row in store.load_all_rows()}
+
+
+async def compacted_then_written(
+    folder: Path, url: str, http: httpx.AsyncClient, server_url: str | None
+) -> None:
+    """Compact what ``fill`` wrote, then write after the horizon (to a compacted record and a new one)."""
+    done = await compact(http, server_url)
+    assert done["dropped"] > 0
+    late = client(folder, "late", url)
+    try:
+        await late.sync.connect()
+        await late.sync.wait_until_synced(TIMEOUT)
+        edited = next(r for r in late.items.all().fetch() if r["title"] in ("a's edit", "b's edit"))
+        late.items.update(edited["id"], {"title": "after compaction"})
+        late.items.insert({"title": "new after compaction", "count": 1})
+        await late.sync.wait_until_synced(TIMEOUT)
+    finally:
+        await shutdown(late)
+
+
+@pytest.mark.parametrize(("source", "target"), PAIRS, ids=[f"{a}-to-{b}" for a, b in PAIRS])
+def test_a_compacted_store_restores_whole(
+    tmp_path: Path, request: pytest.FixtureRequest, source: str, target: str
+) -> None:
+    make_source, make_target = store_maker(source, request), store_maker(target, request)
+
+    async def scenario() -> None:
+        async with (
+            serve(tmp_path, auth=ALL_TOKENS, store=await make_source(), name="old") as old,
+            httpx.AsyncClient(timeout=30) as http,
+        ):
+            await fill(tmp_path, sync_url(old))
+            before = await export(http, old.url)  # every operation, before compaction
+            await compacted_then_written(tmp_path, sync_url(old), http, old.url)
+            body = await export(http, old.url)
+            parsed = lines_of(body)
+            manifest, tail = parsed[0], parsed[-1]
+            states = [line for line in parsed if line["type"] == "state"]
+            (compaction,) = [line for line in parsed if line["type"] == "compaction"]
+            assert manifest["compactionHorizon"] == compaction["horizon"] > 0
+            assert states and tail["states"] == len(states)
+            assert tail["hmac"] == backup_mac(BACKUP, body[: body.rindex(b"\n", 0, -1) + 1])
+            expected = await fresh_client_records(tmp_path, old, "reader-old")
+            assert any(r["title"] == "after compaction" for r in expected["items"])
+
+            async with serve(tmp_path, auth=ALL_TOKENS, store=await make_target(), name="new") as new:
+                answer = await import_backup(http, new, body)
+                assert answer.status_code == 200, answer.text
+                assert answer.json()["states"] == len(states) and answer.json()["refused"] == {}
+
+                # The same rows, the same numbers of deleted operations, a horizon clients catch up to.
+                old_rows, new_rows = await rows_of(old.store), await rows_of(new.store)
+                assert new_rows == old_rows
+                keys = list(old_rows)
+                assert await new.store.record_versions(keys) == await old.store.record_versions(keys)
+                assert (await new.store.compacted_history())[1] == (await old.store.compacted_history())[1]
+                assert await new.store.compaction_horizon() > 0
+
+                # A fresh client catches up from the restored server (record states, then the log).
+                assert await fresh_client_records(tmp_path, new, "reader-new") == expected
+
+                # Every operation ever stored, deleted ones included, is a repeat on the restored server.
+                again = await import_backup(http, new, before)
+                assert again.status_code == 200, again.text
+                assert again.json()["imported"] == 0 and again.json()["refused"] == {}
+                assert await rows_of(new.store) == old_rows
+
+                # A compacted store's file restores only into an empty server.
+                twice = await import_backup(http, new, body)
+                assert twice.status_code == 409
+                assert twice.json()["error"] == "BACKUP_NOT_EMPTY"
+
+    asyncio.run(scenario())
+
+
+def test_an_older_backup_of_a_compacted_store_is_refused_unless_legacy(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with (
+            serve(tmp_path, auth=ALL_TOKENS, name="old") as old,
+            httpx.AsyncClient(timeout=30) as http,
+        ):
+            await fill(tmp_path, sync_url(old))
+            await compact(http, old.url)
+            lines = (await export(http, old.url)).splitlines(keepends=True)
+            # As an older server exported it: no state or compaction lines, signed with the same secret.
+            kept = [line for line in lines[:-1] if json.loads(line)["type"] not in ("state", "compaction")]
+            tail = {k: v for k, v in json.loads(lines[-1]).items() if k != "states"}
+            tail["hmac"] = backup_mac(BACKUP, b"".join(kept))
+            older = b"".join(kept) + (json.dumps(tail) + "\n").encode()
+
+            async with serve(tmp_path, auth=ALL_TOKENS, name="new") as new:
+                refused = await import_backup(http, new, older)
+                assert refused.status_code == 400
+                answer = refused.json()
+                assert answer["error"] == "BACKUP_INCOMPLETE"
+                assert "legacy=1" in answer["message"] and "compacted" in answer["message"]
+                assert (await new.store.stats())["operations"] == 0
+
+                accepted = await http.post(
+                    f"{new.url}/__offline/backup/import?legacy=1",
+                    content=older,
+                    headers={**bearer(BACKUP), "Content-Type": "application/x-ndjson"},
+                )
+                assert accepted.status_code == 200, accepted.text
+                assert accepted.json()["imported"] == tail["operations"]
+
+    asyncio.run(scenario())
