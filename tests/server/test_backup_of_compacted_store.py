@@ -143,7 +143,9 @@ def test_a_compacted_store_restores_whole(
     asyncio.run(scenario())
 
 
-def test_an_older_backup_of_a_compacted_store_is_refused_unless_legacy(tmp_path: Path) -> None:
+def test_state_lines_are_signed_and_an_older_backup_of_a_compacted_store_is_refused_unless_legacy(
+    tmp_path: Path,
+) -> None:
     async def scenario() -> None:
         async with (
             serve(tmp_path, auth=ALL_TOKENS, name="old") as old,
@@ -151,7 +153,17 @@ def test_an_older_backup_of_a_compacted_store_is_refused_unless_legacy(tmp_path:
         ):
             await fill(tmp_path, sync_url(old))
             await compact(http, old.url)
-            lines = (await export(http, old.url)).splitlines(keepends=True)
+            body = await export(http, old.url)
+            lines = body.splitlines(keepends=True)
+            # A state line is covered by the HMAC like any other; one signed but unreadable is refused too.
+            at = next(i for i, line in enumerate(lines) if line.startswith(b'{"type":"state"'))
+            state = json.loads(lines[at])
+            altered = [*lines[:at], (json.dumps({**state, "record": {"title": "forged"}}) + "\n").encode()]
+            altered += lines[at + 1 :]
+            unreadable = [*lines[:at], (json.dumps({**state, "state": "not a state"}) + "\n").encode()]
+            unreadable += lines[at + 1 : -1]
+            resigned = json.dumps({**json.loads(lines[-1]), "hmac": backup_mac(BACKUP, b"".join(unreadable))})
+            unreadable.append((resigned + "\n").encode())
             # As an older server exported it: no state or compaction lines, signed with the same secret.
             kept = [line for line in lines[:-1] if json.loads(line)["type"] not in ("state", "compaction")]
             tail = {k: v for k, v in json.loads(lines[-1]).items() if k != "states"}
@@ -159,6 +171,14 @@ def test_an_older_backup_of_a_compacted_store_is_refused_unless_legacy(tmp_path:
             older = b"".join(kept) + (json.dumps(tail) + "\n").encode()
 
             async with serve(tmp_path, auth=ALL_TOKENS, name="new") as new:
+                forged = await import_backup(http, new, b"".join(altered))
+                assert forged.json()["error"] == "BACKUP_HMAC_MISMATCH"
+                bad = await import_backup(http, new, b"".join(unreadable))
+                assert (bad.status_code, bad.json()["error"]) == (400, "BACKUP_INVALID")
+                assert (
+                    "state of items/" in bad.json()["message"] or "state of todos/" in bad.json()["message"]
+                )
+
                 refused = await import_backup(http, new, older)
                 assert refused.status_code == 400
                 answer = refused.json()
