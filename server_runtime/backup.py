@@ -184,9 +184,11 @@ async def export_backup(server: ProductionServer, key: BackupKey) -> AsyncIterat
         written += 1
         yield data
     tail: dict[str, Any] = {"type": "hmac", "algorithm": "hmac-sha256", "operations": written}
+    # Read again: a compaction that ran while the log was read deleted operations from pages read after it.
+    horizon = max(horizon, await store.compaction_horizon())
     if horizon:
         # Read after the operations: a write committed meanwhile is then in a state (folding its operation
-        # again on import changes nothing) rather than missing from one.
+        # again on import changes nothing) rather than missing from one; so is a record compacted meanwhile.
         states = 0
         async for data in _compaction_lines(server, horizon):
             mac.update(data)
