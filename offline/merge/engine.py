@@ -339,7 +339,7 @@ def _encode_vector_state(state: RecordState) -> str:
         for slot in ("k", "lk"):
             if _is_key(reg.get(slot)):
                 slots.append((reg, slot))
-    table = sorted({tuple(holder[slot]) for holder, slot in slots})  # type: ignore[index]
+    table = sorted({tuple(cast(Any, holder)[slot]) for holder, slot in slots})
     index = {key: i for i, key in enumerate(table)}
     fields: dict[str, Any] = {}
     for name, reg in state.fields.items():

@@ -180,9 +180,16 @@ def server_records(db: Path) -> str:
     return json.dumps(sorted(records, key=lambda r: r["id"]), sort_keys=True)
 
 
-def own_operation_ids(app: App) -> set[str]:
+def own_operation_ids(app: App, after: int = 0) -> set[str]:
+    """Ids of this node's operations numbered above ``after`` that its log still holds.
+
+    Read right after each write (no await between): the log drops a node's own operations once the server
+    acknowledged them (automatic compaction), so reading it at the end would miss most of them.
+    """
     with app.db.lock:
-        rows = app.db.conn.execute("SELECT id FROM _offline_ops WHERE node_id = ?", (app.node_id,))
+        rows = app.db.conn.execute(
+            "SELECT id FROM _offline_ops WHERE node_id = ? AND sequence_number > ?", (app.node_id, after)
+        )
         return {row[0] for row in rows}
 
 
@@ -265,6 +272,7 @@ async def run_chaos(tmp_path: Path, figures: dict[str, Any]) -> None:
     done = 0
     expected = ""  # the records as the fresh client folds them from the server
     written: set[str] = set()  # every operation a client wrote
+    written_ids: list[set[str]] = [set() for _ in range(CLIENTS)]  # per client, collected as it writes
     reasons: Counter[str] = Counter()
 
     def watch(index: int, app: App) -> None:
@@ -289,11 +297,13 @@ async def run_chaos(tmp_path: Path, figures: dict[str, Any]) -> None:
             local = random.Random(SEED * 1000 + index)
             app = apps[index]
             written = 0
+            own_writes = written_ids[index]
             while written < OPS_PER_CLIENT:
                 before = app.version_vector.get(app.node_id, 0)
                 random_write(app, local, counts)
                 # A write that changes nothing (the value was already there) makes no operation.
                 if app.version_vector.get(app.node_id, 0) > before:
+                    own_writes.update(own_operation_ids(app, before))
                     written += 1
                     done += 1
                 await asyncio.sleep(local.uniform(0, 2 * PAUSE))
@@ -341,8 +351,8 @@ async def run_chaos(tmp_path: Path, figures: dict[str, Any]) -> None:
             assert snapshot(app) == expected, f"client {i} differs from what the server holds"
         figures["records"] = len(json.loads(expected))
         figures["client_connections"] = [app.sync.connections for app in apps]
-        for app in apps:
-            written |= own_operation_ids(app)
+        for ids in written_ids:
+            written |= ids
     finally:
         for app in [*apps, *([fresh] if fresh is not None else [])]:
             with contextlib.suppress(Exception):
