@@ -75,6 +75,12 @@ class _Documents:
         self.size = size
         self.docs: OrderedDict[bytes, Any] = OrderedDict()
         self.texts: OrderedDict[bytes, str] = OrderedDict()
+        # The bytes of recent states by their base64 text (merge state keeps the text; decoding a long
+        # document's text costs more than folding a keystroke into it).
+        self.raw: OrderedDict[str, bytes] = OrderedDict()
+        # Documents an edit left holding its update, by that update, until the fold of the update says
+        # whether one is exactly the folded state's document (`adopt`).
+        self.edited: OrderedDict[bytes, Any] = OrderedDict()
         # Apps on several threads share the cache; a document is only used by whoever took it out.
         self.lock = threading.Lock()
 
@@ -92,12 +98,47 @@ class _Documents:
             doc = self.docs.pop(state, None)
         if doc is not None and (client_id is None or doc.client_id == client_id):
             return doc, True
+        known_clean = doc is not None  # only documents holding exactly their state are kept
+        if doc is not None:
+            self._put(self.docs, state, doc)  # still the state's document, for a fold or a read
         doc = _yjs().new_doc(client_id)
         if not state:
             return doc, True
         doc.apply_update(state)
+        if known_clean:
+            return doc, True
         encoded = doc.get_update()
         return doc, _yjs().merge_updates(encoded, state) == encoded
+
+    def decoded(self, state: str) -> bytes:
+        with self.lock:
+            raw = self.raw.get(state)
+            if raw is not None:
+                self.raw.move_to_end(state)
+                return raw
+        raw = base64.b64decode(state)
+        self._put(self.raw, state, raw)
+        return raw
+
+    def encoded(self, state: str, raw: bytes) -> None:
+        """``state`` (base64 text) is ``raw``: a decode of it need not run."""
+        self._put(self.raw, state, raw)
+
+    def edited_into(self, update: bytes, doc: Any) -> None:
+        """An edit made ``update`` in ``doc`` (its state's document before): ``doc`` may be the document of
+        the state the fold of ``update`` makes (`adopt`)."""
+        self._put(self.edited, update, doc)
+
+    def adopt(self, update: bytes, state: bytes) -> bool:
+        """Keep the document an edit made ``update`` in as ``state``'s document, when it encodes as exactly
+        ``state`` (so it holds what a fresh document of ``state`` holds: the same structs, deletes and
+        client, and nothing pending); the next edit of this node then continues in it."""
+        with self.lock:
+            doc = self.edited.pop(update, None)
+        if doc is None or doc.get_update() != state:
+            return False
+        self.keep(state, doc)
+        return True
 
     def keep(self, state: bytes, doc: Any, text: str | None = None) -> None:
         self._put(self.docs, state, doc)
@@ -123,7 +164,7 @@ _DOCUMENTS = _Documents()
 
 
 def decode_state(state: str | None) -> bytes | None:
-    return base64.b64decode(state) if state else None
+    return _DOCUMENTS.decoded(state) if state else None
 
 
 def _encode(raw: bytes) -> str:
@@ -171,9 +212,11 @@ def fold_update(state: str | None, update: Any) -> str:
     doc.apply_update(merged)  # one update: integrated as a whole, in its own order
     encoded = doc.get_update()
     compact = backend.merge_updates(encoded, merged)
-    if compact == encoded:
+    if compact == encoded and not _DOCUMENTS.adopt(raw, encoded):
         _DOCUMENTS.keep(encoded, doc)  # nothing pending: the document is the state's
-    return _encode(compact)
+    text = _encode(compact)
+    _DOCUMENTS.encoded(text, compact)
+    return text
 
 
 def merge_update(state: str | None, update: Any) -> str:
@@ -258,6 +301,9 @@ def edit_update(state: str | None, edit: Any, *, client_id: int | None = None) -
     edit(t)  # if it raises, the document (taken out of the cache) is simply not kept
     update = doc.get_update(before)
     text = str(t)
-    if (not update or update == b"\x00\x00") and clean:
-        _DOCUMENTS.keep(current, doc)  # unchanged: still the document of ``current``
+    if not update or update == b"\x00\x00":
+        if clean:
+            _DOCUMENTS.keep(current, doc)  # unchanged: still the document of ``current``
+    elif clean:
+        _DOCUMENTS.edited_into(update, doc)  # the fold of ``update`` may adopt it
     return update, text

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -294,3 +295,60 @@ def test_two_users_typing_concurrently_converge_holding_both(app: App, peer: App
     text = app.docs.find_by_id(record["id"])["notes"]
     assert text == peer.docs.find_by_id(record["id"])["notes"]
     assert text == "left side |right side!"
+
+
+def _edits_with_remote_updates(app_path: str, peer_path: str) -> list[tuple[str, bytes, str]]:
+    """One history of local edits interleaved with a peer's updates, a refused edit, a rebuild and a
+    reopen; after each step, what is stored for the record's text (the merge state's document, the row's
+    state bytes) and its text."""
+    steps: list[tuple[str, bytes, str]] = []
+
+    def snapshot(app: App, record_id: str) -> None:
+        app.flush()
+        state = app.cached_state("docs", record_id)
+        assert state is not None
+        (row,) = app.db.conn.execute("SELECT notes FROM docs WHERE id = ?", (record_id,)).fetchone()
+        text = str(app.docs.richtext(record_id, "notes"))
+        steps.append((str(state.fields["notes"]["s"]), bytes(row or b""), text))
+
+    with create_app(SCHEMA, path=app_path) as app, create_app(SCHEMA, path=peer_path) as peer:
+        record_id = app.docs.insert({"title": "d", "notes": "hello"})["id"]
+        peer.apply(app.operations())
+        mine, theirs = app.docs.richtext(record_id, "notes"), peer.docs.richtext(record_id, "notes")
+        for i in range(12):
+            mine.insert(len(mine), "abc"[i % 3])
+            if i % 3 == 0:
+                theirs.insert(0, "xyz"[i % 3])
+                theirs.delete(2, 1)
+                app.apply(peer.operations(after=app.version_vector))
+            if i % 5 == 4:
+                mine.delete(2, 2)
+            snapshot(app, record_id)
+        with pytest.raises(OfflineError):
+            mine.insert(len(mine) + 5, "refused")
+        mine.insert(0, ">")
+        snapshot(app, record_id)
+        app.rebuild()
+        snapshot(app, record_id)
+        mine.insert(len(mine), "<")
+        snapshot(app, record_id)
+    with create_app(SCHEMA, path=app_path) as app:
+        handle = app.docs.richtext(record_id, "notes")
+        handle.insert(1, "again")
+        snapshot(app, record_id)
+    return steps
+
+
+def test_live_documents_store_what_fresh_documents_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The documents kept between edits (`richtext._Documents`) change no stored byte nor any text: the same
+    history run by the same two nodes with a cache that keeps nothing stores the same states."""
+    for name in ("a", "b"):  # the same nodes twice (Yjs orders concurrent inserts by client, from the node)
+        create_app(SCHEMA, path=str(tmp_path / f"{name}1.db")).close()
+        shutil.copy(tmp_path / f"{name}1.db", tmp_path / f"{name}2.db")
+    cached = _edits_with_remote_updates(str(tmp_path / "a1.db"), str(tmp_path / "b1.db"))
+    monkeypatch.setattr(richtext, "_DOCUMENTS", richtext._Documents(size=0))
+    fresh = _edits_with_remote_updates(str(tmp_path / "a2.db"), str(tmp_path / "b2.db"))
+    assert cached[-1][2].startswith(">")
+    assert cached == fresh
