@@ -352,3 +352,19 @@ def test_live_documents_store_what_fresh_documents_store(
     fresh = _edits_with_remote_updates(str(tmp_path / "a2.db"), str(tmp_path / "b2.db"))
     assert cached[-1][2].startswith(">")
     assert cached == fresh
+
+
+def test_an_edit_continues_in_the_document_the_previous_edit_left(app: App) -> None:
+    """After a local edit, the folded state's kept document is the one the edit was made in (this node's
+    Yjs client), so the next edit neither rebuilds it nor decodes the stored state."""
+    record = app.docs.insert({"title": "d", "notes": "hello"})
+    handle = app.docs.richtext(record["id"], "notes")
+    handle.insert(5, "!")
+    handle.insert(6, "?")
+    state = app.cached_state("docs", record["id"])
+    assert state is not None
+    raw = richtext.decode_state(state.fields["notes"]["s"])
+    assert raw is not None
+    kept = richtext._DOCUMENTS.docs.get(raw)
+    assert kept is not None and kept.client_id == richtext.client_id_for(app.node_id)
+    assert kept.get_update() == raw and kept.text() == "hello!?"
