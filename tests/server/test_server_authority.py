@@ -49,6 +49,11 @@ def schema() -> SchemaDefinition:
     )
 
 
+# One clock per node, as a device has: a node's successive writes get increasing stamps. (A fresh clock per
+# operation stamped writes made within one millisecond alike, and last-writer-wins then fell to the ids.)
+_CLOCKS: dict[str, HybridLogicalClock] = {}
+
+
 def op_of(
     node: str, seq: int, type_: str, record: str, data: dict[str, Any] | None, **extra: Any
 ) -> Operation:
@@ -59,7 +64,7 @@ def op_of(
             "collection": "tasks",
             "record_id": record,
             "data": data,
-            "timestamp": HybridLogicalClock(node).now(),
+            "timestamp": _CLOCKS.setdefault(node, HybridLogicalClock(node)).now(),
             "sequence_number": seq,
             "schema_version": 1,
             **extra,
