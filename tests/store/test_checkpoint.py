@@ -20,13 +20,26 @@ def _checkpointer(db: LocalDatabase) -> checkpoint.Checkpointer:
     return db._checkpointer
 
 
-def _write_megabytes(db: LocalDatabase, megabytes: int, *, pause: float) -> None:
+def _write_megabytes(db: LocalDatabase, megabytes: int, *, pause: float, wait: bool = False) -> None:
     blob = "x" * 250_000
     for index in range(megabytes * 4):
         with db.transaction():
             db.set_meta(f"blob-{index % 50}", blob + str(index))
         if index % 4 == 3:
             time.sleep(pause)  # the thread looks at most every 20 ms
+            if wait:
+                _wait_for_the_thread(db)
+
+
+def _wait_for_the_thread(db: LocalDatabase) -> None:
+    """Until the checkpoint thread has copied the log back below its threshold: a busy machine may not
+    schedule it within the pause (the writer never waits like this; the test does, so its bound holds)."""
+    checkpointer = _checkpointer(db)
+    deadline = time.monotonic() + 10
+    while checkpointer.running and checkpointer._log_bytes() >= checkpoint.CHECKPOINT_BYTES:
+        if time.monotonic() > deadline:
+            return  # the assertions after the writes say what went wrong
+        time.sleep(0.01)
 
 
 def test_a_file_database_checkpoints_on_its_thread_not_in_commits(tmp_path: Path) -> None:
@@ -36,7 +49,7 @@ def test_a_file_database_checkpoints_on_its_thread_not_in_commits(tmp_path: Path
         assert db.conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 0  # commits only append
         checkpointer = _checkpointer(db)
         assert checkpointer.running
-        _write_megabytes(db, 20, pause=0.05)
+        _write_megabytes(db, 20, pause=0.05, wait=True)
         assert checkpointer.checkpoints >= 1
         # Checkpointed as it went: the log is reused from its start, so it stays near the threshold
         # instead of holding all 20 MB written.
