@@ -68,6 +68,8 @@ _NO_STORE: Final = {"Cache-Control": "no-store"}
 class EmailNotVerified(AuthError):
     """EMAIL_NOT_VERIFIED at sign-in (told only after the credentials were right)."""
 
+    audit_reason = "email-not-verified"  # the reason of its sign-in-failed audit entry
+
     def __init__(self, user_id: str) -> None:
         self.user_id = user_id
         super().__init__(

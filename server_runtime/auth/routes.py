@@ -100,6 +100,8 @@ _BAD_CREDENTIALS: Final = AuthError(
 class UserDisabled(AuthError):
     """USER_DISABLED: an administrator disabled the account (told only after the credentials were right)."""
 
+    audit_reason = "user-disabled"  # the reason of its sign-in-failed audit entry
+
     def __init__(self, user_id: str) -> None:
         super().__init__(
             403,
@@ -330,20 +332,12 @@ class AuthRoutes:
             try:
                 await self._maybe_purge()
                 return await method(request)
-            except UserDisabled as exc:
+            except (UserDisabled, EmailNotVerified) as exc:
                 await self.audit.record(
                     "sign-in-failed",
                     subject=exc.user_id,
                     address=_client_address(request),
-                    detail={"reason": "user-disabled", "path": request.url.path},
-                )
-                return exc.response()
-            except EmailNotVerified as exc:
-                await self.audit.record(
-                    "sign-in-failed",
-                    subject=exc.user_id,
-                    address=_client_address(request),
-                    detail={"reason": "email-not-verified", "path": request.url.path},
+                    detail={"reason": exc.audit_reason, "path": request.url.path},
                 )
                 return exc.response()
             except AuthError as exc:
