@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -122,19 +122,10 @@ class Backend:
             await store.close()
 
 
-@pytest.fixture(params=["memory", "sqlite", "postgres"])
-def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
-    kind = request.param
-    db: str | None = None
-    if kind == "sqlite":
-        db = str(tmp_path / "server.db")
-    elif kind == "postgres":
-        db = request.getfixturevalue("postgres_url")
-    backend = Backend(kind, db, tmp_path)
-    try:
-        yield backend
-    finally:
-        backend.stop_all()
+@pytest.fixture
+def backend(server_backend: Backend) -> Backend:
+    """A server store of each kind (tests/sync/conftest.py's ``server_backend``, under this module's name)."""
+    return server_backend
 
 
 # -- clients -----------------------------------------------------------------------------------------------------
