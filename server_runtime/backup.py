@@ -472,6 +472,10 @@ async def import_backup(server: ProductionServer, backup: BackupFile) -> dict[st
             status=422,
             refused=refused,
         )
+    if sync.watermark == 0 and (backup.operations or backup.states):
+        # The operations are numbered from 1 here, whatever their numbers were: devices that synced with
+        # the backed-up server must not resume from their watermarks (`SyncService.renumber_deliveries`).
+        await sync.renumber_deliveries()
     if node_id and sync.watermark == 0:
         # A fresh server adopts the backed-up server's identity, so its writes stay authoritative.
         await sync.adopt_node_id(node_id)

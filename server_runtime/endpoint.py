@@ -313,6 +313,7 @@ async def _session(
         accepted_scope={name: dict(f) for name, f in filters.items()},
         supported_schema_min=lo,
         supported_schema_max=hi,
+        delivery_epoch=service.delivery_epoch,
     )
     conn.restore_frame_limit()  # signed in: the session's frames may be as large as max_message_bytes
     guard.authenticated(conn)

@@ -19,6 +19,7 @@ import gc
 import json
 import logging
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -63,6 +64,9 @@ log = logging.getLogger("offline.server.sync")
 
 #: Store meta key: the plain node ids this database's server wrote under before it took a marked one.
 LEGACY_NODE_IDS = "legacy_server_node_ids"
+#: Meta key of the server's numbering of deliveries, when it is not the database's first one (see
+#: `SyncService.renumber_deliveries`).
+DELIVERY_EPOCH = "delivery_epoch"
 
 # Records loaded at start from which the process exempts its objects from garbage collection (see start()).
 _FREEZE_AT = 10_000
@@ -328,6 +332,7 @@ class SyncService:
             node_id = await self._create_node_id()
         self.node_id: str = node_id
         await self._register_server_node(node_id)
+        self.delivery_epoch: str | None = await self.store.get_meta(DELIVERY_EPOCH)
         self.clock = HybridLogicalClock(node_id, now=self._now)
         self.legacy_node_ids: tuple[str, ...] = tuple(
             json.loads(await self.store.get_meta(LEGACY_NODE_IDS) or "[]")
@@ -828,6 +833,18 @@ class SyncService:
             for row in rows:
                 self.cache.put(row)
             self._horizon = max(self._horizon, horizon)
+
+    async def renumber_deliveries(self) -> str:
+        """Announce a new numbering of deliveries (``HandshakeResponse.delivery_epoch``): called before a
+        backup is restored into an empty server, which numbers the backed-up operations from 1 and its new
+        writes after them. Devices that synced with the backed-up server (the same node id, adopted) then
+        start over from delivery 0 instead of resuming from a watermark counted in the other numbering,
+        which would skip every operation numbered at or below it here."""
+        epoch = str(uuid.uuid4())
+        async with self._lock:
+            await self.store.set_meta(DELIVERY_EPOCH, epoch)
+            self.delivery_epoch = epoch
+        return epoch
 
     async def adopt_node_id(self, node_id: str) -> None:
         """Take over another server's identity (restoring its backup into an empty store). A server's id from

@@ -24,14 +24,17 @@ def delivery_watermark(app: App) -> int:
         return int(app.db.get_meta("delivery_watermark") or 0)
 
 
-def adopt_delivery_server(app: App, server_node_id: str) -> bool:
+def adopt_delivery_server(app: App, server_node_id: str, epoch: str | None = None) -> bool:
     """Record the server (database) whose delivery sequences the watermark counts.
 
     Delivery sequences are only meaningful for the database that issued them. When another one answers (an
-    in-memory server restarted, a server database replaced or reset), the watermark is reset to 0 so the
-    replica is sent everything it may see again (duplicates are ignored by id). Returns True on a reset.
+    in-memory server restarted, a server database replaced or reset, or a server restored from a backup,
+    which keeps the node id but numbers anew and says so with its ``epoch``, the handshake's
+    ``deliveryEpoch``), the watermark is reset to 0 so the replica is sent everything it may see again
+    (duplicates are ignored by id). Returns True on a reset.
     """
-    return _adopt(app, "delivery_server", server_node_id)
+    # The node id alone while there is no epoch: replicas recorded before epochs existed reset nothing.
+    return _adopt(app, "delivery_server", server_node_id if epoch is None else f"{server_node_id} {epoch}")
 
 
 def _adopt(app: App, key: str, value: str) -> bool:

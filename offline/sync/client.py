@@ -425,9 +425,11 @@ class SyncEngine:
         if not reply.accepted:
             reason = reply.reject_reason or "SCHEMA_MISMATCH"
             raise SyncFatal(reason, reason.split(":", 1)[0], {"url": self.url})
-        if replication.adopt_delivery_server(app, reply.node_id) and hello.last_delivery_sequence > 0:
+        renumbered = replication.adopt_delivery_server(app, reply.node_id, reply.delivery_epoch)
+        if renumbered and hello.last_delivery_sequence > 0:
             # Our watermark counts another server database's deliveries (an in-memory server restarted, a
-            # database replaced): resuming from it would skip operations. Start over from delivery 0.
+            # database replaced, a backup restored): resuming from it would skip operations. Start over
+            # from delivery 0.
             raise ConnectionLost(f"server {reply.node_id} did not issue our delivery watermark; resyncing")
         self._accepted = True
         self._auth_retry_used = False

@@ -279,7 +279,15 @@ class Handshake:
 
 @dataclass(frozen=True)
 class HandshakeResponse:
-    """S->C: the answer to a handshake (``accepted: false`` with ``rejectReason`` on a schema mismatch)."""
+    """S->C: the answer to a handshake (``accepted: false`` with ``rejectReason`` on a schema mismatch).
+
+    ``deliveryEpoch`` (optional) names the server's numbering of deliveries when it is not the database's
+    first one: a server restored from a backup numbers the operations anew, so a ``lastDeliverySequence``
+    counted by the backed-up server means nothing there. A client keeps its watermark together with the
+    server's ``nodeId`` and ``deliveryEpoch`` and, when either differs from what it synced with, starts over
+    from delivery 0 (everything in its scope is sent again; it ignores what it holds already). Absent: the
+    database's original numbering (a server never restored).
+    """
 
     TYPE: ClassVar[str] = "handshake-response"
 
@@ -294,6 +302,7 @@ class HandshakeResponse:
     reject_reason: str | None = None
     supported_schema_min: int | None = None
     supported_schema_max: int | None = None
+    delivery_epoch: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -310,6 +319,7 @@ class HandshakeResponse:
         _put(out, "rejectReason", self.reject_reason)
         _put(out, "supportedSchemaMin", self.supported_schema_min)
         _put(out, "supportedSchemaMax", self.supported_schema_max)
+        _put(out, "deliveryEpoch", self.delivery_epoch)
         return out
 
 
@@ -991,6 +1001,7 @@ def _handshake_response(f: _Fields) -> HandshakeResponse:
         reject_reason=f.get_str("rejectReason", required=False),
         supported_schema_min=f.get_int("supportedSchemaMin", minimum=1, required=False),
         supported_schema_max=f.get_int("supportedSchemaMax", minimum=1, required=False),
+        delivery_epoch=f.get_str("deliveryEpoch", required=False, non_empty=True),
     )
 
 

@@ -21,7 +21,7 @@ import pytest
 from server_runtime import create_relational_server_store
 from server_runtime.stores import MemoryServerStore, ServerStore
 from server_runtime.stores.base import RecordRow, StoredOperation
-from tests.server.test_backup import backup_mac, fill, fresh_client_records, import_backup, lines_of
+from tests.server.test_backup import backup_mac, fill, fresh_client_records, import_backup, lines_of, snapshot
 from tests.server.test_operational import (
     ADMIN,
     ALL_TOKENS,
@@ -223,5 +223,58 @@ def test_a_compaction_during_an_export_still_gives_a_complete_backup(tmp_path: P
                 answer = await import_backup(http, new, body)
                 assert answer.status_code == 200, answer.text
                 assert await rows_of(new.store) == await rows_of(old.store)
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("target", ["sqlite", "postgresql"])
+def test_a_device_synced_before_the_backup_resumes_against_the_restored_server_and_misses_nothing(
+    tmp_path: Path, request: pytest.FixtureRequest, target: str
+) -> None:
+    """The restored server numbers its deliveries anew (the kept operations from 1, then new writes): a
+    device whose watermark counts the original server's numbers must not resume from it there, or it skips
+    every new write numbered at or below it. It is sent everything in its scope again (record states)."""
+    make_target = store_maker(target, request)
+
+    async def scenario() -> None:
+        async with (
+            serve(tmp_path, auth=ALL_TOKENS, name="old") as old,
+            httpx.AsyncClient(timeout=30) as http,
+        ):
+            await fill(tmp_path, sync_url(old))
+            await compacted_then_written(tmp_path, sync_url(old), http, old.url)
+            device = client(tmp_path, "device", sync_url(old))
+            try:
+                await device.sync.connect()
+                await device.sync.wait_until_synced(TIMEOUT)
+            finally:
+                await shutdown(device)
+            body = await export(http, old.url)
+            original = await old.store.max_delivery()
+
+            async with serve(tmp_path, auth=ALL_TOKENS, store=await make_target(), name="new") as new:
+                answer = await import_backup(http, new, body)
+                assert answer.status_code == 200, answer.text
+                other = client(tmp_path, "other", sync_url(new))
+                try:
+                    await other.sync.connect()
+                    written = [
+                        other.items.insert({"title": f"after restore {i}", "count": i}) for i in range(3)
+                    ]
+                    await other.sync.wait_until_synced(TIMEOUT)
+                finally:
+                    await shutdown(other)
+                # The case at stake: the restored server numbered those writes within the old watermark.
+                assert await new.store.max_delivery() <= original
+
+                resumed = client(tmp_path, "device", sync_url(new))  # the same replica file, the new server
+                try:
+                    await resumed.sync.connect()
+                    await resumed.sync.wait_until_synced(TIMEOUT)
+                    titles = {r["title"] for r in resumed.items.all().fetch()}
+                    assert {r["title"] for r in written} <= titles
+                    assert snapshot(resumed) == await fresh_client_records(tmp_path, new, "reader")
+                finally:
+                    await shutdown(resumed)
 
     asyncio.run(scenario())

@@ -152,7 +152,7 @@ def wire_op(**overrides: Any) -> dict[str, Any]:
 FULL: dict[str, Message] = {
     "handshake": Handshake("m1", "client-1", {"client-1": 3, "server": 7}, 2, 41, "token", {"ownerId": "u1"}),
     "handshake-response": HandshakeResponse(
-        "m2", True, "server", {"server": 9}, 2, 1_700_000_000_000, 99, {"ownerId": "u1"}, "x", 1, 3
+        "m2", True, "server", {"server": 9}, 2, 1_700_000_000_000, 99, {"ownerId": "u1"}, "x", 1, 3, "epoch-1"
     ),
     "operation-batch": OperationBatch("m3", (wire_op(),), False, 0, 10, 11),
     "operation": OperationMessage("m4", wire_op(), 12),
@@ -191,8 +191,12 @@ DESIGN_FIELDS = {
     "record-states": "states isFinal horizon?",
 }
 # Fields beyond the DESIGN table: the handshake carries the protocol version, a streamed operation its
-# delivery sequence (S->C).
-EXTRA_FIELDS = {"handshake": {"protocolVersion"}, "operation": {"deliverySequence?"}}
+# delivery sequence (S->C), a restored server's answer its numbering of deliveries (see HandshakeResponse).
+EXTRA_FIELDS = {
+    "handshake": {"protocolVersion"},
+    "operation": {"deliverySequence?"},
+    "handshake-response": {"deliveryEpoch?"},
+}
 
 
 def design_fields(type_: str) -> tuple[set[str], set[str]]:
