@@ -489,6 +489,12 @@ class SyncService:
             return
         keys = list(dict.fromkeys((s.operation.collection, s.operation.record_id) for s in missed))
         rows = await reader.load_rows(keys)
+        # Read after the operations: a compaction through another process that deleted some of them before
+        # we read them committed its horizon with the deletions, so it is seen here. Taken in together with
+        # the operations (no await between), so a relay never serves them from memory under the old horizon:
+        # sessions below it get record states instead (see `relay`).
+        horizon = await self.store.compaction_horizon()
+        self._horizon = max(self._horizon, horizon)
         for row in rows.values():
             self.cache.put(row)
         self._remember(missed)
@@ -1169,15 +1175,28 @@ class SyncService:
         elif selectors is None:
             async with self._catch_up_reads:
                 batch = await self.read_since(cursor, limit)
+                await self._read_horizon()
         else:
             async with self._catch_up_reads:
                 page = await self.store.operations_in_scope(cursor, limit, selectors)
+                await self._read_horizon()
             batch = [
                 Relayed(d, node, coll, record, decode_optional(scope), wire)
                 for d, node, coll, record, scope, wire in page.operations
             ]
             return batch, max(page.through, cursor), page.complete
         return batch, batch[-1].delivery if batch else cursor, len(batch) < limit
+
+    async def _read_horizon(self) -> int:
+        """The compaction horizon as the store has it now (`relay` drops a page read from the store when it
+        moved: the page may lack what the compaction deleted).
+
+        Read after the page: a compaction commits its horizon with its deletions, so one that deleted part of
+        the page is seen here. This process knows of its own compactions; one done through another process
+        sharing the database (PostgreSQL) is known only from the store, and no notification tells of it.
+        """
+        self._horizon = max(self._horizon, await self.store.compaction_horizon())
+        return self._horizon
 
     # -- state-based catch-up (after a compaction; see server_runtime.stores.compaction) -----------------------
 
@@ -1284,7 +1303,9 @@ class SyncService:
                 if r.moved_from is not None and not session.matches(r.collection, r.moved_from):
                     history = getattr(self.store, "record_operations", _no_history)
                     earlier = await history(r.collection, r.record_id, r.delivery)
-                    if earlier and earlier[0].delivery <= self._horizon:
+                    # A record moved has a history before the move, so none found was compacted (here or
+                    # through another process: the horizon read after the history).
+                    if not earlier or earlier[0].delivery <= await self._read_horizon():
                         # Part of its history may be compacted: its state instead, sent before this frame.
                         moved_in.append((r.collection, r.record_id))
                     else:

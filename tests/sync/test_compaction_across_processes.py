@@ -1,0 +1,106 @@
+"""A compaction done through one server process reaches the catch-ups another process serves (issue 24).
+
+Two real server processes share one PostgreSQL database. Process B learns of new operations over LISTEN/NOTIFY,
+but of a compaction through process A only from the store: a catch-up page B reads from the store after A
+deleted operations lacks them, so B must notice the horizon moved and send record states instead of a page
+with holes. The session here reads its catch-up from the store (B started after the writes, so they are not
+in its memory) and never acknowledges: B streams the page again after its acknowledgement timeout, once
+before A compacts and again after.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+from websockets.asyncio.client import connect
+
+from offline.core.uuid7 import generate_uuid_v7
+from offline.sync import protocol as p
+from tests.support.servers import ServerProcess, write_entry
+from tests.sync.test_integration import GENERAL_SOURCE, TIMEOUT, client, clients
+
+ADMIN = "admin-token-for-compaction-across-processes"
+
+
+def test_a_catch_up_on_another_process_gets_states_for_what_a_compaction_deleted(
+    postgres_url: str, tmp_path: Path
+) -> None:
+    entry = write_entry(tmp_path, GENERAL_SOURCE)
+    env = {"OFFLINE_ADMIN_TOKEN": ADMIN, "OFFLINE_ACK_TIMEOUT": "2"}
+    first = ServerProcess(entry, store="postgres", db=postgres_url, env=env, log_path=tmp_path / "a.log")
+    second = ServerProcess(entry, store="postgres", db=postgres_url, env=env, log_path=tmp_path / "b.log")
+    try:
+        first.start()
+        asyncio.run(_write(tmp_path, first.sync_url))
+        second.start()  # after the writes: its catch-ups read them from the store
+        asyncio.run(_catch_up_across_a_compaction(first.http_url, second.sync_url))
+    finally:
+        second.terminate(timeout=10)
+        first.terminate(timeout=10)
+
+
+async def _write(tmp_path: Path, url: str) -> None:
+    """Records edited several times (so a compaction deletes all but each one's latest operation)."""
+    writer = client(tmp_path, "writer", url)
+    async with clients(writer):
+        await writer.sync.connect()
+        for i in range(5):
+            record = writer.items.insert({"title": f"item {i}"})
+            writer.items.update(record["id"], {"done": True})
+            writer.items.update(record["id"], {"count": 3})
+        await writer.sync.wait_until_synced(TIMEOUT)
+
+
+async def _catch_up_across_a_compaction(admin_url: str, sync_url: str) -> None:
+    hello = p.Handshake(p.new_message_id(), generate_uuid_v7(), {}, 1, 0)
+    async with connect(sync_url, max_size=8 * 1024 * 1024) as ws:
+        await ws.send(p.encode(hello))
+        answer = p.decode(await asyncio.wait_for(ws.recv(), TIMEOUT))
+        assert isinstance(answer, p.HandshakeResponse) and answer.accepted
+        first = await _next_batch(ws)
+        everything = _ids(first)
+        assert len(everything) == 15
+        records = {(op["collection"], op["recordId"]) for op in first.operations}
+
+        compacted = await asyncio.to_thread(
+            lambda: httpx.post(
+                f"{admin_url}/__offline/compact",
+                headers={"Authorization": f"Bearer {ADMIN}"},
+                timeout=TIMEOUT,
+            ).json()
+        )
+        assert compacted["dropped"] == 10
+
+        # Unacknowledged, the page comes again (the wait doubling each time). Until B reads it after the
+        # compaction it is whole; from then on what it lacks must come as record states.
+        covered: set[tuple[str, str]] = set()
+        deadline = time.monotonic() + 4 * TIMEOUT
+        while True:
+            message = p.decode(await asyncio.wait_for(ws.recv(), max(1.0, deadline - time.monotonic())))
+            if isinstance(message, p.RecordStates):
+                covered |= {(s["collection"], s["recordId"]) for s in message.states}
+                if message.is_final:
+                    assert message.horizon == answer.server_max_delivery_sequence
+                    assert covered == records
+                    return
+                continue
+            assert isinstance(message, p.OperationBatch), message
+            assert _ids(message) == everything, (
+                f"a catch-up page B read after the compaction lacks {len(everything - _ids(message))} "
+                "operations and no record states stand for them"
+            )
+
+
+async def _next_batch(ws: Any) -> p.OperationBatch:
+    while True:
+        message = p.decode(await asyncio.wait_for(ws.recv(), TIMEOUT))
+        if isinstance(message, p.OperationBatch):
+            return message
+
+
+def _ids(batch: p.OperationBatch) -> set[str]:
+    return {op["id"] for op in batch.operations}
