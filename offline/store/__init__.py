@@ -3,6 +3,7 @@
 from .app import App, create_app
 from .collection import Collection, Query, RichTextHandle
 from .events import EVENT_TYPES, EventBus, OfflineEvent
+from .live_results import QueryChanges
 from .ops import AtomicOp, op
 
 __all__ = [
@@ -13,6 +14,7 @@ __all__ = [
     "EventBus",
     "OfflineEvent",
     "Query",
+    "QueryChanges",
     "RichTextHandle",
     "create_app",
     "op",

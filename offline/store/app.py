@@ -50,7 +50,7 @@ from .events import EventBus
 from .local_migrations import migrate_database
 from .many_rows import write_rows
 from .rows import RowCodec
-from .subscriptions import SubscriptionRegistry
+from .subscriptions import SubscriptionRegistry, records_of, records_of_keys
 
 log = logging.getLogger("offline.store")
 
@@ -348,9 +348,13 @@ class App:
         with self.db.transaction():
             self._authoritative = new
             self.db.set_meta("authoritative_nodes", json.dumps(sorted(new)))
-            self._refold_written_by(added)
+            refolded = self._refold_written_by(added)
+        # Those records' rows changed with no operation saying so: live queries hear of them here.
+        changed = records_of_keys(refolded)
+        if changed:
+            self.subscriptions.notify(changed, None, record_ids=changed)
 
-    def _refold_written_by(self, nodes: set[str]) -> None:
+    def _refold_written_by(self, nodes: set[str]) -> list[tuple[str, str]]:
         """Refold the records whose value a change of the authoritative nodes may change: those holding a
         write of one of ``nodes`` in a collection with a 'server-authoritative' field (no other register
         reads which nodes are authoritative)."""
@@ -361,7 +365,7 @@ class App:
             and any(d.effective_merge_strategy == "server-authoritative" for d in collection.fields.values())
         ]
         if not collections or not nodes:
-            return
+            return []
         marks = ",".join("?" * len(collections))
         keys: set[tuple[str, str]] = set()
         for node_id in sorted(nodes):
@@ -375,6 +379,7 @@ class App:
         self.flush()
         for collection, record_id in sorted(keys):
             compaction.refold_and_persist(self, collection, record_id)
+        return sorted(keys)
 
     def compact(self) -> int:
         """Drop from the local log the operations the server has acknowledged (or sent), keeping what
@@ -1082,7 +1087,7 @@ class App:
         touched = {op.collection for op in ops}
         if self.subscriptions.watching(touched):
             self.flush()
-            self.subscriptions.notify(touched, ops[-1] if ops else None)
+            self.subscriptions.notify(touched, ops[-1] if ops else None, record_ids=records_of(ops))
 
     # -- lifecycle ------------------------------------------------------------------------------------------------
 

@@ -22,6 +22,7 @@ from offline.merge.relations import complete_actions, plan_local_child_write, pl
 from offline.merge.values import normalize
 
 from . import app as _app_module  # app imports this module: read its names at call time
+from .live_results import QueryChanges
 from .ops import AtomicOp
 from .rows import element_table, lookup_array_fields, quote, to_column
 
@@ -556,6 +557,17 @@ class Query:
     def subscribe(self, callback: Callable[[list[dict[str, Any]]], Any]) -> Callable[[], None]:
         """Call ``callback(records)`` now and after every change that alters this query's results."""
         return self.collection.app.subscriptions.add(self, callback)
+
+    def subscribe_changes(self, callback: Callable[[QueryChanges], Any]) -> Callable[[], None]:
+        """Call ``callback(changes)`` now, with the whole results (``changes.reset``), and after every
+        change that alters them, with what changed: the records that entered, changed and left the results
+        (see `QueryChanges`; ``rows = changes.apply(rows)`` keeps a list of the results in order).
+
+        A change costs the records it touched, not the size of the results: they are read again by id and
+        put in place (a limited query whose window lost records the rest of the table must refill, and an
+        ordering on rich text, run the query again; the callback still gets only the difference).
+        """
+        return self.collection.app.subscriptions.add(self, callback, changes=True)
 
 
 class RichTextHandle:

@@ -324,7 +324,7 @@ def adopt_states(
             written.append((collection, record_id))
     touched = {c for c, _ in written}
     if touched:
-        app.subscriptions.notify(touched, None)
+        app.subscriptions.notify(touched, None, record_ids=_by_collection(written))
         if app.events.has_listeners("sync:states"):
             app.events.emit("sync:states", records=[{"collection": c, "recordId": r} for c, r in written])
     return written

@@ -163,7 +163,7 @@ def reject_operation(
         )
     if app.events.has_listeners("sync:rejected"):
         app.events.emit("sync:rejected", operation=op, **entry)
-    app.subscriptions.notify({op.collection}, op)
+    app.subscriptions.notify({op.collection}, op, record_ids={op.collection: {op.record_id}})
     return op
 
 
@@ -351,5 +351,5 @@ def forget_records(app: App, collection: str, record_ids: Iterable[str]) -> list
             compaction.refold_and_persist(app, collection, record_id)
     for listener in list(app.subscriptions.change_listeners):
         listener(collection, ids)
-    app.subscriptions.notify({collection}, None)
+    app.subscriptions.notify({collection}, None, record_ids={collection: ids})
     return ids
