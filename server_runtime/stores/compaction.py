@@ -21,6 +21,12 @@ compaction keeps what each needs while deleting the rest (operations with a deli
   operation the server stored that it has not stored itself).
 - A record moving into a session's scope: the session is sent the record's state (as in a state-based
   catch-up) when its history was compacted, else its history as before.
+- A record leaving a session's scope: a session that resumes below the horizon learns it left from the
+  operation that moved it out (found through the scope index under the values before the move, its state
+  then shows the record outside and the client drops it). So each record also keeps, per scope it left (the
+  snapshot's values before the move), its latest operation that left it: a session in that scope when it
+  went offline finds one after its cursor whatever happened to the record since. This grows with the number
+  of distinct scopes a record has left, not with its history.
 - Duplicate detection by id (``known_ids``) covers what is kept; repeats of deleted operations are caught
   by their place, as above.
 
@@ -37,7 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from .base import COMPACTION_HORIZON_KEY as HORIZON_KEY
-from .base import RecordKey, scope_index_entries
+from .base import MOVED_FROM, RecordKey, scope_index_entries
 
 __all__ = ["COMPACTED", "HORIZON_KEY", "CompactionPlan", "merge_versions", "plan", "with_compacted"]
 
@@ -74,13 +80,21 @@ def plan(rows: Iterable[LogRow], horizon: int) -> CompactionPlan:
     rows = list(rows)
     latest: dict[RecordKey, int] = {}
     highest: dict[str, tuple[int, int]] = {}
-    for delivery, node, seq, collection, record_id, _ in rows:
+    # Per record and scope it left (the snapshot's values before the move, as JSON): the latest such move.
+    left: dict[tuple[str, str, str], int] = {}
+    for delivery, node, seq, collection, record_id, scope in rows:
         key = (collection, record_id)
         if delivery > latest.get(key, 0):
             latest[key] = delivery
         if (seq, delivery) > highest.get(node, (-1, 0)):
             highest[node] = (seq, delivery)
-    keep = set(latest.values()) | {delivery for _, delivery in highest.values()}
+        if scope is not None and MOVED_FROM in scope:
+            before = json.loads(scope).get(MOVED_FROM)
+            if isinstance(before, dict):
+                place = (collection, record_id, json.dumps(before, sort_keys=True, default=str))
+                if delivery > left.get(place, 0):
+                    left[place] = delivery
+    keep = set(latest.values()) | {delivery for _, delivery in highest.values()} | set(left.values())
     out = CompactionPlan(horizon)
     for delivery, node, seq, collection, record_id, scope in rows:
         if delivery in keep:

@@ -3,13 +3,16 @@ record's latest operation, each node's highest, the numbering guard and per-reco
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from server_runtime.stores import ServerStore
 from server_runtime.stores.base import ScopeSelector
-from server_runtime.stores.compaction import COMPACTED
+from server_runtime.stores.compaction import COMPACTED, LogRow, plan
 
 from .test_stores import KINDS, Backend, _backend, append, make_op, row_for
 
@@ -104,3 +107,48 @@ def test_compact_up_to_a_given_horizon_keeps_what_follows(backend: Backend) -> N
         assert await store.compact(99) == {"horizon": 10, "dropped": 3, "kept": 3}
 
     backend.run(test)
+
+
+# (record index, new owner or None for an edit that leaves the owner as it is)
+_WRITES = st.lists(
+    st.tuples(st.integers(0, 3), st.one_of(st.none(), st.sampled_from(["u1", "u2", "u3"]))),
+    min_size=1,
+    max_size=40,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(writes=_WRITES, nodes=st.integers(1, 3))
+def test_a_compaction_keeps_how_a_record_left_each_scope_it_was_in(
+    writes: list[tuple[int, str | None]], nodes: int
+) -> None:
+    """For every cursor a session may resume from and every owner's scope: a record in that scope at the
+    cursor and outside it now still has, among the operations a compaction keeps, one after the cursor that
+    moved it out of that scope (what tells a state-based catch-up to send the record, so the client drops it).
+    """
+    owners: dict[int, str] = {}
+    rows: list[LogRow] = []
+    history: list[dict[int, str]] = [{}]  # owners after each delivery
+    for delivery, (record, owner) in enumerate(writes, start=1):
+        before = owners.get(record)
+        after = owner if owner is not None else before or "u1"
+        snapshot: dict[str, object] = {"ownerId": after}
+        if before is not None and before != after:
+            snapshot["$from"] = {"ownerId": before}
+        owners[record] = after
+        node = f"node-{delivery % nodes}"
+        rows.append((delivery, node, delivery, "todos", f"r{record}", json.dumps(snapshot)))
+        history.append(dict(owners))
+    done = plan(rows, len(rows))
+    kept = [row for row in rows if row[0] not in set(done.deliveries)]
+    assert {row[4] for row in kept} == {f"r{r}" for r in owners}  # each record's latest stays
+    for cursor, then in enumerate(history):
+        for record, owner in then.items():
+            if owners[record] == owner:
+                continue
+            assert any(
+                row[0] > cursor
+                and row[4] == f"r{record}"
+                and json.loads(row[5] or "{}").get("$from") == {"ownerId": owner}
+                for row in kept
+            ), f"r{record} left {owner} after delivery {cursor}, and nothing kept says so"

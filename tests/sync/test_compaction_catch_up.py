@@ -162,3 +162,38 @@ def test_scoped_sessions_get_the_states_of_their_scope_and_of_records_moving_in(
             )
 
     asyncio.run(scenario())
+
+
+def test_a_record_that_left_the_scope_before_later_edits_and_a_compaction_leaves_the_offline_device(
+    server_backend: Backend, tmp_path: Path
+) -> None:
+    """The operation that moved a record out of A's scope is not the record's latest (it was edited after,
+    and moved on again): a compaction deletes it. A, offline across all of it, must still drop the record."""
+    server = server_backend.server(SCOPED_SOURCE, "scoped", env={"OFFLINE_ADMIN_TOKEN": ADMIN})
+
+    async def scenario() -> None:
+        admin = client(tmp_path, "admin", server.sync_url, schema=SCOPED)
+        a = client(tmp_path, "a", server.sync_url, schema=SCOPED, scope={"userId": "a"})
+        async with clients(admin, a):
+            await admin.sync.connect()
+            await a.sync.connect()
+            mine = [admin.todos.insert({"ownerId": "a", "title": f"a{i}"}) for i in range(3)]
+            await admin.sync.wait_until_synced(TIMEOUT)
+            await wait_for(lambda: len(a.todos.fetch()) == 3, "A has its records")
+            await a.sync.disconnect()
+            admin.todos.update(mine[1]["id"], {"ownerId": "b"})  # out of A's scope, then edited in B's
+            admin.todos.update(mine[1]["id"], {"title": "b's now"})
+            admin.todos.update(mine[2]["id"], {"ownerId": "b"})  # out, on to C, then edited there
+            admin.todos.update(mine[2]["id"], {"ownerId": "c"})
+            admin.todos.update(mine[2]["id"], {"title": "c's now"})
+            await admin.sync.wait_until_synced(TIMEOUT)
+            result = await compact(server.http_url)
+            assert result["dropped"] >= 2, result  # the inserts of the records moved away, at least
+            await a.sync.connect()
+            await a.sync.wait_until_synced(TIMEOUT)
+            await wait_for(
+                lambda: {r["id"] for r in a.todos.fetch()} == {mine[0]["id"]},
+                lambda: f"A drops what left its scope: {a.todos.fetch()}",
+            )
+
+    asyncio.run(scenario())
