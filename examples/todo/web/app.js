@@ -26,6 +26,18 @@ function showStatus(status) {
   element.dataset.status = status.status;
   element.dataset.pending = String(status.pending);
   element.textContent = (STATUS_TEXT[status.status] || (() => status.status))(status);
+  // A first sync (or a long catch-up) shows how far it is: changes received of the server's total.
+  const progress = $("#sync-progress");
+  progress.dataset.received = String(status.received);
+  progress.dataset.total = String(status.serverTotal);
+  progress.hidden = !(status.status === "syncing" && status.received < status.serverTotal);
+  if (!progress.hidden) {
+    const bar = progress.querySelector("progress");
+    bar.max = status.serverTotal;
+    bar.value = status.received;
+    progress.querySelector("span").textContent =
+      `Received ${status.received.toLocaleString("en")} of ${status.serverTotal.toLocaleString("en")} changes from the server`;
+  }
 }
 
 function notice(text, { kind = "warning", key = null } = {}) {
@@ -43,8 +55,14 @@ function showError(error) {
   element.textContent = error.code ? `${error.message} (${error.code})` : String(error.message || error);
 }
 
-// List items by record id: a change updates its own item instead of rebuilding the list.
-const items = new Map();
+// The list is windowed: only the rows in view (and a few around them) exist in the page, each placed at
+// its index times a fixed row height, so a list of 50,000 to-dos costs about what one screenful does. A
+// live change re-draws only the rows in view whose record changed.
+const ROW_HEIGHT = 40; // px, as li's height in style.css
+const OVERSCAN = 8; // rows drawn above and below the visible ones
+const items = new Map(); // record id -> its row, for the rows drawn
+let todos = []; // the whole list, in order (kept by the client from the worker's changes)
+let openCount = 0;
 
 function createItem(id) {
   const item = document.createElement("li");
@@ -61,27 +79,36 @@ function createItem(id) {
   remove.textContent = "×";
   remove.addEventListener("click", () => client.call("remove_todo", id).catch(showError));
   item.append(toggle, title, remove);
-  return { item, toggle, title, remove, shown: null };
+  return { item, toggle, title, remove, shown: null, top: -1 };
 }
 
-function render(todos) {
+function draw() {
   const list = $("#todos");
+  const viewport = $("#list");
+  list.style.height = `${todos.length * ROW_HEIGHT}px`;
+  const first = Math.max(0, Math.floor(viewport.scrollTop / ROW_HEIGHT) - OVERSCAN);
+  const last = Math.min(todos.length, Math.ceil((viewport.scrollTop + viewport.clientHeight) / ROW_HEIGHT) + OVERSCAN);
   const alive = new Set();
   let cursor = list.firstElementChild;
-  for (const todo of todos) {
+  for (let index = first; index < last; index++) {
+    const todo = todos[index];
     alive.add(todo.id);
     let entry = items.get(todo.id);
     if (!entry) items.set(todo.id, (entry = createItem(todo.id)));
-    const done = todo.status === "done";
-    const key = `${done}\u0000${todo.title}`;
-    if (entry.shown !== key) {
-      entry.shown = key;
+    if (entry.shown !== todo) {
+      entry.shown = todo; // records are replaced, never changed in place: a new object is a change
+      const done = isDone(todo);
       entry.item.classList.toggle("done", done);
       entry.toggle.checked = done;
       entry.toggle.setAttribute("aria-label", `Done: ${todo.title}`);
       entry.title.textContent = todo.title;
       entry.remove.setAttribute("aria-label", `Delete ${todo.title}`);
     }
+    if (entry.top !== index) {
+      entry.top = index;
+      entry.item.style.top = `${index * ROW_HEIGHT}px`;
+    }
+    // Rows stay in list order in the document too (for assistive technology and the tests).
     if (entry.item === cursor) cursor = cursor.nextElementSibling;
     else list.insertBefore(entry.item, cursor);
   }
@@ -91,26 +118,39 @@ function render(todos) {
       items.delete(id);
     }
   }
-  const open = todos.filter((todo) => todo.status !== "done").length;
-  $("#count").textContent = `${open} left · ${todos.length} in total`;
-  $("#clear-completed").hidden = open === todos.length;
+  $("#count").textContent = `${openCount} left · ${todos.length} in total`;
+  $("#clear-completed").hidden = openCount === todos.length;
 }
 
-// Many changes can arrive between two frames (a sync batch, a burst of writes): draw the latest once.
-let latest = null;
-function renderSoon(todos) {
-  if (latest === null) requestAnimationFrame(() => {
-    const todos = latest;
-    latest = null;
-    render(todos);
+// Many changes can arrive between two frames (a sync batch, a burst of writes): draw once per frame.
+let drawScheduled = false;
+function drawSoon() {
+  if (drawScheduled) return;
+  drawScheduled = true;
+  requestAnimationFrame(() => {
+    drawScheduled = false;
+    draw();
   });
-  latest = todos;
+}
+
+// The "left" count follows the changes too: no pass over the whole list per write.
+const isDone = (todo) => todo.status === "done";
+const open = (list) => list.reduce((count, todo) => count + (isDone(todo) ? 0 : 1), 0);
+
+function changed(records, changes) {
+  todos = records;
+  if (changes.reset) openCount = open(records);
+  else openCount += open(changes.inserted) + open(changes.updated) - open(changes.previous) - open(changes.removed);
+  drawSoon();
 }
 
 client.on("status", showStatus);
 client.on("progress", (step) => {
   if (step.stage === "waiting-for-other-tab") {
     notice("This app is open in another tab of this browser. Close it to continue here.", { key: "tab" });
+  } else if (step.stage === "lock-acquired") {
+    // This tab owns the database now: the notice is no longer true.
+    for (const element of document.querySelectorAll('#notices [data-key="tab"]')) element.remove();
   }
 });
 client.on("log", (entry) => {
@@ -128,7 +168,8 @@ client.ready.then(
       note.textContent = `${field.collection}.${field.field}: ${field.reason}`;
       $("#unavailable").append(note);
     }
-    client.collection("todos").orderBy("createdAt").subscribe(renderSoon);
+    client.collection("todos").orderBy("createdAt").subscribe(changed);
+    $("#list").addEventListener("scroll", drawSoon, { passive: true });
     for (const element of [$("#title"), $("#add")]) element.disabled = false;
     document.body.dataset.ready = "true";
     $("#title").focus();
