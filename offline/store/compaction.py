@@ -64,6 +64,9 @@ TABLE = """CREATE TABLE IF NOT EXISTS _offline_compacted (
 #: path looks repeats up in ``_offline_compacted`` only then).
 CLOCK_KEY = "compacted_clock"
 FLAG_KEY = "compacted"
+#: Meta key: this node's highest sequence number among its own operations that left the log (JSON
+#: ``{"node", "sequence"}``), acknowledged by a server and so never sent again (see `dropped_own`).
+OWN_KEY = "compacted_own"
 
 _CHUNK = 500
 
@@ -136,11 +139,33 @@ def compact(app: App) -> int:
         if own:
             # The sequence numbering at open reads the log and this vector: it must not go back.
             db.advance_vector({app.node_id: own})
+            _note_dropped_own(app, own)
         db.set_meta(CLOCK_KEY, clock)
         db.set_meta(FLAG_KEY, "1")
         app._compacted = True
     app._log_growth = 0
     return count
+
+
+def dropped_own(app: App) -> int:
+    """This node's highest sequence number among its own operations that left the log (0: none).
+
+    A server acknowledged each of them (or held it in a state it sent), so a server whose version vector
+    holds less of this node lost them: this replica cannot send them again (the sync client stops with
+    ``COMPACTED_OPERATIONS_LOST`` then). Replicas compacted before this was recorded answer 0.
+    """
+    with app.db.lock:
+        text = app.db.get_meta(OWN_KEY)
+    if not text:
+        return 0
+    mark = json.loads(text)
+    return int(mark["sequence"]) if mark.get("node") == app.node_id else 0
+
+
+def _note_dropped_own(app: App, seq: int) -> None:
+    """Raise the `dropped_own` mark to ``seq`` (called inside the transaction that drops the operations)."""
+    if seq > dropped_own(app):
+        app.db.set_meta(OWN_KEY, json.dumps({"node": app.node_id, "sequence": seq}))
 
 
 def load(
@@ -312,6 +337,7 @@ def adopt_states(
             own = max((s for n, s in covered if n == app.node_id), default=0)
             if own:
                 db.advance_vector({app.node_id: own})
+                _note_dropped_own(app, own)
             state = RecordState.from_json(text)  # checked before anything is written
             conn.execute(
                 "INSERT OR REPLACE INTO _offline_compacted (collection, record_id, state, versions) "

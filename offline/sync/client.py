@@ -41,6 +41,12 @@ CONNECTED = "connected"  # caught up; streaming both ways
 OFFLINE = "offline"  # the connection dropped; retrying with backoff
 ERROR = "error"  # refused for good (authentication, schema); see last_error
 
+#: `SyncFatal` code: the server holds fewer of this device's operations than the device once had
+#: acknowledged, and the missing ones were compacted away here (`app.compact()`), so they cannot be sent
+#: again: the server lost data (restored from an older backup, or its database replaced). Syncing stops
+#: before anything is sent or received; the replica stays exactly as it is.
+COMPACTED_OPERATIONS_LOST = "COMPACTED_OPERATIONS_LOST"
+
 
 class SyncFatal(OfflineError):
     """The server refused this client in a way retrying cannot fix."""
@@ -425,6 +431,23 @@ class SyncEngine:
         if not reply.accepted:
             reason = reply.reject_reason or "SCHEMA_MISMATCH"
             raise SyncFatal(reason, reason.split(":", 1)[0], {"url": self.url})
+        stored = reply.version_vector.get(app.node_id, 0)
+        dropped = compaction.dropped_own(app)
+        if dropped > stored:
+            # Resending from the server's number would leave holes it never learns of (the writes live on
+            # here only folded into record states), so stop before touching anything. Checked first: a
+            # restored server also renumbers deliveries, which would reset the watermark below.
+            raise SyncFatal(
+                f"the server at {self.url} holds this device's writes only up to sequence number {stored}, "
+                f"but it had acknowledged them up to {dropped}, and this device compacted those (dropped them "
+                "from its log after the acknowledgement): the server lost data, e.g. it was restored from an "
+                "older backup. They cannot be sent again, so syncing stopped and nothing here was changed. "
+                "Restore the server from a backup that holds them (a newer one), or sync a device that still "
+                "holds them in its log (it sends them again), then connect again; to go on without them, start "
+                "this device over with a new replica file (what only it holds is lost)",
+                COMPACTED_OPERATIONS_LOST,
+                {"url": self.url, "serverSequence": stored, "compactedSequence": dropped},
+            )
         renumbered = replication.adopt_delivery_server(app, reply.node_id, reply.delivery_epoch)
         if renumbered and hello.last_delivery_sequence > 0:
             # Our watermark counts another server database's deliveries (an in-memory server restarted, a

@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
+from offline.core.errors import OfflineError
 from server_runtime import create_relational_server_store
 from server_runtime.stores import MemoryServerStore, ServerStore
 from server_runtime.stores.base import RecordRow, StoredOperation
@@ -32,6 +33,7 @@ from tests.server.test_operational import (
     serve,
     shutdown,
     sync_url,
+    wait_for,
 )
 
 # (store the backup is taken from, store it is restored into)
@@ -274,6 +276,66 @@ def test_a_device_synced_before_the_backup_resumes_against_the_restored_server_a
                     titles = {r["title"] for r in resumed.items.all().fetch()}
                     assert {r["title"] for r in written} <= titles
                     assert snapshot(resumed) == await fresh_client_records(tmp_path, new, "reader")
+                finally:
+                    await shutdown(resumed)
+
+    asyncio.run(scenario())
+
+
+def test_a_device_that_compacted_what_a_restored_server_lost_stops_with_a_clear_error(tmp_path: Path) -> None:
+    """The server is restored from a backup older than writes it acknowledged; the device that wrote them
+    compacted them away, so it cannot send them again. It says so (``COMPACTED_OPERATIONS_LOST``), stops
+    syncing and keeps its records as they are. A device that kept them in its log sends them again (its own
+    and the ones it received), after which the first device syncs again."""
+
+    async def scenario() -> None:
+        async with (
+            serve(tmp_path, auth=ALL_TOKENS, name="old") as old,
+            httpx.AsyncClient(timeout=30) as http,
+        ):
+            device = client(tmp_path, "device", sync_url(old))
+            keeper = client(tmp_path, "keeper", sync_url(old))
+            try:
+                await device.sync.connect()
+                await keeper.sync.connect()
+                device.items.insert({"title": "in the backup", "count": 1})
+                await device.sync.wait_until_synced(TIMEOUT)
+                older = await export(http, old.url)
+                device.items.insert({"title": "after the backup", "count": 2})
+                keeper.items.insert({"title": "kept in the log", "count": 3})
+                await device.sync.wait_until_synced(TIMEOUT)
+                await keeper.sync.wait_until_synced(TIMEOUT)
+                await wait_for(lambda: len(keeper.items.all().fetch()) == 3, "the keeper holds every write")
+                assert device.compact() > 0
+                held = snapshot(device)
+            finally:
+                await shutdown(device, keeper)
+
+            async with serve(tmp_path, auth=ALL_TOKENS, name="restored") as restored:
+                answer = await import_backup(http, restored, older)
+                assert answer.status_code == 200, answer.text
+                resumed = client(tmp_path, "device", sync_url(restored))
+                try:
+                    with pytest.raises(OfflineError) as info:
+                        await resumed.sync.connect()
+                    assert info.value.code == "COMPACTED_OPERATIONS_LOST"
+                    assert "older backup" in info.value.message and "compacted" in info.value.message
+                    assert resumed.sync.status == "error"
+                    assert snapshot(resumed) == held  # nothing on the device was touched
+                    titles = {
+                        r["title"] for r in (await fresh_client_records(tmp_path, restored, "r1"))["items"]
+                    }
+                    assert titles == {"in the backup"}
+
+                    keeper = client(tmp_path, "keeper", sync_url(restored))
+                    try:
+                        await keeper.sync.connect()
+                        await keeper.sync.wait_until_synced(TIMEOUT)
+                    finally:
+                        await shutdown(keeper)
+                    await resumed.sync.connect()
+                    await resumed.sync.wait_until_synced(TIMEOUT)
+                    assert snapshot(resumed) == held == await fresh_client_records(tmp_path, restored, "r2")
                 finally:
                     await shutdown(resumed)
 
