@@ -11,6 +11,7 @@ before A compacts and again after.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from pathlib import Path
 from typing import Any
@@ -104,3 +105,86 @@ async def _next_batch(ws: Any) -> p.OperationBatch:
 
 def _ids(batch: p.OperationBatch) -> set[str]:
     return {op["id"] for op in batch.operations}
+
+
+def test_operations_learned_of_after_another_process_compacted_them_reach_live_sessions_as_states(
+    postgres_url: str,
+) -> None:
+    """Process B hears of A's commits over LISTEN/NOTIFY and reads them from the store. When A compacts before
+    B reads them (the notification is held back here until then), the operations B reads lack the deleted
+    ones; B's live session must get the record's state, not only what was kept. (Two stores on one database
+    stand for the two processes: the notification's timing is what is tested, and it is held by hand.)"""
+    from server_runtime import create_relational_server_store
+    from server_runtime.sync import Session, SyncService
+    from tests.server.test_scoped_catch_up import NODES, SCHEMA, Writers
+
+    async def scenario() -> None:
+        store_a = await create_relational_server_store(postgres_url, max_size=4)
+        store_b = await create_relational_server_store(postgres_url, max_size=4)
+        held: list[Any] = []
+
+        async def hold(callback: Any) -> None:
+            held.append(callback)
+
+        store_b.listen = hold  # type: ignore[method-assign]
+        a, b = SyncService(store_a), SyncService(store_b)
+        sent: list[p.Message] = []
+
+        async def send(text: str) -> None:
+            sent.append(p.decode(text))
+
+        try:
+            for store in (store_a, store_b):
+                await store.set_schema(SCHEMA)
+            await a.start()
+            writers = Writers()
+            node = NODES[0]
+            record = generate_uuid_v7()
+            await a.commit(
+                None, [writers.op(node, "insert", "todos", record, {"ownerId": "a", "title": "t"})]
+            )
+            await b.start()
+            session = Session("reader", {"todos": {}}, None, send, cursor=b.watermark)
+            b.sessions.add(session)
+            relay = asyncio.create_task(b.relay(session))
+            try:
+                # Kept (another record's only operation): B then serves the session from memory.
+                other = writers.op(
+                    NODES[1], "insert", "todos", generate_uuid_v7(), {"ownerId": "a", "title": "o"}
+                )
+                await a.commit(None, [other])
+                # The retitle is neither the record's latest operation nor its node's highest: compacted.
+                await a.commit(None, [writers.op(node, "update", "todos", record, {"title": "retitled"})])
+                await a.commit(None, [writers.op(node, "update", "todos", record, {"ownerId": "b"})])
+                await a.commit(None, [writers.op(node, "insert", "tags", generate_uuid_v7(), {"name": "x"})])
+                assert (await a.compact())["dropped"] >= 1
+                (callback,) = held
+                await callback(await store_a.max_delivery())
+
+                def title_seen() -> bool:
+                    for message in sent:
+                        if isinstance(message, p.OperationBatch) and any(
+                            (o.get("data") or {}).get("title") == "retitled" for o in message.operations
+                        ):
+                            return True
+                        if isinstance(message, p.RecordStates) and any(
+                            s["recordId"] == record and "retitled" in s["state"] for s in message.states
+                        ):
+                            return True
+                    return False
+
+                deadline = time.monotonic() + TIMEOUT
+                while not title_seen():
+                    assert time.monotonic() < deadline, f"the retitle never reached B's session: {sent}"
+                    await asyncio.sleep(0.05)
+            finally:
+                relay.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await relay
+        finally:
+            await b.stop()
+            await a.stop()
+            await store_b.close()
+            await store_a.close()
+
+    asyncio.run(scenario())
