@@ -38,17 +38,19 @@ import json
 import logging
 import sqlite3
 import sys
+import traceback
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-from offline.core.errors import INVALID_OPERATION, OfflineError
+from offline.core.errors import INVALID_OPERATION, STORAGE_ERROR, OfflineError
 from offline.core.operations import Operation
 from offline.core.schema import SchemaDefinition
 from offline.platform import IS_BROWSER, page_webauthn, set_page_webauthn, unavailable_fields
 from offline.store import App, create_app, op
 from offline.store.collection import Query
+from offline.store.database import is_damaged
 from offline.store.ops import AtomicOp
 from offline.store.replication import pending_count
 
@@ -842,15 +844,49 @@ def open_app(config: Mapping[str, Any]) -> tuple[App, ModuleType | None]:
     return app, actions
 
 
-async def start(config: Any, post: Post, persist: Persist | None = None) -> WorkerBridge:
+def _startup_error(exc: BaseException) -> OfflineError:
+    """What the page is told when the app cannot open: a code, and what to do next (never a traceback)."""
+    if is_damaged(exc) or (isinstance(exc, OfflineError) and (exc.context or {}).get("reason") == "corrupt"):
+        cause = exc.__cause__ if isinstance(exc, OfflineError) and exc.__cause__ is not None else exc
+        return OfflineError(
+            "the data this app keeps in this browser is damaged and cannot be opened; it was left as it is. "
+            "What was synced is safe on the server: clear this site's data (in the browser's settings for "
+            "this site) and reload the page to download it again (changes made here and not synced yet "
+            "would be lost with it)",
+            STORAGE_ERROR,
+            {"reason": "corrupt", "cause": f"{type(cause).__name__}: {cause}"},
+        )
+    if isinstance(exc, OfflineError):
+        return exc
+    return OfflineError(
+        f"the app could not start: {type(exc).__name__}: {exc} (the browser console has the details)",
+        STORAGE_ERROR,
+        {"reason": "startup", "cause": f"{type(exc).__name__}: {exc}"},
+    )
+
+
+async def start(config: Any, post: Post, persist: Persist | None = None) -> WorkerBridge | None:
     """Open the app and start serving a page; the worker's JavaScript calls this once.
 
     ``config`` is a mapping (or a JS object converted by Pyodide) with ``schemaModule``, ``actionsModule``,
-    ``dbPath``, ``syncUrl`` and ``syncOptions``.
+    ``dbPath``, ``syncUrl`` and ``syncOptions``. When the app cannot open (a damaged database, a project
+    module that does not import), the page gets ``{"type": "fatal", "code", "message", "context"}`` and
+    this returns None.
     """
     if hasattr(config, "to_py"):  # a JsProxy
         config = config.to_py()
-    app, actions = open_app(config)
+    try:
+        app, actions = open_app(config)
+    except Exception as exc:
+        traceback.print_exc()  # the details, for the developer: the worker's console
+        error = _startup_error(exc)
+        post(
+            json.dumps(
+                {"type": "fatal", "code": error.code, "message": error.message, "context": error.context},
+                default=str,
+            )
+        )
+        return None
     bridge = WorkerBridge(app, post=post, persist=persist, actions=actions)
     await bridge.start()
     return bridge

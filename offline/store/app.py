@@ -45,7 +45,16 @@ from offline.merge.values import compact_json
 
 from . import breaches, compaction, replication
 from .collection import Collection
-from .database import ACKED, PENDING, REJECTED, STATE_REFERENCE, LocalDatabase, storage_error
+from .database import (
+    ACKED,
+    PENDING,
+    REJECTED,
+    STATE_REFERENCE,
+    LocalDatabase,
+    damaged_error,
+    is_damaged,
+    storage_error,
+)
 from .events import EventBus
 from .local_migrations import migrate_database
 from .many_rows import write_rows
@@ -179,8 +188,10 @@ class App:
         self.db = LocalDatabase(path, durability=durability)
         try:
             self._open(schema, sync, now)
-        except BaseException:
+        except BaseException as exc:
             self.db.close()  # the file (and its lock) is free for the next attempt; the error says what to fix
+            if is_damaged(exc):
+                raise damaged_error(path, exc) from exc
             raise
 
     def _open(

@@ -116,6 +116,27 @@ def storage_error(message: str, exc: BaseException | None = None, **context: Any
     return OfflineError(message, STORAGE_ERROR, context)
 
 
+def is_damaged(exc: BaseException) -> bool:
+    """Whether SQLite refused ``exc``'s file as damaged or as no database at all (not busy, not full)."""
+    if not isinstance(exc, sqlite3.DatabaseError):
+        return False
+    name = getattr(exc, "sqlite_errorname", None)
+    if name is not None:
+        return str(name).startswith(("SQLITE_CORRUPT", "SQLITE_NOTADB"))
+    return type(exc) is sqlite3.DatabaseError
+
+
+def damaged_error(path: str, exc: BaseException) -> OfflineError:
+    return storage_error(
+        f"the local database {path!r} is not a readable SQLite database (damaged, or not a database file); "
+        "it was left as it is: restore it from a copy, or move it away to start with an empty one (and "
+        "sync again)",
+        exc,
+        path=path,
+        reason="corrupt",
+    )
+
+
 class _Transaction:
     """``LocalDatabase.transaction()``: a plain context manager (a write's hot path enters one per call)."""
 
@@ -181,8 +202,26 @@ class LocalDatabase:
         # Refolds a record's state from its one operation (the app's merge engine): how stored references
         # (`STATE_REFERENCE`) are read.
         self.refold: Callable[[str, str, Operation], RecordState] | None = None
+        try:
+            synchronous = self._prepare(durability)
+        except BaseException as exc:
+            # Nothing is written to a file SQLite cannot read; it stays as it is, and free for another try.
+            self.conn.close()
+            self._release_file_lock()
+            if is_damaged(exc):
+                raise damaged_error(path, exc) from exc
+            raise
         conn = self.conn
-        if path != ":memory:":
+        # Checkpoints run on a thread of their own (see .checkpoint) where there are threads and a file.
+        if conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal":
+            self._checkpointer = start_checkpoints(self, path, synchronous=synchronous)
+            if self._checkpointer is not None:
+                conn.execute("PRAGMA wal_autocheckpoint=0")
+
+    def _prepare(self, durability: str) -> str:
+        """Set the connection up and create the internal tables; returns the synchronous setting."""
+        conn = self.conn
+        if self.path != ":memory:":
             conn.execute("PRAGMA journal_mode=WAL")
         # WAL + NORMAL: a committed write survives the process dying at any point; FULL also survives the
         # machine losing power, at the price of an fsync per write.
@@ -193,14 +232,14 @@ class LocalDatabase:
         try:
             _upgrade_operation_log(conn)
         except sqlite3.Error as exc:
-            raise storage_error(f"cannot upgrade the operation log of {path!r}", exc, path=path) from exc
+            if is_damaged(exc):
+                raise
+            raise storage_error(
+                f"cannot upgrade the operation log of {self.path!r}", exc, path=self.path
+            ) from exc
         for statement in _INTERNAL:
             conn.execute(statement)
-        # Checkpoints run on a thread of their own (see .checkpoint) where there are threads and a file.
-        if conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal":
-            self._checkpointer = start_checkpoints(self, path, synchronous=synchronous)
-            if self._checkpointer is not None:
-                conn.execute("PRAGMA wal_autocheckpoint=0")
+        return synchronous
 
     # -- transactions -------------------------------------------------------------------------------------
 

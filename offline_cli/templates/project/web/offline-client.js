@@ -368,9 +368,9 @@ export class OfflineClient {
     }
   }
 
-  _fatal(message) {
-    const error = new OfflineError(message, "STORAGE_ERROR");
-    this.status = { status: "error", pending: this.status.pending, error: { code: error.code, message } };
+  _fatal(message, code = "STORAGE_ERROR", context = undefined) {
+    const error = new OfflineError(message, code, context);
+    this.status = { status: "error", pending: this.status.pending, error: { code, message, context } };
     this._rejectReady(error);
     for (const { reject } of this._pending.values()) reject(error);
     this._pending.clear();
@@ -435,8 +435,8 @@ export class OfflineClient {
           this.request("webauthnResult", { ...answer, ceremony: message.id }).catch(() => {}),
         );
         return;
-      case "fatal":
-        this._fatal(message.message);
+      case "fatal": // the worker cannot serve: its code and context say why (storage refused, damaged data)
+        this._fatal(message.message, message.code || undefined, message.context);
         return;
       default:
         console.warn("unknown message from the offline worker", message);

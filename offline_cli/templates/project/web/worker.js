@@ -110,14 +110,32 @@ const committed = (tx) =>
     tx.onerror = tx.onabort = () => reject(tx.error || new Error("the IndexedDB transaction was aborted"));
   });
 
+// A failure of the browser's storage, as the page shows it: a code, what happened and what to do next.
+function storageFailure(reason, message, error) {
+  const failure = new Error(message);
+  failure.code = "STORAGE_ERROR";
+  failure.context = { reason, cause: String((error && (error.message || error.name)) || error) };
+  return failure;
+}
+
 class StoredFile {
   static async open(name) {
-    const request = indexedDB.open(`offline:${name}`, 1);
-    request.onupgradeneeded = () => {
-      request.result.createObjectStore("chunks");
-      request.result.createObjectStore("meta");
-    };
-    return new StoredFile(await done(request));
+    try {
+      const request = indexedDB.open(`offline:${name}`, 1);
+      request.onupgradeneeded = () => {
+        request.result.createObjectStore("chunks");
+        request.result.createObjectStore("meta");
+      };
+      return new StoredFile(await done(request));
+    } catch (error) {
+      const cause = (error && (error.message || error.name)) || error;
+      throw storageFailure(
+        "unavailable",
+        `this browser does not let the app keep its data (IndexedDB could not be opened: ${cause}); ` +
+          "allow this site to store data (a private window or blocked site data prevents it), then reload the page",
+        error,
+      );
+    }
   }
 
   constructor(db) {
@@ -262,7 +280,15 @@ async function main() {
   const file = await StoredFile.open(config.database);
   // The file system takes the loaded buffer as the file's contents (canOwn: no copy); a new database starts
   // as an empty file, so its writes are tracked from the first one.
-  FS.writeFile(dbPath, (await file.load()) || new Uint8Array(0), { canOwn: true });
+  const stored = await file.load().catch((error) => {
+    throw storageFailure(
+      "unreadable",
+      `the data this app keeps in this browser could not be read (${(error && error.message) || error}); ` +
+        "reload the page, and if this keeps happening, clear this site's data in the browser's settings",
+      error,
+    );
+  });
+  FS.writeFile(dbPath, stored || new Uint8Array(0), { canOwn: true });
   file.track(FS, dbPath);
   progress("storage-opened");
 
@@ -283,8 +309,11 @@ async function main() {
   persist = makePersist(FS, file);
   bridge = await worker.start(options, post, persist);
   options.destroy();
+  if (!bridge) return; // the app could not open: Python told the page why (a "fatal" message)
   progress("ready");
   for (const text of early.splice(0)) serve(text);
 }
 
-main().catch((error) => tell({ type: "fatal", message: String((error && error.message) || error) }));
+main().catch((error) =>
+  tell({ type: "fatal", message: String((error && error.message) || error), code: error && error.code, context: error && error.context }),
+);

@@ -1,0 +1,187 @@
+"""When the browser client cannot open its database: the page says what happened, with an error code and what
+to do next, instead of a Python traceback, and nothing stored is deleted.
+
+Two failures: the browser refuses IndexedDB (a private window, blocked site data: `indexedDB.open` is made to
+fail in the worker), and the stored copy of the database is damaged (garbage chunks written to IndexedDB
+before the app starts). The same reporting is checked on CPython through `offline.worker.start`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from offline import OfflineError, create_app, define_schema, t
+from offline.worker import start
+
+from .support import guarded_browser, live_server, new_context
+from .test_browser_client import START_TIMEOUT_MS, project_modules
+
+GARBAGE = b"these bytes are no SQLite database " * 500
+
+
+# -- on CPython ---------------------------------------------------------------------------------------------
+
+
+def test_a_damaged_database_file_is_refused_with_a_code_and_left_as_it_is(tmp_path: Path) -> None:
+    schema = define_schema({"version": 1, "collections": {"items": {"fields": {"name": t.string()}}}})
+    path = tmp_path / "app.db"
+    path.write_bytes(GARBAGE)
+    for _ in range(2):  # the second attempt fails the same way: the first one let go of the file
+        with pytest.raises(OfflineError) as info:
+            create_app(schema, path=str(path))
+        assert info.value.code == "STORAGE_ERROR"
+        assert info.value.context is not None
+        assert info.value.context["reason"] == "corrupt" and info.value.context["path"] == str(path)
+        assert "not a readable SQLite database" in info.value.message
+    assert path.read_bytes() == GARBAGE
+
+
+def test_the_worker_reports_a_damaged_database_to_the_page_as_a_fatal_message(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "startup_case_schema.py").write_text(
+        "from offline import define_schema, t\n"
+        "schema = define_schema({'version': 1, 'collections': {'items': {'fields': {'name': t.string()}}}})\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    path = tmp_path / "app.db"
+    path.write_bytes(GARBAGE)
+    posted: list[str] = []
+    bridge = asyncio.run(start({"schemaModule": "startup_case_schema", "dbPath": str(path)}, posted.append))
+    assert bridge is None  # the page was told why; the worker serves nothing
+    (fatal,) = [json.loads(text) for text in posted]
+    assert fatal["type"] == "fatal" and fatal["code"] == "STORAGE_ERROR"
+    assert fatal["context"]["reason"] == "corrupt"
+    assert "Traceback" not in fatal["message"]
+    assert "damaged" in fatal["message"] and "site's data" in fatal["message"]  # and what to do about it
+    assert path.read_bytes() == GARBAGE
+
+
+# -- in Chromium --------------------------------------------------------------------------------------------
+
+# The worker is a module worker the page creates; an init script runs in pages only, so it wraps the page's
+# Worker: the worker first loses IndexedDB, then runs the app's worker.js.
+REFUSE_INDEXEDDB = """
+(() => {
+  const Real = window.Worker;
+  window.Worker = class extends Real {
+    constructor(url, options) {
+      const script = new URL(url, location.href).href;
+      const source =
+        "self.indexedDB.open = () => { throw new DOMException('The user denied permission to access the database.', 'UnknownError'); };\\n" +
+        `await import(${JSON.stringify(script)});`;
+      super(URL.createObjectURL(new Blob([source], { type: "text/javascript" })), options);
+    }
+  };
+})();
+"""
+
+
+async def _failed_start(page: Any) -> dict[str, Any]:
+    """Wait for the page to report that the app could not start; what it shows and the client's error."""
+    from playwright.async_api import expect
+
+    error = page.locator("#error")
+    await expect(error).to_be_visible(timeout=START_TIMEOUT_MS)
+    return {
+        "error": await error.text_content(),
+        "notices": await page.locator("#notices").text_content(),
+        "status": await page.evaluate("window.offlineClient.status"),
+    }
+
+
+def _assert_clear(shown: dict[str, Any], *words: str) -> None:
+    for text in (shown["error"], shown["notices"]):
+        assert "Traceback" not in text and 'File "' not in text, text
+    assert "(STORAGE_ERROR)" in shown["error"]
+    assert shown["status"]["error"]["code"] == "STORAGE_ERROR"
+    for word in words:
+        assert word in shown["error"], shown["error"]
+
+
+def test_a_browser_that_refuses_indexeddb_gets_a_clear_message(
+    chromium: str, web_project: Path, tmp_path: Path
+) -> None:
+    schema, _ = project_modules(web_project)
+
+    async def scenario(base: str) -> None:
+        async with guarded_browser(chromium) as (browser, guard):
+            context = await new_context(browser, guard)
+            await context.add_init_script(REFUSE_INDEXEDDB)
+            page = await context.new_page()
+            await page.goto(base + "/")
+            shown = await _failed_start(page)
+            _assert_clear(shown, "IndexedDB", "allow this site to store data", "reload")
+            assert shown["status"]["error"]["context"]["reason"] == "unavailable"
+
+    with live_server(schema, web_project / "dist", tmp_path / "server.db") as live:
+        asyncio.run(scenario(live.url))
+
+
+WRITE_GARBAGE = """
+async ([name, bytes]) => {
+  const db = await new Promise((resolve, reject) => {
+    const request = indexedDB.open(`offline:${name}`, 1);
+    request.onupgradeneeded = () => {
+      request.result.createObjectStore("chunks");
+      request.result.createObjectStore("meta");
+    };
+    request.onsuccess = () => resolve(request.result);
+    request.onerror = () => reject(request.error);
+  });
+  const data = new Uint8Array(bytes);
+  const tx = db.transaction(["chunks", "meta"], "readwrite");
+  tx.objectStore("chunks").put(data.buffer, 0);
+  tx.objectStore("meta").put(data.length, "size");
+  await new Promise((resolve, reject) => { tx.oncomplete = resolve; tx.onerror = () => reject(tx.error); });
+  db.close();
+}
+"""
+
+READ_CHUNK = """
+async (name) => {
+  const db = await new Promise((resolve, reject) => {
+    const request = indexedDB.open(`offline:${name}`);
+    request.onsuccess = () => resolve(request.result);
+    request.onerror = () => reject(request.error);
+  });
+  const chunk = await new Promise((resolve, reject) => {
+    const request = db.transaction("chunks").objectStore("chunks").get(0);
+    request.onsuccess = () => resolve(request.result);
+    request.onerror = () => reject(request.error);
+  });
+  db.close();
+  return Array.from(new Uint8Array(chunk));
+}
+"""
+
+
+def test_a_damaged_stored_database_gets_a_clear_message_and_is_kept(
+    chromium: str, web_project: Path, tmp_path: Path
+) -> None:
+    schema, _ = project_modules(web_project)
+    name = json.loads((web_project / "package.json").read_text())["offline"]["database"]
+    garbage = list(GARBAGE[:16384])
+
+    async def scenario(base: str) -> None:
+        async with guarded_browser(chromium) as (browser, guard):
+            context = await new_context(browser, guard)
+            # A page of the same site that does not start the app: the damaged copy is stored from there.
+            setup = await context.new_page()
+            await setup.goto(base + "/config.js")
+            await setup.evaluate(WRITE_GARBAGE, [name, garbage])
+            page = await context.new_page()
+            await page.goto(base + "/")
+            shown = await _failed_start(page)
+            _assert_clear(shown, "damaged", "site's data")
+            assert shown["status"]["error"]["context"]["reason"] == "corrupt"
+            # Nothing stored was deleted or overwritten.
+            assert await setup.evaluate(READ_CHUNK, name) == garbage
+
+    with live_server(schema, web_project / "dist", tmp_path / "server.db") as live:
+        asyncio.run(scenario(live.url))
