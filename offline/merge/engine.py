@@ -24,9 +24,9 @@ A record's state is read and written whole on every write, so its size is the co
 register keeps is bounded by the record's content and its writers, not by its history: lww, max / min,
 state machines and server-authoritative fields keep the winning write's key and value; a counter the
 latest insert's value and the exact sum of the deltas; append-only sets their elements; rich text the
-document's own encoding (one struct per run of one client's typing; see `richtext`); an add-wins set its
-live elements' additions and, per removed element, a version vector; a Tier 3 field its heads and a
-version vector.
+canonical encoding of its document (one struct per run of one client's typing; see `richtext`); an
+add-wins set its live elements' additions and, per removed element, a version vector; a Tier 3 field its
+heads and a version vector.
 
 Causality without the graph. Two registers need causal order for their value: an add-wins set (a removal
 removes the additions in its causal past) and a Tier 3 field (a write that had seen the current value

@@ -13,6 +13,9 @@ before, gave every keystroke its own client: 2,000 typed characters kept a 17,87
 node's edits all start from its own latest state, which holds all of its earlier edits, so the client's
 clocks never repeat. The live document of a state is kept (`_Documents`): an edit changes it in place and
 reads take its text, instead of rebuilding the document from the stored update each time.
+
+The stored state is the document's canonical encoding (`offline.merge.yupdate`): the same bytes on every
+replica that folded the same updates, in whatever order, with yrs or with yjs (`fold_update`).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from typing import Any
 
 from offline.core.errors import OfflineError
 
-from . import yjs
+from . import yjs, yupdate
 
 #: What to do when this platform's Yjs is missing, by the package it lacks.
 _INSTALL_HINT = {
@@ -107,8 +110,11 @@ class _Documents:
         doc.apply_update(state)
         if known_clean:
             return doc, True
-        encoded = doc.get_update()
-        return doc, _yjs().merge_updates(encoded, state) == encoded
+        # Nothing pending: the document's encoding is the state (canonically).
+        try:
+            return doc, yupdate.canonical(doc.get_update()) == state
+        except ValueError:  # pragma: no cover - see `_canonical`
+            return doc, False
 
     def decoded(self, state: str) -> bytes:
         with self.lock:
@@ -129,13 +135,14 @@ class _Documents:
         the state the fold of ``update`` makes (`adopt`)."""
         self._put(self.edited, update, doc)
 
-    def adopt(self, update: bytes, state: bytes) -> bool:
+    def adopt(self, update: bytes, encoded: bytes, state: bytes) -> bool:
         """Keep the document an edit made ``update`` in as ``state``'s document, when it encodes as exactly
-        ``state`` (so it holds what a fresh document of ``state`` holds: the same structs, deletes and
-        client, and nothing pending); the next edit of this node then continues in it."""
+        ``encoded``, the encoding of the fresh document ``state`` was made from (so it holds what that
+        document holds: the same structs, deletes and client, and nothing pending); the next edit of this
+        node then continues in it."""
         with self.lock:
             doc = self.edited.pop(update, None)
-        if doc is None or doc.get_update() != state:
+        if doc is None or doc.get_update() != encoded:
             return False
         self.keep(state, doc)
         return True
@@ -190,16 +197,18 @@ def _update_bytes(update: Any) -> bytes | None:
 def fold_update(state: str | None, update: Any) -> str:
     """Fold a Yjs update (bytes, or a plain string meaning 'initial text') into a rich text state (base64).
 
-    The state is the document's own encoding, which keeps a run of one client's typing as one struct (a
-    merge of updates keeps one struct per keystroke), merged with whatever of the updates the document
-    could not integrate yet (an update that arrived before one it depends on: structs after a gap, deletes
-    of items not seen yet). Those stay in the state as update data, where a later update completes them;
-    a document keeps them too, but applying updates out of order to one pycrdt document does not always
-    give the text applying them in order gives, so the state is only ever made from merged updates.
+    The state is the canonical encoding (`offline.merge.yupdate`) of the document of every update folded so
+    far, with whatever of the updates the document could not integrate yet (an update that arrived before
+    one it depends on: structs after a gap, deletes of items not seen yet). Those stay in the state as update
+    data, where a later update completes them; a document keeps them too, but applying updates out of order
+    to one pycrdt document does not always give the text applying them in order gives, so the document is
+    always made afresh from the merged updates, in one go.
 
-    The document is always made afresh from the merged update, in one go: a document that took the same
-    updates one at a time encodes the same text with other struct boundaries (it does not join the halves
-    of a run split by an insertion that was later deleted), and every replica must store the same bytes.
+    Canonical, because every replica must store the same bytes for the same operations: a document's own
+    encoding keeps a run of one client's typing cut where integration happened to cut it (which follows
+    the order the updates came in), and yrs and yjs write some parts in other orders. A document's
+    encoding (not the merged updates) is what is canonicalised: it holds a deleted item's content as
+    deleted, as every replica's document does once the delete is in, whichever updates brought the item.
     An update that is not a Yjs update changes nothing (everywhere alike).
     """
     raw = _update_bytes(update)
@@ -212,11 +221,23 @@ def fold_update(state: str | None, update: Any) -> str:
     doc.apply_update(merged)  # one update: integrated as a whole, in its own order
     encoded = doc.get_update()
     compact = backend.merge_updates(encoded, merged)
-    if compact == encoded and not _DOCUMENTS.adopt(raw, encoded):
-        _DOCUMENTS.keep(encoded, doc)  # nothing pending: the document is the state's
-    text = _encode(compact)
-    _DOCUMENTS.encoded(text, compact)
+    if compact == encoded:  # nothing pending: the document holds it all
+        stored = _canonical(encoded, fallback=compact)
+        if not _DOCUMENTS.adopt(raw, encoded, stored):
+            _DOCUMENTS.keep(stored, doc)
+    else:  # the document's structs first (its deleted content), then what it could not integrate yet
+        stored = _canonical(encoded, merged, fallback=compact)
+    text = _encode(stored)
+    _DOCUMENTS.encoded(text, stored)
     return text
+
+
+def _canonical(*updates: bytes, fallback: bytes) -> bytes:
+    try:
+        return yupdate.canonical(*updates)
+    except ValueError:  # pragma: no cover - a Yjs encoding this decoder does not read (a newer Yjs?)
+        # Kept as Yjs gave it rather than lost: the text still converges, only the bytes may differ.
+        return fallback
 
 
 def merge_update(state: str | None, update: Any) -> str:

@@ -1,0 +1,387 @@
+"""The canonical encoding of a Yjs update (v1): the same bytes for the same content, whoever encoded it.
+
+A rich text state must be a function of the set of operations folded into it, byte for byte, on every
+replica (DESIGN.md section 3). A Yjs document's own encoding is not: it writes its struct store as it is,
+and where a run of one client's typing is cut into several structs depends on the order the updates were
+integrated in (a run split by a concurrent insertion stays split after that insertion is deleted; an
+update applied in one go keeps the boundaries its encoder had). yrs and yjs also order a delete set's
+clients differently. What the structs mean does not depend on any of that: a struct of length n is n
+one-character items, each after the previous one, all with the struct's right origin, and Yjs integrates
+a run the same however it is cut.
+
+So the canonical encoding rewrites an update from that meaning alone:
+
+- clients in decreasing order (as yjs writes them), each client's structs by clock, a gap in its clocks
+  as one Skip struct;
+- every two structs that can be one are joined: the second continues the first (its clocks follow on, its
+  origin is the first's last character, its right origin is the first's) and both hold content of one
+  joinable kind (text, deleted content, JSON or Any values), or both are garbage-collected ranges;
+- the delete set: clients in decreasing order, each client's ranges sorted and joined where they touch.
+
+Where the input overlaps itself (several updates' structs for the same clocks), the first struct given for
+a clock is kept. Content is kept as it was given: a deleted item's text becomes deleted content in a
+document (garbage collection), which is why `offline.merge.richtext` canonicalises a document's own encoding,
+not the updates it was made from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import pairwise
+
+_GC = 0
+_DELETED = 1
+_JSON = 2
+_BINARY = 3
+_STRING = 4
+_EMBED = 5
+_FORMAT = 6
+_TYPE = 7
+_ANY = 8
+_DOC = 9
+_SKIP = 10
+#: Content kinds of which two structs join into one (the second's values after the first's).
+_JOINABLE = frozenset({_DELETED, _JSON, _STRING, _ANY})
+#: Yjs type refs whose content carries a name (YXmlElement, YXmlHook).
+_NAMED_TYPES = frozenset({3, 5})
+
+
+class _Reader:
+    __slots__ = ("data", "pos")
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.pos = 0
+
+    def uint(self) -> int:
+        data, pos = self.data, self.pos
+        value, shift = 0, 0
+        while True:
+            byte = data[pos]  # IndexError past the end: not an update
+            pos += 1
+            value |= (byte & 0x7F) << shift
+            if byte < 0x80:
+                self.pos = pos
+                return value
+            shift += 7
+
+    def byte(self) -> int:
+        value = self.data[self.pos]
+        self.pos += 1
+        return value
+
+    def take(self, size: int) -> bytes:
+        end = self.pos + size
+        if end > len(self.data):
+            raise IndexError("past the end")
+        chunk = self.data[self.pos : end]
+        self.pos = end
+        return chunk
+
+    def buffer(self) -> bytes:
+        return self.take(self.uint())
+
+    def skip_int(self) -> None:  # lib0's signed varint: sign and continuation bits, the same layout
+        while self.byte() & 0x80:
+            pass
+
+    def skip_any(self) -> None:
+        """Step over one lib0 ``any`` value."""
+        tag = self.byte()
+        if tag in (127, 126, 121, 120):  # undefined, null, false, true
+            return
+        if tag == 125:
+            self.skip_int()
+        elif tag == 124:
+            self.take(4)
+        elif tag in (123, 122):
+            self.take(8)
+        elif tag in (119, 116):  # string, bytes
+            self.buffer()
+        elif tag == 118:  # object
+            for _ in range(self.uint()):
+                self.buffer()
+                self.skip_any()
+        elif tag == 117:  # array
+            for _ in range(self.uint()):
+                self.skip_any()
+        else:
+            raise ValueError(f"unknown value tag {tag}")
+
+
+def _uint(out: bytearray, value: int) -> None:
+    while value > 0x7F:
+        out.append(0x80 | (value & 0x7F))
+        value >>= 7
+    out.append(value)
+
+
+def _utf16_length(raw: bytes) -> int:
+    """The length Yjs gives a text (UTF-16 code units) from its UTF-8 bytes."""
+    if raw.isascii():
+        return len(raw)
+    return len(raw.decode("utf-8", "surrogatepass").encode("utf-16-le", "surrogatepass")) // 2
+
+
+def _utf16_split(raw: bytes, units: int) -> tuple[bytes, bytes]:
+    text = raw.decode("utf-8", "surrogatepass").encode("utf-16-le", "surrogatepass")
+    head, tail = text[: units * 2], text[units * 2 :]
+    # yjs replaces the halves of a surrogate pair it cuts with U+FFFD (so does this).
+    if head and 0xD8 <= head[-1] <= 0xDB:
+        head, tail = head[:-2] + b"\xfd\xff", b"\xfd\xff" + tail[2:]
+    return (
+        head.decode("utf-16-le", "surrogatepass").encode("utf-8", "surrogatepass"),
+        tail.decode("utf-16-le", "surrogatepass").encode("utf-8", "surrogatepass"),
+    )
+
+
+@dataclass(slots=True)
+class _Struct:
+    clock: int
+    length: int
+    kind: int  # content ref: _GC, _DELETED, ... (never _SKIP: gaps are not kept)
+    info: int  # the info byte as read (flags and content ref)
+    origin: tuple[int, int] | None
+    right: tuple[int, int] | None
+    parent: bytes  # the encoded parent (and parent sub) of an item with neither origin, else b""
+    content: list[bytes]  # text: [UTF-8 bytes]; JSON / Any: one encoded value each; else [its encoding]
+
+
+def _read_struct(reader: _Reader, client: int, clock: int) -> _Struct | int:
+    """One struct at ``clock``, or the length of a Skip."""
+    info = reader.byte()
+    kind = info & 0x1F
+    if kind == _GC:
+        return _Struct(clock, reader.uint(), _GC, info, None, None, b"", [])
+    if kind == _SKIP:
+        return reader.uint()
+    origin = (reader.uint(), reader.uint()) if info & 0x80 else None
+    right = (reader.uint(), reader.uint()) if info & 0x40 else None
+    parent = b""
+    if not info & 0xC0:
+        start = reader.pos
+        if reader.uint() == 1:
+            reader.buffer()  # the root type's name
+        else:
+            reader.uint(), reader.uint()  # the parent item's id
+        if info & 0x20:
+            reader.buffer()  # the parent sub (a map key)
+        parent = reader.data[start : reader.pos]
+    start = reader.pos
+    content: list[bytes]
+    if kind == _STRING:
+        content = [reader.buffer()]
+        length = _utf16_length(content[0])
+    elif kind == _DELETED:
+        length = reader.uint()
+        content = []
+    elif kind in (_JSON, _ANY):
+        length = reader.uint()
+        content = []
+        for _ in range(length):
+            first = reader.pos
+            if kind == _JSON:
+                reader.buffer()
+            else:
+                reader.skip_any()
+            content.append(reader.data[first : reader.pos])
+    else:
+        length = 1
+        if kind in (_BINARY, _EMBED):
+            reader.buffer()
+        elif kind == _FORMAT:
+            reader.buffer()
+            reader.buffer()
+        elif kind == _TYPE:
+            if reader.uint() in _NAMED_TYPES:
+                reader.buffer()
+        elif kind == _DOC:
+            reader.buffer()
+            reader.skip_any()
+        else:
+            raise ValueError(f"unknown content ref {kind}")
+        content = [reader.data[start : reader.pos]]
+    return _Struct(clock, length, kind, info, origin, right, parent, content)
+
+
+def _decode(
+    update: bytes, structs: dict[int, list[_Struct]], deletes: dict[int, list[tuple[int, int]]]
+) -> None:
+    reader = _Reader(update)
+    for _ in range(reader.uint()):
+        count, client = reader.uint(), reader.uint()
+        clock = reader.uint()
+        into = structs.setdefault(client, [])
+        for _ in range(count):
+            struct = _read_struct(reader, client, clock)
+            if isinstance(struct, int):
+                clock += struct
+            else:
+                into.append(struct)
+                clock += struct.length
+    for _ in range(reader.uint()):
+        client = reader.uint()
+        ranges = deletes.setdefault(client, [])
+        for _ in range(reader.uint()):
+            ranges.append((reader.uint(), reader.uint()))
+    if reader.pos != len(update):
+        raise ValueError("bytes after the delete set")
+
+
+def _slice(struct: _Struct, client: int, start: int, stop: int) -> _Struct:
+    """The part of ``struct`` from offset ``start`` to ``stop`` (a struct of its own: after ``start`` the
+    part's origin is the item before it, as Yjs splits an item)."""
+    if start == 0 and stop == struct.length:
+        return struct
+    kind = struct.kind
+    content: list[bytes]
+    if kind == _STRING:
+        head = _utf16_split(struct.content[0], stop)[0] if stop < struct.length else struct.content[0]
+        content = [_utf16_split(head, start)[1] if start else head]
+    elif kind in (_JSON, _ANY):
+        content = struct.content[start:stop]
+    else:
+        content = struct.content  # deleted content and garbage: only the length changes
+    clock = struct.clock + start
+    if kind == _GC:
+        return _Struct(clock, stop - start, _GC, struct.info, None, None, b"", [])
+    if start == 0:
+        return _Struct(clock, stop, kind, struct.info, struct.origin, struct.right, struct.parent, content)
+    return _Struct(clock, stop - start, kind, struct.info, (client, clock - 1), struct.right, b"", content)
+
+
+def _joined(first: _Struct, second: _Struct, client: int) -> bool:
+    """Join ``second`` into ``first`` when the two are one run; whether they were."""
+    kind = first.kind
+    if second.kind != kind or second.clock != first.clock + first.length:
+        return False
+    if kind != _GC:
+        if kind not in _JOINABLE:
+            return False
+        if second.origin != (client, second.clock - 1) or second.right != first.right:
+            return False
+        if kind == _STRING:
+            first.content = [first.content[0] + second.content[0]]
+        else:
+            first.content = first.content + second.content
+    first.length += second.length
+    return True
+
+
+def _runs(client: int, given: list[list[_Struct]]) -> list[_Struct]:
+    """A client's structs by clock, joined into maximal runs; ``given`` by source, where sources overlap
+    the earlier one's structs are kept (a later one only fills clocks no earlier one holds)."""
+    held: list[_Struct] = sorted(given[0], key=lambda s: s.clock)
+    for structs in given[1:]:
+        if not structs:
+            continue
+        covered = [(s.clock, s.clock + s.length) for s in held]
+        for struct in structs:
+            start, stop = struct.clock, struct.clock + struct.length
+            for lo, hi in covered:  # cut out what is held already
+                if hi <= start or lo >= stop:
+                    continue
+                if lo > start:
+                    held.append(_slice(struct, client, start - struct.clock, lo - struct.clock))
+                start = max(start, hi)
+                if start >= stop:
+                    break
+            if start < stop:
+                held.append(_slice(struct, client, start - struct.clock, stop - struct.clock))
+        held.sort(key=lambda s: s.clock)
+    out: list[_Struct] = []
+    end = 0
+    for struct in held:
+        if out and struct.clock < end:  # overlapping within one source (not from a Yjs encoder)
+            if struct.clock + struct.length <= end:
+                continue
+            struct = _slice(struct, client, end - struct.clock, struct.length)
+        if not (out and _joined(out[-1], struct, client)):
+            out.append(struct)  # (decoded for this encoding alone: joining into it changes no caller's)
+        end = struct.clock + struct.length
+    return out
+
+
+def _write_struct(out: bytearray, struct: _Struct) -> None:
+    kind = struct.kind
+    if kind == _GC:
+        out.append(0)
+        _uint(out, struct.length)
+        return
+    info = (struct.info & 0x20) | kind
+    if struct.origin is not None:
+        info |= 0x80
+    if struct.right is not None:
+        info |= 0x40
+    out.append(info)
+    if struct.origin is not None:
+        _uint(out, struct.origin[0])
+        _uint(out, struct.origin[1])
+    if struct.right is not None:
+        _uint(out, struct.right[0])
+        _uint(out, struct.right[1])
+    if not info & 0xC0:
+        out += struct.parent
+    if kind == _STRING:
+        _uint(out, len(struct.content[0]))
+        out += struct.content[0]
+    elif kind in (_DELETED, _JSON, _ANY):
+        _uint(out, struct.length)
+        for value in struct.content:
+            out += value
+    else:
+        out += struct.content[0]
+
+
+def canonical(*updates: bytes) -> bytes:
+    """The canonical encoding of what ``updates`` hold together (the first given for a clock kept).
+
+    Raises ValueError when one is not a Yjs update (v1)."""
+    sources: list[dict[int, list[_Struct]]] = []
+    deletes: dict[int, list[tuple[int, int]]] = {}
+    for update in updates:
+        structs: dict[int, list[_Struct]] = {}
+        try:
+            _decode(update, structs, deletes)
+        except (IndexError, ValueError, UnicodeError) as exc:
+            raise ValueError(f"not a Yjs update (v1): {exc}") from None
+        sources.append(structs)
+    out = bytearray()
+    clients = sorted({c for structs in sources for c, s in structs.items() if s}, reverse=True)
+    _uint(out, len(clients))
+    for client in clients:
+        runs = _runs(client, [structs.get(client, []) for structs in sources])
+        count = len(runs) + sum(1 for a, b in pairwise(runs) if b.clock > a.clock + a.length)
+        _uint(out, count)
+        _uint(out, client)
+        _uint(out, runs[0].clock)
+        end = runs[0].clock
+        for struct in runs:
+            if struct.clock > end:  # a gap: clocks this update does not hold
+                out.append(_SKIP)
+                _uint(out, struct.clock - end)
+            _write_struct(out, struct)
+            end = struct.clock + struct.length
+    merged: dict[int, list[list[int]]] = {}
+    for client, given in deletes.items():
+        ranges: list[list[int]] = []
+        for clock, length in sorted(given):
+            if length <= 0:
+                continue
+            if ranges and clock <= ranges[-1][0] + ranges[-1][1]:
+                ranges[-1][1] = max(ranges[-1][1], clock + length - ranges[-1][0])
+            else:
+                ranges.append([clock, length])
+        if ranges:
+            merged[client] = ranges
+    _uint(out, len(merged))
+    for client in sorted(merged, reverse=True):
+        _uint(out, client)
+        _uint(out, len(merged[client]))
+        for clock, length in merged[client]:
+            _uint(out, clock)
+            _uint(out, length)
+    return bytes(out)
+
+
+__all__ = ["canonical"]
