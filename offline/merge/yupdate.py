@@ -55,6 +55,10 @@ class _Reader:
 
     def uint(self) -> int:
         data, pos = self.data, self.pos
+        value = data[pos]  # IndexError past the end: not an update
+        if value < 0x80:  # most numbers here: one byte
+            self.pos = pos + 1
+            return value
         value, shift = 0, 0
         while True:
             byte = data[pos]  # IndexError past the end: not an update
@@ -145,10 +149,19 @@ class _Struct:
     right: tuple[int, int] | None
     parent: bytes  # the encoded parent (and parent sub) of an item with neither origin, else b""
     content: list[bytes]  # text: [UTF-8 bytes]; JSON / Any: one encoded value each; else [its encoding]
+    raw: bytes = b""  # the struct as it was read, while it is unchanged (written again as it is)
 
 
 def _read_struct(reader: _Reader, client: int, clock: int) -> _Struct | int:
     """One struct at ``clock``, or the length of a Skip."""
+    begin = reader.pos
+    struct = _read_struct_fields(reader, client, clock)
+    if not isinstance(struct, int):
+        struct.raw = reader.data[begin : reader.pos]
+    return struct
+
+
+def _read_struct_fields(reader: _Reader, client: int, clock: int) -> _Struct | int:
     info = reader.byte()
     kind = info & 0x1F
     if kind == _GC:
@@ -265,6 +278,7 @@ def _joined(first: _Struct, second: _Struct, client: int) -> bool:
         else:
             first.content = first.content + second.content
     first.length += second.length
+    first.raw = b""
     return True
 
 
@@ -303,6 +317,10 @@ def _runs(client: int, given: list[list[_Struct]]) -> list[_Struct]:
 
 
 def _write_struct(out: bytearray, struct: _Struct) -> None:
+    if struct.raw:
+        # As it was read: Yjs encoders write a struct one way only (minimal numbers, flags from its fields).
+        out += struct.raw
+        return
     kind = struct.kind
     if kind == _GC:
         out.append(0)
