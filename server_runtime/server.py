@@ -147,7 +147,7 @@ class ProductionServer:
             Route("/__offline/compact", ops.compact_endpoint, methods=["POST"]),
             Route("/__offline/login", bind(dashboard.login_page), methods=["GET"]),
             Route("/__offline/login", bind(dashboard.login_submit), methods=["POST"]),
-            Route("/__offline/logout", bind(dashboard.logout), methods=["POST", "GET"]),
+            Route("/__offline/logout", bind(dashboard.logout), methods=dashboard.LOGOUT_METHODS),
             Route("/__offline", bind(dashboard.dashboard)),
             Route("/__offline/", bind(dashboard.dashboard)),
         ]

@@ -12,6 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from offline import define_schema, t
 from offline.core.errors import OfflineError
 from server_runtime import create_production_server
 from server_runtime.dashboard_sessions import DashboardSessions
@@ -240,3 +241,46 @@ def test_a_session_length_that_is_not_a_positive_number_is_refused_at_start() ->
             OperationalAuth({"adminToken": ADMIN}, env={"OFFLINE_DASHBOARD_SESSION_SECONDS": text})
         assert refused.value.context["field"] == "OFFLINE_DASHBOARD_SESSION_SECONDS", text
     assert OperationalAuth({}, env={"OFFLINE_DASHBOARD_SESSION_SECONDS": "90"}).sessions.ttl == 90
+
+
+@pytest.mark.parametrize("with_page", [False, True])
+def test_sign_out_takes_a_post_only(tmp_path: Path, with_page: bool) -> None:
+    """A GET must not end a session (a link or an image on any page could sign the admin out): 405 with
+    Allow: POST, also when the server's page answers every other path (its SPA fallback)."""
+    static = None
+    if with_page:
+        (tmp_path / "index.html").write_text("<!doctype html><title>app</title>")
+        static = str(tmp_path)
+    store = MemoryServerStore()
+    asyncio.run(
+        store.set_schema(
+            define_schema({"version": 1, "collections": {"items": {"fields": {"name": t.string()}}}})
+        )
+    )
+    server = create_production_server(
+        store=store,
+        port=0,
+        host="127.0.0.1",
+        static_dir=static,
+        operational_auth={"adminToken": ADMIN},
+    )
+
+    async def scenario() -> None:
+        transport = httpx.ASGITransport(app=server.app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as http:
+            signed_in = await http.post("/__offline/login", data={"token": ADMIN})
+            assert signed_in.status_code == 303
+            session = http.cookies[COOKIE]
+            for method in ("GET", "HEAD", "PUT", "DELETE"):
+                refused = await http.request(method, "/__offline/logout")
+                assert refused.status_code == 405, (method, refused.status_code)
+                assert refused.headers["allow"] == "POST"
+            assert (await http.get("/__offline/status")).status_code == 200  # still signed in
+            out = await http.post("/__offline/logout")
+            assert out.status_code == 303 and out.headers["location"] == "/__offline/login"
+        async with httpx.AsyncClient(
+            transport=transport, base_url="http://testserver", cookies={COOKIE: session}
+        ) as copy:
+            assert (await copy.get("/__offline/status")).status_code == 401  # the server forgot the session
+
+    asyncio.run(scenario())
