@@ -1200,12 +1200,16 @@ class SyncService:
 
     # -- state-based catch-up (after a compaction; see server_runtime.stores.compaction) -----------------------
 
-    async def _states(self, keys: list[RecordKey]) -> list[dict[str, Any]]:
-        """The ``record-states`` entries of these records (those with a row).
+    async def _states(self, keys: list[RecordKey], session: Session | None = None) -> list[dict[str, Any]]:
+        """The ``record-states`` entries of these records (those with a row), as ``session`` may see them.
 
         The versions are read first, then the rows: a commit stores operations and rows at once, so the
         rows hold at least what the versions name. Under the commit lock, so no commit of this process
         lands between the two reads (the rows then hold exactly that).
+
+        A record outside the session's scope is sent only because it left the scope (its client holds it
+        and must drop it): its state then carries the scope fields alone (`_left_scope`), which is all the
+        client reads of it before dropping it, and not what was written to it in its new scope.
         """
         async with self._lock:
             versions = await self.store.record_versions(keys)
@@ -1216,12 +1220,26 @@ class SyncService:
             if row is None:
                 continue
             text = row.state_text
+            if (
+                session is not None
+                and not session.open
+                and row.record is not None
+                and not session.matches(key[0], self._scope_snapshot(key[0], row.record))
+            ):
+                text = self._left_scope(key[0], row.state)
             if text is None or text[:1] == ONE_OPERATION:
                 text = row.state.to_json()  # a state kept as its one operation: the client wants the state
             out.append(
                 {"collection": key[0], "recordId": key[1], "state": text, "versions": versions.get(key, {})}
             )
         return out
+
+    def _left_scope(self, collection: str, state: RecordState) -> str:
+        """``state`` with the collection's scope fields only (a record that left a session's scope)."""
+        fields = self.scope_fields.get(collection, ())
+        kept = state.copy()
+        kept.fields = {name: register for name, register in kept.fields.items() if name in fields}
+        return kept.to_json()
 
     async def _send_states(self, session: Session, keys: list[RecordKey], horizon: int | None) -> None:
         """Send ``keys``' states to ``session`` in messages of at most a batch's size; the last is final and
@@ -1230,7 +1248,7 @@ class SyncService:
         chunks = [keys[i : i + limit] for i in range(0, len(keys), limit)] or [[]]
         for index, chunk in enumerate(chunks):
             last = index == len(chunks) - 1 and horizon is not None
-            states = await self._states(chunk) if chunk else []
+            states = await self._states(chunk, session) if chunk else []
             if not states and not last:
                 continue
             message = p.RecordStates(

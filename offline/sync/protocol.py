@@ -442,7 +442,9 @@ class RecordStates:
     ``state`` the record's merge state as JSON text (``RecordState.to_json``), ``versions`` each node's
     highest sequence number folded into it. The client replaces its state of each record with the server's
     and folds on top only its own operations that state does not hold; an operation streamed later at or
-    below its node's number in ``versions`` is one the state holds. Acknowledged like a batch.
+    below its node's number in ``versions`` is one the state holds. A record sent because it left the
+    session's scope (the client holds it and drops it once the state shows it outside) comes with its scope
+    fields only. Acknowledged like a batch.
     """
 
     TYPE: ClassVar[str] = "record-states"

@@ -3,6 +3,8 @@ record's latest operation, each node's highest, the numbering guard and per-reco
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 from pathlib import Path
 
@@ -152,3 +154,61 @@ def test_a_compaction_keeps_how_a_record_left_each_scope_it_was_in(
                 and json.loads(row[5] or "{}").get("$from") == {"ownerId": owner}
                 for row in kept
             ), f"r{record} left {owner} after delivery {cursor}, and nothing kept says so"
+
+
+def test_a_record_that_left_the_scope_is_sent_with_its_scope_fields_only() -> None:
+    """A state-based catch-up sends a record that left the session's scope so the client drops it; what it
+    was given since (here a title written in its new owner's scope) is not the old scope's to see."""
+    from offline.core.uuid7 import generate_uuid_v7
+    from offline.sync import protocol as p
+    from server_runtime.stores import MemoryServerStore
+    from server_runtime.sync import Session, SyncService
+    from tests.server.test_scoped_catch_up import NODES, SCHEMA, Writers
+
+    async def scenario() -> None:
+        store = MemoryServerStore()
+        await store.set_schema(SCHEMA)
+        service = SyncService(store)
+        await service.start()
+        sent: list[p.Message] = []
+
+        async def send(text: str) -> None:
+            sent.append(p.decode(text))
+
+        try:
+            writers, node = Writers(), NODES[0]
+            gone, kept = generate_uuid_v7(), generate_uuid_v7()
+            for record in (gone, kept):
+                await service.commit(
+                    None, [writers.op(node, "insert", "todos", record, {"ownerId": "a", "title": "t"})]
+                )
+            cursor = await store.max_delivery()
+            for op in (
+                writers.op(node, "update", "todos", gone, {"ownerId": "b"}),
+                writers.op(node, "update", "todos", gone, {"title": "b's secret"}),
+                writers.op(node, "update", "todos", kept, {"title": "a's own"}),
+            ):
+                await service.commit(None, [op])
+            await service.compact()
+            session = Session("reader", {"todos": {"ownerId": "a"}}, None, send, cursor=cursor)
+            service.sessions.add(session)
+            relay = asyncio.create_task(service.relay(session))
+            try:
+                for _ in range(500):
+                    if any(isinstance(m, p.RecordStates) and m.is_final for m in sent):
+                        break
+                    await asyncio.sleep(0.01)
+            finally:
+                relay.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await relay
+            states = {
+                s["recordId"]: s["state"] for m in sent if isinstance(m, p.RecordStates) for s in m.states
+            }
+            assert set(states) == {gone, kept}
+            assert '"b"' in states[gone] and "secret" not in states[gone]
+            assert "a's own" in states[kept]
+        finally:
+            await service.stop()
+
+    asyncio.run(scenario())
