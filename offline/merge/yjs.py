@@ -15,8 +15,8 @@ UTF-16 code units, so each backend converts at its edge.
 
 Updates made by one are read by the other, and folding the same updates gives the same text on both. The
 bytes of a document's own encoding may differ (yrs and yjs order a delete set's clients differently and
-join adjacent runs of one client's typing in different cases), so a replica's stored state is only
-compared with states made by the same implementation; what converges across them is the text.
+join adjacent runs of one client's typing in different cases), so a state is never a document's own
+encoding: `richtext` stores its canonical encoding (`offline.merge.yupdate`), the same bytes from either.
 """
 
 from __future__ import annotations

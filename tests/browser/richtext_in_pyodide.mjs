@@ -4,7 +4,8 @@
 // The request: {"initial": update, "clientId": n, "edits": [["insert", index, text] | ["delete", index, length]],
 // "remote": [update], "orders": [[index into all updates]]}, updates in base64. The answer: {"backend",
 // "updates" (this side's edits), "alone" (its text before the remote updates), "merged" (after them),
-// "orders" (the text of every update folded afresh in each order: initial, remote..., own...), "garbage"
+// "orders" (the text of every update folded afresh in each order: initial, remote..., own...), "states" (the
+// rich text states, base64, of those folds), "state" (the state after the remote updates), "garbage"
 // (whether a non-update left the state as it was)}.
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
@@ -43,17 +44,21 @@ for update in request["remote"]:
     state = richtext.fold_update(state, decode(update))
 every = [decode(request["initial"]), *map(decode, request["remote"]), *updates]
 texts = []
+states = []
 for order in request["orders"]:
     fresh = None
     for i in order:
         fresh = richtext.fold_update(fresh, every[i])
     texts.append(richtext.text_of(fresh))
+    states.append(fresh)
 json.dumps({
     "backend": yjs.backend().name,
     "updates": [base64.b64encode(u).decode("ascii") for u in updates],
     "alone": alone,
     "merged": richtext.text_of(state),
     "orders": texts,
+    "states": states,
+    "state": state,
     "garbage": richtext.fold_update(state, b"\\x05\\xff\\xff garbage") == state,
 })
 `);

@@ -1,5 +1,6 @@
 """Rich text made by the browser's Yjs (the npm package yjs, in Pyodide) and by pycrdt (CPython) merges to the
-same text: both run `offline.merge.richtext`, the browser's through `offline.merge.yjs.BrowserBackend`.
+same text and the same stored bytes: both run `offline.merge.richtext`, the browser's through
+`offline.merge.yjs.BrowserBackend`.
 
 The browser side runs in Pyodide under Node.js (richtext_in_pyodide.mjs) with the offline library from the
 template project's build and yjs from its node_modules: the same code and package the page's worker uses.
@@ -131,11 +132,14 @@ def test_yjs_in_pyodide_and_pycrdt_edits_merge_to_one_text(
     assert text == answer["merged"]
     assert answer["orders"] == [text] * len(orders)  # folded afresh in the browser, in any order
     every = [initial, *desktop_updates, *browser_updates]
-    for order in orders:
+    for order, browser_state in zip(orders, answer["states"], strict=True):
         fresh = None
         for i in order:
             fresh = richtext.fold_update(fresh, every[i])
         assert richtext.text_of(fresh) == text  # and the same afresh with pycrdt
+        # The same bytes too: a state is the canonical encoding of its document, whichever Yjs made it.
+        assert fresh == browser_state == merged
+    assert answer["state"] == merged  # the browser's incremental fold, in its own order
     # Both sides' edits are in it: the browser's text alone started with its prefix, the desktop's ended
     # with its suffix (unless a later random edit of the same side removed them).
     assert answer["alone"] != richtext.text_of(desktop_state)
@@ -166,3 +170,4 @@ def test_concurrent_edits_at_either_end_keep_both(web_project: Path, tmp_path: P
     for update in answer["updates"]:
         merged = richtext.fold_update(merged, base64.b64decode(update))
     assert richtext.text_of(merged) == expected
+    assert answer["state"] == merged  # byte for byte, yjs in the browser and pycrdt here
