@@ -37,6 +37,7 @@ from offline.core.errors import OfflineError
 from .auth import accounts
 from .auth import sessions as _sessions
 from .auth.audit import AuditQuery
+from .auth.storage import AuthTx
 from .auth.verified_emails import is_verified
 from .auth.web import AuthError, client_address, iso, read_body
 from .sync import principal_of
@@ -65,6 +66,32 @@ def _not_found(user_id: str) -> AuthError:
     return AuthError(
         404, "USER_NOT_FOUND", "no user with this id; find it with GET /__offline/users?q=<email>", field="id"
     )
+
+
+async def _refuse_stranding_orgs(tx: AuthTx, user_id: str) -> None:
+    """Refuse (LAST_OWNER) to delete the last owner of an organization that has other members: nobody could
+    invite, re-role or remove them any more. An organization the user is alone in strands nobody."""
+    # PostgreSQL row locks: the user's first (as sessions and the other admin actions take it), then each
+    # organization's, so neither a sign-in nor a re-role races the check.
+    if not await accounts.lock_user(tx, user_id):
+        return  # no such user: the caller says so
+    stranded: list[str] = []
+    for org, membership in await tx.user_orgs(user_id):
+        if membership.role != "owner":
+            continue
+        await tx.org(org.id)  # locks the organization's row (PostgreSQL): no concurrent re-role slips by
+        members = [m for m, _ in await tx.org_members(org.id) if m.user_id != user_id]
+        if members and not any(m.role == "owner" for m in members):
+            stranded.append(f"{org.name!r} ({org.id})")
+    if stranded:
+        raise AuthError(
+            409,
+            "LAST_OWNER",
+            f"this user is the last owner of {', '.join(stranded)}, which would be left without an owner: "
+            "first give another member the owner role (PATCH /auth/orgs/<orgId>/members/<userId> with "
+            '{"role": "owner"}, as this user, or have them invite a new owner), then delete the user',
+            field="id",
+        )
 
 
 def _limit(request: Request, default: int) -> int:
@@ -287,6 +314,7 @@ class UserAdmin:
     async def delete(self, request: Request) -> Response:
         user_id = self._user_id(request)
         async with self.auth._store().transaction() as tx:
+            await _refuse_stranding_orgs(tx, user_id)
             ended = await _sessions.live_session_ids(tx, user_id)
             if not await accounts.delete_user(tx, user_id):
                 raise _not_found(user_id)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -290,5 +291,56 @@ def test_the_auth_client_is_told_its_user_is_disabled(tmp_path: Path) -> None:
             with pytest.raises(AuthError) as refused:
                 await auth.sign_in("dana@example.com", PASSWORD)
             assert refused.value.code == "USER_DISABLED"
+
+        asyncio.run(scenario())
+
+
+def test_deleting_the_last_owner_of_an_organization_with_members_is_refused(tmp_path: Path) -> None:
+    """The organization would be left without an owner (nobody could invite, re-role or remove members):
+    409 LAST_OWNER naming it and what to do; once another member is owner, the deletion goes ahead. A user
+    alone in their organization leaves nobody stranded: deleted."""
+    with servers("sqlite", tmp_path, **ADMIN) as where:
+
+        async def scenario() -> None:
+            olga = await sign_up_from(where.first, "olga@example.com")
+            max_ = await sign_up_from(where.first, "max@example.com")
+            solo = await sign_up_from(where.first, "solo@example.com")
+            olga_id, max_id = olga["user"]["id"], max_["user"]["id"]
+            async with client_from(where.first) as client:
+
+                async def call(method: str, path: str, pair: dict[str, Any], body: Any = None) -> Any:
+                    response = await client.request(
+                        method, path, json=body, headers={"Authorization": f"Bearer {pair['accessToken']}"}
+                    )
+                    assert response.status_code < 300, response.text
+                    return response.json() if response.content else None
+
+                org = await call("POST", "/auth/orgs", olga, {"name": "Acme"})
+                await call("POST", "/auth/orgs", solo, {"name": "Solo Ltd"})
+                invite = await call(
+                    "POST", f"/auth/orgs/{org['id']}/invites", olga, {"email": "max@example.com"}
+                )
+                await call("POST", "/auth/invites/accept", max_, {"inviteToken": invite["inviteToken"]})
+
+                async with admin(where.first) as http:
+                    refused = await http.delete(f"/__offline/users/{olga_id}")
+                    assert refused.status_code == 409, refused.text
+                    error = refused.json()["error"]
+                    assert error["code"] == "LAST_OWNER"
+                    assert "Acme" in error["message"] and org["id"] in error["message"]
+                    assert '"role": "owner"' in error["message"]  # what to do next
+                    # Nothing was deleted: the user signs in, the organization keeps its owner.
+                    assert (await http.get(f"/__offline/users/{olga_id}")).status_code == 200
+                    assert (await sign_in_from(where.first, "olga@example.com")).status_code == 200
+
+                    await call("PATCH", f"/auth/orgs/{org['id']}/members/{max_id}", olga, {"role": "owner"})
+                    deleted = await http.delete(f"/__offline/users/{olga_id}")
+                    assert deleted.status_code == 200, deleted.text
+                    members = await call("GET", f"/auth/orgs/{org['id']}/members", max_)
+                    assert [(m["email"], m["role"]) for m in members["members"]] == [
+                        ("max@example.com", "owner")
+                    ]
+                    alone = await http.delete(f"/__offline/users/{solo['user']['id']}")
+                    assert alone.status_code == 200, alone.text
 
         asyncio.run(scenario())
