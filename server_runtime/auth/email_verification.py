@@ -24,6 +24,8 @@ without tokens. ``sync``: the sync handshake of an unverified account is refused
 external issuer (``external_issuers``) has no account here: its own ``email_verified`` claim decides, and a
 token without that claim (or with anything but ``true``) is refused as not verified; ``/auth/me`` reports the
 claim as ``emailVerified`` (false when absent). ``sign-in`` does not concern them (the provider signs them in).
+Without an email sender only ``"sync"`` with external issuers may be required (their claim needs no message);
+this server's own accounts then cannot verify, and the handshake's refusal says why.
 """
 
 from __future__ import annotations
@@ -177,6 +179,14 @@ class EmailVerificationRoutes:
             user = await tx.user_by_id(str(claims.get("sub")))
             verified = user is not None and await is_verified(tx, user)
         if not verified:
+            if not self.core.mailer.configured:
+                raise OfflineError(
+                    "this account's email address is not verified, and this server has no email sender to "
+                    "send the link (its operator must set OFFLINE_SMTP_URL, or pass email_sender to "
+                    "create_auth_routes); sign in through the identity provider instead",
+                    EMAIL_NOT_VERIFIED,
+                    {},
+                )
             raise OfflineError(
                 "this account's email address is not verified; open the link in the verification message "
                 "(ask for a new one with request_email_verification), then reconnect",

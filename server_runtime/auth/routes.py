@@ -222,9 +222,16 @@ class AuthRoutes:
             self, ttl=_seconds(password_reset_ttl, "password_reset_ttl")
         )
         checks = required_checks(require_verified_email)
-        if checks and email_sender is None:
+        # Verifying this server's own accounts takes a message with a link. An external issuer's token is
+        # judged by its own email_verified claim: requiring a verified address for sync with external
+        # issuers needs no sender (this server's accounts then cannot verify, and their refusal says so).
+        if checks and email_sender is None and not (checks == {"sync"} and issuers):
             raise OfflineError(
-                "require_verified_email needs an email_sender to send the verification messages",
+                f"require_verified_email={require_verified_email!r} needs an email_sender to send this server's "
+                "accounts their verification links: pass email_sender to create_auth_routes (SmtpEmailSender; "
+                "a server built from the environment takes OFFLINE_SMTP_URL and OFFLINE_EMAIL_FROM). Only "
+                'require_verified_email="sync" with external_issuers (OFFLINE_JWT_ISSUERS) works without one: '
+                "those tokens' own email_verified claim decides",
                 AUTH_CONFIG,
                 {"field": "email_sender"},
             )

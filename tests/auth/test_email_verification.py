@@ -178,14 +178,29 @@ def test_required_for_sign_in_creates_the_account_without_a_session_and_refuses_
     asyncio.run(scenario())
 
 
+ISSUER = {"issuer": "https://id.example.com", "audience": "the-app", "jwksUrl": "https://id.example.com/jwks"}
+
+
 def test_require_verified_email_needs_a_sender_and_a_known_value() -> None:
     from offline.core.errors import OfflineError
 
     from .conftest import make_routes
 
-    with pytest.raises(OfflineError) as caught:
-        make_routes(require_verified_email=True)
-    assert caught.value.context["field"] == "email_sender"
+    for needs_a_sender in (
+        {"require_verified_email": True},
+        {
+            "require_verified_email": "sync"
+        },  # no external issuer: only this server's accounts, no way to verify
+        {"require_verified_email": "sign-in", "external_issuers": [ISSUER]},  # sign-in is this server's
+    ):
+        with pytest.raises(OfflineError) as caught:
+            make_routes(**needs_a_sender)
+        assert caught.value.context["field"] == "email_sender"
+        message = caught.value.message
+        # What to set, in code and in the environment, and the one case that works without it.
+        assert "email_sender" in message and "OFFLINE_SMTP_URL" in message and "OFFLINE_EMAIL_FROM" in message
+        assert "external_issuers" in message and "OFFLINE_JWT_ISSUERS" in message
+    assert make_routes(require_verified_email="sync", external_issuers=[ISSUER]) is not None
     with pytest.raises(OfflineError) as caught:
         make_routes(require_verified_email="always")
     assert caught.value.context["field"] == "require_verified_email"

@@ -218,6 +218,31 @@ def test_verified_email_required_for_sync_is_read_from_the_email_verified_claim(
         asyncio.run(scenario())
 
 
+def test_verified_email_for_sync_with_external_issuers_needs_no_email_sender() -> None:
+    """The provider's claim decides for its tokens, so requiring a verified address for sync needs no email
+    sender. This server's own accounts then cannot be sent a link: refused, saying so."""
+    with IdentityProvider("RS256") as idp:
+
+        async def scenario() -> None:
+            routes = make_routes(external_issuers=[idp.config()], require_verified_email="sync")
+            async with serve(MemoryServerStore(), routes) as server, http(server) as client:
+                url = sync_url(server)
+                reply, _ = await handshake(
+                    url, idp.token("ada", email="ada@example.com", email_verified=True)
+                )
+                assert isinstance(reply, p.HandshakeResponse) and reply.accepted
+                reply, _ = await handshake(
+                    url, idp.token("eve", email="eve@example.com", email_verified=False)
+                )
+                assert isinstance(reply, p.ErrorMessage) and reply.code == "EMAIL_NOT_VERIFIED"
+                local = await sign_up(client, "local@example.com")
+                reply, _ = await handshake(url, local["accessToken"])
+                assert isinstance(reply, p.ErrorMessage) and reply.code == "EMAIL_NOT_VERIFIED"
+                assert "no email sender" in reply.message and "OFFLINE_SMTP_URL" in reply.message
+
+        asyncio.run(scenario())
+
+
 def test_an_unverified_external_token_syncs_when_verification_is_required_only_for_sign_in() -> None:
     with IdentityProvider("ES256") as idp:
 
