@@ -221,17 +221,56 @@ def _decode(
     update: bytes, structs: dict[int, list[_Struct]], deletes: dict[int, list[tuple[int, int]]]
 ) -> None:
     reader = _Reader(update)
+    data = update
     for _ in range(reader.uint()):
         count, client = reader.uint(), reader.uint()
         clock = reader.uint()
         into = structs.setdefault(client, [])
         for _ in range(count):
-            struct = _read_struct(reader, client, clock)
-            if isinstance(struct, int):
-                clock += struct
+            begin = reader.pos
+            info = data[begin]
+            kind = info & 0x1F
+            if info & 0x80 and kind in (_STRING, _DELETED):
+                # Most structs of a text: typed text or deleted content after an origin. Read inline (the
+                # numbers are what `_read_struct` reads, in its order): origin, right origin, length.
+                pos = begin + 1
+                numbers = []
+                for _ in range(5 if info & 0x40 else 3):
+                    value = data[pos]
+                    pos += 1
+                    if value >= 0x80:
+                        value &= 0x7F
+                        shift = 7
+                        while True:
+                            byte = data[pos]
+                            pos += 1
+                            value |= (byte & 0x7F) << shift
+                            if byte < 0x80:
+                                break
+                            shift += 7
+                    numbers.append(value)
+                size = numbers[-1]
+                if kind == _STRING:
+                    text = data[pos : pos + size]
+                    if len(text) != size:
+                        raise IndexError("past the end")
+                    pos += size
+                    content, length = [text], _utf16_length(text)
+                else:
+                    content, length = [], size
+                reader.pos = pos
+                right = (numbers[2], numbers[3]) if info & 0x40 else None
+                struct = _Struct(
+                    clock, length, kind, info, (numbers[0], numbers[1]), right, b"", content, data[begin:pos]
+                )
             else:
-                into.append(struct)
-                clock += struct.length
+                read = _read_struct(reader, client, clock)
+                if isinstance(read, int):
+                    clock += read
+                    continue
+                struct = read
+            into.append(struct)
+            clock += struct.length
     for _ in range(reader.uint()):
         client = reader.uint()
         ranges = deletes.setdefault(client, [])
