@@ -493,7 +493,9 @@ class SyncService:
         # we read them committed its horizon with the deletions, so it is seen here. Taken in together with
         # the operations (no await between), so a relay never serves them from memory under the old horizon:
         # sessions below it get record states instead (see `relay`).
-        horizon = await self.store.compaction_horizon()
+        horizon = await reader.compaction_horizon()
+        if horizon is None:
+            horizon = await self.store.compaction_horizon()
         self._horizon = max(self._horizon, horizon)
         for row in rows.values():
             self.cache.put(row)

@@ -322,6 +322,12 @@ class StoreWriter(abc.ABC):
     async def save_rows(self, rows: Iterable[RecordRow]) -> None:
         """Insert or replace rows (a later row with the same key wins)."""
 
+    async def compaction_horizon(self) -> int | None:
+        """The compaction horizon as this writer's reads see it, or None when the store's own read
+        (``ServerStore.compaction_horizon``, on another connection) is as good: the store has no second
+        connection to wait for while this writer holds one (PostgreSQL's pool, a shared SQLite connection)."""
+        return None
+
     @abc.abstractmethod
     async def set_meta(self, key: str, value: str) -> None:
         """Set a meta value in this transaction."""

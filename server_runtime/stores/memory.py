@@ -341,6 +341,10 @@ class _MemoryWriter(StoreWriter):
         self._check()
         return [op.stored() for op in _since([*self.store._ops, *self.ops], after, limit)]
 
+    async def compaction_horizon(self) -> int | None:
+        self._check()
+        return int(self.meta.get(compaction.HORIZON_KEY) or self.store._meta.get(compaction.HORIZON_KEY) or 0)
+
     async def known_ids(self, ids: Iterable[str]) -> set[str]:
         self._check()
         return {i for i in ids if i in self.store._ids or i in self.ids}

@@ -775,6 +775,15 @@ class _PostgresWriter(StoreWriter):
         with self.store._errors("reading operations"):
             return await _operations_since(self.conn, after, limit)
 
+    async def compaction_horizon(self) -> int | None:
+        # On this writer's connection: the pool may have no other one free while it is held.
+        self._check()
+        with self.store._errors("reading the compaction horizon"):
+            value = await self.conn.fetchval(
+                "SELECT value FROM offline_meta WHERE key = $1", compaction.HORIZON_KEY
+            )
+        return int(value or 0)
+
     async def known_ids(self, ids: Iterable[str]) -> set[str]:
         self._check()
         wanted = list(dict.fromkeys(ids))

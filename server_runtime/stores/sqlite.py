@@ -998,6 +998,15 @@ class _SQLiteWriter(StoreWriter):
         assert rows is not None
         return [_codec.stored_operation(d, w, s) for d, w, s in rows]
 
+    async def compaction_horizon(self) -> int | None:
+        # In this writer's transaction: a shared connection (":memory:") is read only under the write lock.
+        self._check()
+        with self.store._errors("reading the compaction horizon"):
+            (rows,) = await self._read(
+                [("fetch", "SELECT value FROM offline_meta WHERE key = ?", (compaction.HORIZON_KEY,))]
+            )
+        return int(rows[0][0]) if rows else 0
+
     async def _known(self, wanted: list[str], steps: list[_Step]) -> set[str]:
         """Which of ``wanted`` the lookups ``steps`` found stored (remembered either way)."""
         results = await self._read(steps)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from websockets.asyncio.client import connect
 
 from offline.core.uuid7 import generate_uuid_v7
@@ -107,12 +108,14 @@ def _ids(batch: p.OperationBatch) -> set[str]:
     return {op["id"] for op in batch.operations}
 
 
+@pytest.mark.parametrize("learned", ["notified", "committing"])
 def test_operations_learned_of_after_another_process_compacted_them_reach_live_sessions_as_states(
-    postgres_url: str,
+    postgres_url: str, learned: str
 ) -> None:
     """Process B hears of A's commits over LISTEN/NOTIFY and reads them from the store. When A compacts before
     B reads them (the notification is held back here until then), the operations B reads lack the deleted
-    ones; B's live session must get the record's state, not only what was kept. (Two stores on one database
+    ones; B's live session must get the record's state, not only what was kept. B reads them when notified,
+    or first when it commits a write of its own (in its write transaction). (Two stores on one database
     stand for the two processes: the notification's timing is what is tested, and it is held by hand.)"""
     from server_runtime import create_relational_server_store
     from server_runtime.sync import Session, SyncService
@@ -159,7 +162,11 @@ def test_operations_learned_of_after_another_process_compacted_them_reach_live_s
                 await a.commit(None, [writers.op(node, "insert", "tags", generate_uuid_v7(), {"name": "x"})])
                 assert (await a.compact())["dropped"] >= 1
                 (callback,) = held
-                await callback(await store_a.max_delivery())
+                if learned == "notified":
+                    await callback(await store_a.max_delivery())
+                else:
+                    tag = writers.op(NODES[1], "insert", "tags", generate_uuid_v7(), {"name": "y"})
+                    await b.commit(None, [tag])
 
                 def title_seen() -> bool:
                     for message in sent:
