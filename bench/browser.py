@@ -5,7 +5,9 @@ loads leaves loopback (the same guard as tests/browser). Figures:
 
 - ``page_to_ready_cold_ms``: a first visit, nothing cached: from navigation start until the worker reports
   the app ready (Pyodide fetched and compiled, IndexedDB opened, the Python code unpacked and imported);
-  ``cold_stages_ms`` splits it (worker-side times since the page started the worker).
+  ``cold_stages_ms`` splits it (when the page heard of each startup stage, since it started the worker:
+  ``python-loaded``, ``storage-read`` (the stored database read from IndexedDB, while Python loads),
+  ``code-loaded``, ``python-imported``, ``storage-opened``, ``app-opened``, ``ready``).
 - ``page_to_ready_warm_ms``: a reload of the same page (the service worker answers from its cache).
 - ``inserts_1000_sequential_s``: 1,000 ``insert`` calls from the page, each awaited before the next; each
   reply comes after the database was copied to IndexedDB. The page's list is subscribed, as in the app.
@@ -19,11 +21,18 @@ At size (``at_size``, the table of issue 28; a fresh server and browser, the pag
 - ``insert_ms``: at 0, 10,000 and 50,000 local records, one awaited ``insert`` from the page (its reply
   comes once the write is in IndexedDB), median and p95 of 40; the records are added in between with
   ``insertMany`` (5,000 per call), and the timing starts once the server has acknowledged them.
+- ``insert_cpu_ms``: the CPU time Chromium's processes used per timed insert, on average (the page, the
+  worker, IndexedDB's storage process, the browser; the server is not counted).
 - ``persist_unchanged_ms``: ``persist()`` with nothing to store, median of 20, at each size.
 - ``ready_after_warm_reload_ms``: at each size, a reload until the worker reports the app ready (best of 2),
   and until the list shows every record (``list_shown_after_reload_ms``).
 - ``renderer_rss_mb``: at 50,000 records, the resident memory of Chromium's renderer processes (the page,
-  its worker, the service worker), summed.
+  its worker, the service worker, and the spare renderer Chromium keeps started), summed; not Chromium's
+  own user interface renderer. ``..._by_process``: each of them, largest first (the first is the page's).
+- ``warm_reload_cpu_ms``: the CPU time Chromium's processes used from a reload until the list showed
+  every record (the least of 2): on a shared machine, what a reload costs whatever the others do.
+- ``warm_stages_ms``: what ``cold_stages_ms`` is for a first visit, for the fastest warm reload at each
+  size (the stages run side by side: Python loading, the stored database read, then the app opening).
 - ``first_sync``: a fresh browser opening the page of a server whose log holds 20,000 or 50,000 to-dos:
   from navigation until the list says it shows all of them (``shown_ms``), and from ready until then.
 """
@@ -103,9 +112,11 @@ def _median_p95(times: list[float]) -> dict[str, float]:
     }
 
 
-def _renderer_rss_mb() -> float:
-    """Resident memory of the Chromium renderers this process started (descendants only: other programs on
-    the machine may run Chromium too)."""
+def _renderer_rss_mb() -> list[float]:
+    """Resident memory (MB) of each Chromium renderer this process started, largest first (descendants
+    only: other programs on the machine may run Chromium too). Chromium's own user interface runs in a
+    renderer too (``--top-chrome-webui``, about 160 MB in headless Chromium 156 whatever the page does): it
+    is not the app's, and is left out."""
     from tests.support.abuse import rss_bytes
 
     parents: dict[int, int] = {}
@@ -128,12 +139,42 @@ def _renderer_rss_mb() -> float:
             pid = parents.get(pid, 0)
         return False
 
-    total = 0
+    sizes = []
     for pid, command in commands.items():
-        if b"--type=renderer" in command and mine(pid):
+        arguments = command.split(b"\0")
+        if b"--type=renderer" in arguments and b"--top-chrome-webui" not in arguments and mine(pid):
             with contextlib.suppress(OSError, AssertionError):
-                total += rss_bytes(pid)
-    return round(total / 1e6, 1)
+                sizes.append(round(rss_bytes(pid) / 1e6, 1))
+    return sorted(sizes, reverse=True)
+
+
+def _chromium_cpu_ms() -> float:
+    """CPU time (user and system, ms) used so far by the processes this process started (Chromium's and
+    the live server's threads live in this process and are not counted): on a shared machine wall time
+    says how busy the others were, CPU time what a reload cost."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    parents: dict[int, int] = {}
+    used: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents[int(entry.name)] = int(fields[1])
+        used[int(entry.name)] = int(fields[11]) + int(fields[12])  # utime, stime
+    me = os.getpid()
+
+    def mine(pid: int) -> bool:
+        pid = parents.get(pid, 0)
+        while pid > 1:
+            if pid == me:
+                return True
+            pid = parents.get(pid, 0)
+        return False
+
+    return sum(ticks_used for pid, ticks_used in used.items() if mine(pid)) * 1000 / ticks
 
 
 async def _shown(page: Any, count: int, timeout_ms: int = 600_000) -> None:
@@ -156,12 +197,14 @@ async def _ready(page: Any) -> None:
     await expect(page.locator("body")).to_have_attribute("data-ready", "true", timeout=120_000)
 
 
-async def _at_size(executable: str, base: str) -> dict[str, Any]:
+async def _at_size(executable: str, base: str, sizes: tuple[int, ...] = SIZES) -> dict[str, Any]:
     """Inserts, persist and reload at 0 / 10,000 / 50,000 local records; memory at the largest."""
     from tests.browser.support import guarded_browser, new_context
 
-    figures: dict[str, Any] = {"insert_ms": {}, "persist_unchanged_ms": {}}
+    figures: dict[str, Any] = {"insert_ms": {}, "insert_cpu_ms": {}, "persist_unchanged_ms": {}}
     figures["ready_after_warm_reload_ms"] = {}
+    figures["warm_stages_ms"] = {}
+    figures["warm_reload_cpu_ms"] = {}
     figures["list_shown_after_reload_ms"] = {}
     async with guarded_browser(executable) as (browser, guard):
         context = await new_context(browser, guard)
@@ -170,28 +213,40 @@ async def _at_size(executable: str, base: str) -> dict[str, Any]:
         await page.goto(base + "/")
         await _ready(page)
         size = 0
-        for target in SIZES:
+        for target in sizes:
             await page.evaluate(GROW, [size, target])
             size = target
             await _shown(page, size)
             await _synced(page)  # (else the timed inserts share the worker with uploading the new records)
+            cpu_before = _chromium_cpu_ms()
             times = await page.evaluate(TIMED_INSERTS, 40)
+            insert_cpu = (_chromium_cpu_ms() - cpu_before) / 40
             size += 40
             figures["insert_ms"][str(target)] = _median_p95(times)
+            figures["insert_cpu_ms"][str(target)] = round(insert_cpu, 1)
             persists = await page.evaluate(TIMED_PERSISTS, 20)
             figures["persist_unchanged_ms"][str(target)] = round(statistics.median(persists), 1)
-            ready, shown = [], []
+            ready, shown, stages, cpu = [], [], [], []
             for _ in range(2):
                 started = time.perf_counter()
+                cpu_before = _chromium_cpu_ms()
                 await page.reload()
                 await _ready(page)
-                ready.append((await page.evaluate("window.offlineClient.timings"))["ready"])
+                timings = await page.evaluate("window.offlineClient.timings")
+                ready.append(timings["ready"])
+                stages.append(_stages(timings))
                 await _shown(page, size)
                 shown.append((time.perf_counter() - started) * 1000)
+                cpu.append(_chromium_cpu_ms() - cpu_before)
             figures["ready_after_warm_reload_ms"][str(target)] = round(min(ready))
+            figures["warm_stages_ms"][str(target)] = stages[ready.index(min(ready))]
+            # Chromium's CPU time from the reload until the list showed every record (least of the two).
+            figures["warm_reload_cpu_ms"][str(target)] = round(min(cpu))
             figures["list_shown_after_reload_ms"][str(target)] = round(min(shown))
             _note(f"at {target} records", {name: value[str(target)] for name, value in figures.items()})
-        figures["renderer_rss_mb_at_50000"] = _renderer_rss_mb()
+        renderers = _renderer_rss_mb()
+        figures[f"renderer_rss_mb_at_{size - 40}"] = round(sum(renderers), 1)
+        figures[f"renderer_rss_mb_by_process_at_{size - 40}"] = renderers
         await context.close()
     return figures
 
@@ -295,8 +350,28 @@ def run(count: int = 1000, *, at_size: bool = True) -> dict[str, Any]:
     return figures
 
 
+def run_at_size(sizes: tuple[int, ...] = SIZES) -> dict[str, Any]:
+    """Only the at-size figures, at ``sizes`` (``python -m bench.browser at-size 50000``)."""
+    from tests.browser.support import chromium_path, init_project, live_server, load_module, missing_tools
+
+    problems = missing_tools()
+    if problems:
+        return {"skipped": "; ".join(problems)}
+    executable = chromium_path()
+    assert executable is not None
+    with tempfile.TemporaryDirectory() as folder:
+        project = init_project(Path(folder))
+        schema = load_module(project / "schema.py", "bench_browser_schema").schema
+        with live_server(schema, project / "dist", Path(folder) / "size-server.db") as live:
+            return asyncio.run(_at_size(executable, live.url, sizes))
+
+
 if __name__ == "__main__":
     import json
 
-    json.dump(run(), sys.stdout, indent=2)
+    if sys.argv[1:2] == ["at-size"]:
+        figures = run_at_size(tuple(int(n) for n in sys.argv[2:]) or SIZES)
+    else:
+        figures = run()
+    json.dump(figures, sys.stdout, indent=2)
     sys.stdout.write("\n")

@@ -14,7 +14,8 @@ Message shapes (all JSON text):
   request; a record's id is ``recordId``); methods are listed in `WorkerBridge.METHODS`.
 - worker -> page: ``{"type": "reply", "id": 7, "ok": true, "result": ...}`` or ``"ok": false`` with
   ``"error": {"code", "message", "context"}``; a live query's results, whole on subscribing
-  (``{"type": "snapshot", "sub": 3, "records": [...]}``, replacing what the page holds) and then as changes
+  (``{"type": "snapshot", "sub": 3, "records": [...]}``, replacing what the page holds; a large one comes
+  in parts, each but the last with ``"more": true``, to be put together in order) and then as changes
   (``{"type": "changes", "sub": 3, "inserted": [records], "updated": [records], "removed": [ids]}``: the
   page keeps the results in the query's order itself);
   ``{"type": "status", "status": "connected", "pending": 0, "error": null, "rejected": 0, "clockOffsetMs": 0,
@@ -57,8 +58,11 @@ from offline.store.replication import pending_count
 Post = Callable[[str], Any]
 Persist = Callable[[], Awaitable[Any]]
 
+#: Records per read when a live query's whole results are sent (see `WorkerBridge._send_snapshot`).
+SNAPSHOT_PAGE = 2000
+
 #: Bumped when the message shapes change incompatibly (the page checks it in the ready message).
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 
 # `{"$op": "increment", "value": 2}` in update changes stands for op.increment(2): JSON cannot carry the
 # Python objects. No field type holds a JSON object, so such a dict is never a plain value.
@@ -620,12 +624,30 @@ class WorkerBridge:
                 self.post({"type": "log", "level": "error", "message": f"subscription {sub} failed: {exc}"})
 
     def _send_snapshot(self, sub: int, live: _LiveQuery) -> None:
-        """The whole results, which replace what the page holds (on subscribing)."""
-        results = live.query.fetch()
-        live.ids = {record["id"] for record in results}
-        if live.query._limit is not None:
-            live.last = {record["id"]: _dumps(record) for record in results}
-        self._post(f'{{"type":"snapshot","sub":{sub},"records":{_dumps(results)}}}')
+        """The whole results, which replace what the page holds (on subscribing).
+
+        Read and sent a page of records at a time (every part but the last says ``"more": true``): 50,000
+        records never exist at once as Python objects or as one JSON text, whose peak would stay as the size
+        of the worker's memory (WebAssembly memory never shrinks). Kept: the ids, to tell later changes
+        apart (and with a limit, each record's text).
+        """
+        limited = live.query._limit is not None
+        ids: set[str] = set()
+        last: dict[str, str] = {}
+        ready: str | None = None  # a part, posted once it is known not to be the last
+        for page in live.query.fetch_pages(SNAPSHOT_PAGE):
+            if ready is not None:
+                self._post(f'{{"type":"snapshot","sub":{sub},"records":[{ready}],"more":true}}')
+            ids.update(record["id"] for record in page)
+            if limited:  # (a bounded result: each record's text is kept to compare with the next run)
+                texts = [_dumps(record) for record in page]
+                last.update(zip((record["id"] for record in page), texts, strict=True))
+                ready = ",".join(texts)
+            else:
+                ready = _dumps(page)[1:-1]
+        live.ids = ids
+        live.last = last if limited else None
+        self._post(f'{{"type":"snapshot","sub":{sub},"records":[{ready or ""}]}}')
 
     def _send_changes(self, sub: int, live: _LiveQuery, touched: set[str]) -> None:
         """What the touched records change in the results of a query without a limit."""
@@ -865,13 +887,16 @@ def _startup_error(exc: BaseException) -> OfflineError:
     )
 
 
-async def start(config: Any, post: Post, persist: Persist | None = None) -> WorkerBridge | None:
+async def start(
+    config: Any, post: Post, persist: Persist | None = None, progress: Callable[[str], Any] | None = None
+) -> WorkerBridge | None:
     """Open the app and start serving a page; the worker's JavaScript calls this once.
 
     ``config`` is a mapping (or a JS object converted by Pyodide) with ``schemaModule``, ``actionsModule``,
     ``dbPath``, ``syncUrl`` and ``syncOptions``. When the app cannot open (a damaged database, a project
     module that does not import), the page gets ``{"type": "fatal", "code", "message", "context"}`` and
-    this returns None.
+    this returns None. ``progress(stage)`` reports the startup stage reached (``"app-opened"``: the schema
+    imported and the database opened), for the page's timings.
     """
     if hasattr(config, "to_py"):  # a JsProxy
         config = config.to_py()
@@ -887,6 +912,8 @@ async def start(config: Any, post: Post, persist: Persist | None = None) -> Work
             )
         )
         return None
+    if progress is not None:
+        progress("app-opened")
     bridge = WorkerBridge(app, post=post, persist=persist, actions=actions)
     await bridge.start()
     return bridge

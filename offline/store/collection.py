@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from offline.core.errors import INVALID_OPERATION, InvalidTransitionError, OfflineError
@@ -506,19 +506,44 @@ class Query:
             sql += " WHERE " + " AND ".join(clauses)
         return sql, params
 
-    def fetch(self) -> list[dict[str, Any]]:
+    def _ordered_sql(self) -> tuple[str, list[Any]]:
         sql, params = self._sql(self.collection.codec.select_columns)
         order = [f"{quote(name)} {'DESC' if desc else 'ASC'}" for name, desc in self.order]
         order.append(f"{quote('id')} ASC")  # UUID v7 ids: creation order, and a stable tie-break
         sql += " ORDER BY " + ", ".join(order)
         if self._limit is not None:
             sql += f" LIMIT {int(self._limit)}"
+        return sql, params
+
+    def fetch(self) -> list[dict[str, Any]]:
+        sql, params = self._ordered_sql()
         app = self.collection.app
         app.flush()
         with app.db.lock:
             rows = app.db.conn.execute(sql, params).fetchall()
         decode = self.collection.codec.record
         return [decode(row) for row in rows]
+
+    def fetch_pages(self, size: int = 1000) -> Iterator[list[dict[str, Any]]]:
+        """`fetch`'s records in the same order, at most ``size`` at a time, all from one read.
+
+        For a caller that turns a large result into something else page by page (the browser worker's
+        snapshot, as JSON text): the whole result never exists at once as Python objects. The database
+        is locked until the last page was taken (or the iterator closed): consume it before writing.
+        """
+        if size < 1:
+            raise _invalid(f"a page holds at least one record, got {size}", size=size)
+        sql, params = self._ordered_sql()
+        app = self.collection.app
+        app.flush()
+        decode = self.collection.codec.record
+        with app.db.lock:
+            cursor = app.db.conn.execute(sql, params)
+            try:
+                while rows := cursor.fetchmany(size):
+                    yield [decode(row) for row in rows]
+            finally:
+                cursor.close()
 
     def among(self, record_ids: Iterable[str]) -> list[dict[str, Any]]:
         """Those of ``record_ids`` whose records match this query's filters (ordering and limit ignored).

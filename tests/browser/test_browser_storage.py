@@ -26,6 +26,26 @@ async def reload(page: Any) -> None:
     await expect(page.locator("body")).to_have_attribute("data-ready", "true", timeout=START_TIMEOUT_MS)
 
 
+#: The worker's startup stages a reload reports to the page (`offlineClient.timings`), each with a stage it
+#: must come after: the stored database is read while Python loads, and opened once both are there.
+STAGES_AFTER = {
+    "python-loaded": "starting",
+    "storage-read": "starting",
+    "code-loaded": "python-loaded",
+    "python-imported": "code-loaded",
+    "storage-opened": ("python-imported", "storage-read"),
+    "app-opened": "storage-opened",
+    "ready": "app-opened",
+}
+
+
+def check_stages(timings: dict[str, float]) -> None:
+    for stage, after in STAGES_AFTER.items():
+        assert stage in timings, f"no {stage!r} in {timings}"
+        for earlier in (after,) if isinstance(after, str) else after:
+            assert timings[earlier] <= timings[stage], f"{stage!r} before {earlier!r}: {timings}"
+
+
 async def call(page: Any, script: str, *args: Any) -> Any:
     """Run ``script`` (the body of an async function of ``todos``, the page's collection, and ``args``)."""
     return await page.evaluate(
@@ -62,6 +82,8 @@ def test_every_write_survives_a_reload_as_soon_as_it_resolves(
                 MANY,
             )
             await reload(page)
+            # A warm reload reports its startup stages, the database read while Python loads.
+            check_stages(await page.evaluate("window.offlineClient.timings"))
             assert await call(page, "return await todos.count();") == MANY + 1
             middle = ids[MANY // 2]
             await call(page, "await todos.update(args[0], { title: 'middle' });", middle)

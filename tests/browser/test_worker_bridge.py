@@ -180,6 +180,50 @@ def test_subscriptions_push_every_change_and_stop(app: App) -> None:
     asyncio.run(scenario())
 
 
+def test_a_snapshot_larger_than_a_read_page_is_whole_and_in_order(app: App) -> None:
+    """The snapshot is read and sent a page at a time (bounded memory in the worker): put together, the
+    parts are the whole results in the query's order, and later changes are told apart from them."""
+    import offline.worker as worker_module
+
+    page = Page()
+    bridge = WorkerBridge(app, post=page.post, persist=page.persist)
+    count = 2 * worker_module.SNAPSHOT_PAGE + 7
+    with app.batch():
+        records = [app.todos.insert({"title": f"t{i:05d}", "votes": i % 3}) for i in range(count)]
+
+    async def scenario() -> None:
+        query = {"orderBy": [["votes", True], ["title", False]]}
+        await page.request(bridge, "subscribe", collection="todos", query=query, sub=1)
+        limited = {"orderBy": [["title", True]], "limit": worker_module.SNAPSHOT_PAGE + 1}
+        await page.request(bridge, "subscribe", collection="todos", query=limited, sub=2)
+        # Parts of at most a page each, every one but the last saying more is coming; never mixed.
+        parts = page.of_type("snapshot")
+        assert [(m["sub"], len(m["records"]), m.get("more")) for m in parts] == [
+            (1, worker_module.SNAPSHOT_PAGE, True),
+            (1, worker_module.SNAPSHOT_PAGE, True),
+            (1, 7, None),
+            (2, worker_module.SNAPSHOT_PAGE, True),
+            (2, 1, None),
+        ]
+        whole = [record for m in parts if m["sub"] == 1 for record in m["records"]]
+        bounded = [record for m in parts if m["sub"] == 2 for record in m["records"]]
+        assert whole == app.todos.where({}).order_by("votes", desc=True).order_by("title").fetch()
+        assert bounded == app.todos.where({}).order_by("title", desc=True).limit(limited["limit"]).fetch()
+        app.todos.update(records[0]["id"], {"title": "renamed"})
+        app.todos.delete(records[-1]["id"])
+        await asyncio.sleep(0)
+        changes = {m["sub"]: m for m in page.of_type("changes")}
+        assert [r["title"] for r in changes[1]["updated"]] == ["renamed"]
+        assert (changes[1]["inserted"], changes[1]["removed"]) == ([], [records[-1]["id"]])
+        # The deleted record was the first of the bounded results: the next one comes in.
+        assert changes[2]["removed"] == [records[-1]["id"]]
+        assert [r["id"] for r in changes[2]["inserted"]] == [
+            app.todos.where({}).order_by("title", desc=True).limit(limited["limit"]).fetch()[-1]["id"]
+        ]
+
+    asyncio.run(scenario())
+
+
 def test_a_live_query_with_a_limit_sends_what_enters_and_leaves(app: App) -> None:
     """With a limit, a write can push another record out of the results: the page is told both."""
     page = Page()

@@ -142,6 +142,18 @@ def test_limit_and_first(filled: App) -> None:
     assert len(query.fetch()) == 4
 
 
+def test_fetch_pages_gives_fetchs_records_a_page_at_a_time(filled: App) -> None:
+    query = filled.items.where({}).order_by("title", desc=True)
+    pages = list(query.fetch_pages(3))
+    assert [titles(page) for page in pages] == [["d", "c", "b"], ["a"]]
+    assert [record for page in pages for record in page] == query.fetch()
+    assert [titles(page) for page in query.limit(2).fetch_pages(1)] == [["d"], ["c"]]
+    assert list(filled.items.where({"title": "none"}).fetch_pages(5)) == []
+    with pytest.raises(OfflineError) as info:
+        next(query.fetch_pages(0))
+    assert info.value.code == INVALID_OPERATION
+
+
 def test_count_with_and_without_limit(filled: App) -> None:
     assert filled.items.count() == 4
     assert filled.items.where({"flag": True}).count() == 2

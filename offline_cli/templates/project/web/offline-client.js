@@ -9,7 +9,7 @@
 //   await client.call("toggle_todo", id);          // a function of the project's actions module
 
 // The message protocol of offline/worker.py this page speaks (its PROTOCOL_VERSION).
-const PROTOCOL = 2;
+const PROTOCOL = 3;
 
 export class OfflineError extends Error {
   constructor(message, code, context = {}) {
@@ -392,7 +392,18 @@ export class OfflineClient {
         const subscription = this._subscriptions.get(message.sub);
         if (!subscription) return;
         const { results, callback } = subscription;
-        const changes = message.type === "snapshot" ? results.reset(message.records) : results.apply(message);
+        let changes;
+        if (message.type === "snapshot") {
+          // A large snapshot comes in parts (the worker never holds it whole): the results are replaced
+          // once the last part is here.
+          const parts = subscription.parts || (subscription.parts = []);
+          parts.push(message.records);
+          if (message.more) return;
+          subscription.parts = null;
+          changes = results.reset(parts.length === 1 ? parts[0] : parts.flat());
+        } else {
+          changes = results.apply(message);
+        }
         try {
           callback(results.rows.slice(), changes);
         } catch (error) {

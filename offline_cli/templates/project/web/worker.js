@@ -88,15 +88,16 @@ function lockDatabase() {
 }
 
 // -- persistence ----------------------------------------------------------------------------------------
-// SQLite works on a file in Pyodide's in-memory file system (MEMFS). The file is kept in IndexedDB in
-// fixed-size chunks. Every write SQLite makes to the file passes through the file system's write function,
-// which this worker wraps for the database file: it notes which chunks the write touched. After a commit,
-// only those chunks are copied out and stored, in one IndexedDB transaction together with the file's size,
-// so a write costs the pages it touched whatever the size of the database, and the stored copy is always
-// one whole committed state (SQLite runs without a WAL here, and no transaction stays open between two JS
-// turns). Nothing keeps a second copy of the file: the chunks are read from the file system's own buffer.
+// SQLite works on a file in Pyodide's in-memory file system (MEMFS), kept in IndexedDB in fixed-size
+// chunks. The database file's node keeps its contents as those chunks (`StoredFile` replaces the node's
+// read, write and resize functions): the chunks read from IndexedDB at startup become the file itself (no
+// whole-file buffer, nothing copied), the file grows a chunk at a time (MEMFS would copy the whole file
+// into a larger buffer), and every write notes the chunks it touched. After a commit only those chunks are
+// stored, in one IndexedDB transaction together with the file's size, so a write costs the pages it
+// touched whatever the size of the database, and the stored copy is always one whole committed state
+// (SQLite runs without a WAL here, and no transaction stays open between two JS turns).
 const CHUNK = 16384;
-const LOAD_BATCH = 256; // chunks read per IndexedDB request at startup (bounds the memory held twice)
+const LOAD_BATCH = 256; // chunks per IndexedDB request at startup
 
 const done = (request) =>
   new Promise((resolve, reject) => {
@@ -116,6 +117,14 @@ function storageFailure(reason, message, error) {
   failure.code = "STORAGE_ERROR";
   failure.context = { reason, cause: String((error && (error.message || error.name)) || error) };
   return failure;
+}
+
+// A chunk as the file keeps it: CHUNK bytes (a stored last chunk holds only the file's bytes).
+function fullChunk(buffer) {
+  if (buffer.byteLength === CHUNK) return new Uint8Array(buffer);
+  const chunk = new Uint8Array(CHUNK);
+  chunk.set(new Uint8Array(buffer, 0, Math.min(buffer.byteLength, CHUNK)));
+  return chunk;
 }
 
 class StoredFile {
@@ -141,73 +150,159 @@ class StoredFile {
   constructor(db) {
     this.db = db;
     this.savedSize = 0; // the file's size as IndexedDB holds it
+    this.size = 0; // the file's size (before the file system has the node: as loaded)
+    this.chunks = []; // the file's contents; a missing chunk reads as zeros
     this.dirty = new Set(); // chunks written since the last save
-    this.node = null; // the file system node whose writes are tracked
+    this.node = null; // the file system node whose contents these are
   }
 
-  // Reads the stored file into one buffer the file system then owns (no second copy), or null.
+  // Reads the stored chunks (they become the file's contents when `adopt` takes the node). Every request
+  // is made at once, in one transaction: the browser reads them while Python loads, and the worker takes
+  // each answer when it is free (one request after another waited for the worker between two).
   async load() {
-    const size = await done(this.db.transaction("meta").objectStore("meta").get("size"));
-    if (size === undefined) return null;
-    const data = new Uint8Array(size);
+    const tx = this.db.transaction(["meta", "chunks"]);
+    const size = await done(tx.objectStore("meta").get("size"));
+    if (size === undefined) return;
     const count = Math.ceil(size / CHUNK);
+    const chunks = new Array(count);
+    const store = tx.objectStore("chunks");
+    const reads = [];
     for (let first = 0; first < count; first += LOAD_BATCH) {
-      const range = IDBKeyRange.bound(first, Math.min(first + LOAD_BATCH, count) - 1);
-      const store = this.db.transaction("chunks").objectStore("chunks");
-      const [keys, values] = await Promise.all([done(store.getAllKeys(range)), done(store.getAll(range))]);
-      keys.forEach((index, i) => data.set(new Uint8Array(values[i]).subarray(0, size - index * CHUNK), index * CHUNK));
+      const last = Math.min(first + LOAD_BATCH, count) - 1;
+      const range = IDBKeyRange.bound(first, last);
+      const read = done(store.getAll(range)).then((values) => {
+        if (values.length === last - first + 1) {
+          values.forEach((value, i) => {
+            chunks[first + i] = fullChunk(value);
+          });
+          return undefined;
+        }
+        // Some chunks of this range are missing (they read as zeros): each value goes by its key.
+        return done(store.getAllKeys(range)).then((keys) =>
+          keys.forEach((index, i) => {
+            chunks[index] = fullChunk(values[i]);
+          }),
+        );
+      });
+      reads.push(read);
     }
-    this.savedSize = size;
-    return data;
+    await Promise.all(reads);
+    this.chunks = chunks;
+    this.size = this.savedSize = size;
   }
 
-  // Wraps the write and resize functions of the database file's node so they note the chunks they touch.
-  // The stream operations are copied onto the node first: they are shared by every MEMFS file.
-  track(FS, path) {
+  _mark(from, to) {
+    for (let i = Math.floor(from / CHUNK); i * CHUNK < to; i++) this.dirty.add(i);
+  }
+
+  // Makes the file at `path` keep its contents in this object's chunks. A new file in the place of the
+  // one adopted before (deleted and created again) brings its contents along, all of them to be stored.
+  adopt(FS, path) {
     const node = FS.lookupPath(path).node;
     if (node === this.node) return;
-    const dirty = this.dirty;
-    const mark = (from, to) => {
-      for (let i = Math.floor(from / CHUNK); i * CHUNK < to; i++) dirty.add(i);
-    };
-    const streamOps = node.stream_ops;
+    if (this.node !== null || node.usedBytes) {
+      const contents = node.contents ? node.contents.subarray(0, node.usedBytes) : new Uint8Array(0);
+      this.chunks = [];
+      for (let at = 0; at < contents.length; at += CHUNK) this.chunks.push(fullChunk(contents.slice(at, at + CHUNK).buffer));
+      this.size = contents.length;
+      this._mark(0, Math.max(this.size, this.savedSize));
+    }
+    node.contents = null;
+    node.usedBytes = this.size;
+    const file = this;
     node.stream_ops = {
-      ...streamOps,
-      write(stream, buffer, offset, length, position, canOwn) {
-        const end = stream.node.usedBytes; // a write past the end also fills the gap before it (zeros)
-        const written = streamOps.write(stream, buffer, offset, length, position, canOwn);
-        mark(Math.min(position, end), position + written);
-        return written;
+      ...node.stream_ops, // (shared by every MEMFS file: copied, not changed)
+      read: (stream, buffer, offset, length, position) => file._read(buffer, offset, length, position),
+      write: (stream, buffer, offset, length, position) => file._write(buffer, offset, length, position),
+      allocate: (stream, offset, length) => file._resize(Math.max(node.usedBytes, offset + length), true),
+      mmap: () => {
+        throw new FS.ErrnoError(43); // ENODEV (Emscripten's numbering): SQLite does not map this file
       },
     };
     const nodeOps = node.node_ops;
     node.node_ops = {
       ...nodeOps,
       setattr(target, attr) {
-        const before = target.usedBytes;
-        const result = nodeOps.setattr(target, attr);
-        if (attr.size !== undefined && attr.size !== before) mark(Math.min(before, attr.size), Math.max(before, attr.size));
-        return result;
+        const { size, ...rest } = attr;
+        nodeOps.setattr(target, rest);
+        if (size !== undefined) file._resize(size, false);
       },
     };
-    if (this.node !== null) mark(0, node.usedBytes); // a new file in its place: store all of it
+    // (A stream takes its operations when it is opened: one already open on this file gets them too.)
+    for (const stream of FS.streams) if (stream && stream.node === node) stream.stream_ops = node.stream_ops;
     this.node = node;
   }
 
-  // Stores the chunks written since the last save. The chunks are copied synchronously (between two
-  // SQLite transactions); if the browser refuses them, they are noted again for the next save.
+  _read(buffer, offset, length, position) {
+    const size = this.node.usedBytes;
+    if (position >= size) return 0;
+    const total = Math.min(length, size - position);
+    for (let copied = 0; copied < total; ) {
+      const at = position + copied;
+      const i = Math.floor(at / CHUNK);
+      const from = at - i * CHUNK;
+      const n = Math.min(CHUNK - from, total - copied);
+      const chunk = this.chunks[i];
+      if (chunk) buffer.set(chunk.subarray(from, from + n), offset + copied);
+      else buffer.fill(0, offset + copied, offset + copied + n);
+      copied += n;
+    }
+    return total;
+  }
+
+  _write(buffer, offset, length, position) {
+    if (!length) return 0;
+    const node = this.node;
+    if (position > node.usedBytes) this._mark(node.usedBytes, position); // the gap reads (and is stored) as zeros
+    for (let copied = 0; copied < length; ) {
+      const at = position + copied;
+      const i = Math.floor(at / CHUNK);
+      const from = at - i * CHUNK;
+      const n = Math.min(CHUNK - from, length - copied);
+      const chunk = this.chunks[i] || (this.chunks[i] = new Uint8Array(CHUNK));
+      chunk.set(buffer.subarray(offset + copied, offset + copied + n), from);
+      this.dirty.add(i);
+      copied += n;
+    }
+    node.usedBytes = Math.max(node.usedBytes, position + length);
+    node.mtime = node.ctime = Date.now();
+    return length;
+  }
+
+  _resize(size, growOnly) {
+    const node = this.node;
+    const before = node.usedBytes;
+    if (size === before || (growOnly && size < before)) return;
+    if (size < before) {
+      // Bytes past the new end read as zeros if the file grows again: drop whole chunks, zero the rest.
+      const count = Math.ceil(size / CHUNK);
+      if (this.chunks.length > count) this.chunks.length = count;
+      const last = this.chunks[count - 1];
+      if (last && size % CHUNK) last.fill(0, size % CHUNK);
+    }
+    this._mark(Math.min(before, size), Math.max(before, size));
+    node.usedBytes = size;
+    node.mtime = node.ctime = Date.now();
+  }
+
+  // Stores the chunks written since the last save. The chunks are handed over synchronously (IndexedDB
+  // copies a value when it is put, between two SQLite transactions); if the browser refuses them, they are
+  // noted again for the next save.
   async save(FS, path) {
     if (!FS.analyzePath(path).exists) return;
-    this.track(FS, path);
-    const node = this.node;
-    const size = node.usedBytes;
+    this.adopt(FS, path);
+    const size = this.node.usedBytes;
     if (!this.dirty.size && size === this.savedSize) return;
     const count = Math.ceil(size / CHUNK);
     const changed = [...this.dirty].filter((i) => i < count);
     this.dirty.clear();
     const tx = this.db.transaction(["chunks", "meta"], "readwrite");
     const chunks = tx.objectStore("chunks");
-    for (const i of changed) chunks.put(node.contents.slice(i * CHUNK, Math.min((i + 1) * CHUNK, size)).buffer, i);
+    for (const i of changed) {
+      const chunk = this.chunks[i] || new Uint8Array(CHUNK);
+      const length = Math.min(CHUNK, size - i * CHUNK);
+      chunks.put(length === CHUNK ? chunk.buffer : chunk.slice(0, length).buffer, i);
+    }
     const before = Math.ceil(this.savedSize / CHUNK);
     if (before > count) chunks.delete(IDBKeyRange.bound(count, before - 1));
     tx.objectStore("meta").put(size, "size");
@@ -262,43 +357,60 @@ function syncUrl(value) {
 // while Pyodide starts; a build without yjs leaves rich text fields unavailable, and the page says so.
 const loadYjs = () => (config.richtext ? import(new URL(config.richtext, import.meta.url).href) : Promise.resolve(null));
 
+// Startup runs three things side by side: Pyodide loads and compiles (CPU in this process), the stored
+// database is read from IndexedDB (the browser's storage process), and the app's Python code is fetched.
+// Reading the database after Pyodide (as one step after another) made a reload wait for both in turn, and
+// the read grows with the database. The read starts once this tab holds the database (lockDatabase), so it
+// never sees another tab's half-saved state.
 async function main() {
   progress("starting");
   const yjs = loadYjs();
-  const pyodide = await loadPyodide({
+  const python = loadPyodide({
     indexURL: new URL("./pyodide/", import.meta.url).href,
     stdout: (line) => console.log(line),
     stderr: (line) => console.warn(line),
+  }).then((pyodide) => {
+    progress("python-loaded");
+    return pyodide;
   });
-  progress("python-loaded");
+  const stored = lockDatabase().then(async () => {
+    const file = await StoredFile.open(config.database);
+    await file.load().catch((error) => {
+      throw storageFailure(
+        "unreadable",
+        `the data this app keeps in this browser could not be read (${(error && error.message) || error}); ` +
+          "reload the page, and if this keeps happening, clear this site's data in the browser's settings",
+        error,
+      );
+    });
+    progress("storage-read");
+    return file;
+  });
+  const code = fetch(new URL(config.python, import.meta.url)).then((response) => {
+    if (!response.ok) throw new Error(`cannot load the Python code ${config.python}: HTTP ${response.status}`);
+    return response.arrayBuffer();
+  });
+  // (A failure in one is reported by main's catch; the others are left to settle unobserved.)
+  for (const step of [stored, code]) step.catch(() => {});
+
+  const pyodide = await python;
   const yjsModule = await yjs;
   if (yjsModule) pyodide.registerJsModule("offline_yjs", yjsModule);
-
-  await lockDatabase();
-  const FS = pyodide.FS;
-  FS.mkdirTree(folder);
-  const file = await StoredFile.open(config.database);
-  // The file system takes the loaded buffer as the file's contents (canOwn: no copy); a new database starts
-  // as an empty file, so its writes are tracked from the first one.
-  const stored = await file.load().catch((error) => {
-    throw storageFailure(
-      "unreadable",
-      `the data this app keeps in this browser could not be read (${(error && error.message) || error}); ` +
-        "reload the page, and if this keeps happening, clear this site's data in the browser's settings",
-      error,
-    );
-  });
-  FS.writeFile(dbPath, stored || new Uint8Array(0), { canOwn: true });
-  file.track(FS, dbPath);
-  progress("storage-opened");
-
-  const response = await fetch(new URL(config.python, import.meta.url));
-  if (!response.ok) throw new Error(`cannot load the Python code ${config.python}: HTTP ${response.status}`);
-  pyodide.unpackArchive(await response.arrayBuffer(), "zip", { extractDir: "/app" });
+  pyodide.unpackArchive(await code, "zip", { extractDir: "/app" });
   pyodide.runPython("import sys\nif '/app' not in sys.path: sys.path.insert(0, '/app')");
   progress("code-loaded");
-
   const worker = pyodide.pyimport("offline.worker");
+  progress("python-imported");
+
+  const FS = pyodide.FS;
+  FS.mkdirTree(folder);
+  const file = await stored;
+  // An empty file whose contents become the loaded chunks (a new database: none, and every write is
+  // stored from the first one).
+  FS.writeFile(dbPath, new Uint8Array(0));
+  file.adopt(FS, dbPath);
+  progress("storage-opened");
+
   const options = pyodide.toPy({
     schemaModule: config.schemaModule,
     actionsModule: config.actionsModule || null,
@@ -307,7 +419,7 @@ async function main() {
     syncOptions: config.syncOptions || {},
   });
   persist = makePersist(FS, file);
-  bridge = await worker.start(options, post, persist);
+  bridge = await worker.start(options, post, persist, progress);
   options.destroy();
   if (!bridge) return; // the app could not open: Python told the page why (a "fatal" message)
   progress("ready");
