@@ -8,7 +8,7 @@ import itertools
 import logging
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .live_results import LiveResults, QueryChanges
@@ -30,6 +30,10 @@ class Subscription:
     callback: Callable[[Any], Any]
     wants_changes: bool  # called with a QueryChanges, else with the list of records
     active: bool = True
+    # Records changed since this subscription's last refresh (None: unknown, run the query again). A
+    # callback that writes starts a refresh of every subscription before the rest heard of the change before
+    # it: each refresh takes all that is pending, so no subscription reads a mix of old and new.
+    pending: set[str] | None = field(default_factory=set)
 
 
 class SubscriptionRegistry:
@@ -96,18 +100,28 @@ class SubscriptionRegistry:
         ids of every record whose row may have changed; a collection it does not name runs its queries
         again."""
         events = self.app.events
+        due: list[Subscription] = []
         for collection in collections:
             touched = None if record_ids is None else record_ids.get(collection)
-            for sub in list(self._by_collection.get(collection, ())):
-                if not sub.active:
-                    continue
-                if trigger is not None and events.has_listeners("query:invalidated"):
-                    events.emit("query:invalidated", queryId=sub.id, trigger=trigger)
-                started = time.perf_counter()
-                changes = sub.results.refresh(touched)
-                self._executed(sub, started)
-                if changes is not None:
-                    self._call(sub, changes)
+            for sub in self._by_collection.get(collection, ()):
+                if touched is None:
+                    sub.pending = None
+                elif sub.pending is not None:
+                    sub.pending.update(touched)
+                due.append(sub)
+        for sub in due:
+            if not sub.active:
+                continue
+            if trigger is not None and events.has_listeners("query:invalidated"):
+                events.emit("query:invalidated", queryId=sub.id, trigger=trigger)
+            pending, sub.pending = sub.pending, set()
+            if pending is not None and not pending:
+                continue  # a write made by a callback refreshed it already
+            started = time.perf_counter()
+            changes = sub.results.refresh(pending)
+            self._executed(sub, started)
+            if changes is not None:
+                self._call(sub, changes)
 
     def clear(self) -> None:
         for subs in self._by_collection.values():

@@ -148,6 +148,34 @@ def test_a_descending_limited_window(app: App) -> None:
     assert seen.rows == query.fetch()
 
 
+def test_a_write_made_inside_a_callback_leaves_every_subscription_current(app: App) -> None:
+    """A callback that writes starts the next refresh before the other subscriptions heard of the first
+    change: each of them must still hand out the results as they are (not a mix of before and after)."""
+    a = app.todos.insert({"title": "a"})
+    app.todos.insert({"title": "b"})
+    app.todos.insert({"title": "c"})
+
+    def writer(changes: QueryChanges) -> None:
+        if any(record["title"] == "z" for record in changes.updated):
+            app.todos.insert({"title": "0"})
+
+    app.todos.where({}).subscribe_changes(writer)
+    query = app.todos.where({}).order_by("title").limit(2)
+    seen: list[tuple[list[str], list[str]]] = []
+
+    def window(changes: QueryChanges) -> None:
+        rows = changes.apply(held)
+        held[:] = rows
+        seen.append(([r["title"] for r in rows], [r["title"] for r in query.fetch()]))
+
+    held: list[dict[str, Any]] = []
+    query.subscribe_changes(window)
+    app.todos.update(a["id"], {"title": "z"})  # leaves the window; the writer's insert enters it
+    assert seen[-1][0] == ["0", "b"]
+    for shown, current in seen:
+        assert shown == current
+
+
 def test_full_list_subscribers_keep_working_next_to_change_subscribers(app: App) -> None:
     lists: list[list[dict[str, Any]]] = []
     seen = Changes()
