@@ -273,6 +273,7 @@ class WorkerBridge:
             "sync:connected",
             "sync:disconnected",
             "sync:received",
+            "sync:states",  # (a state-based first sync: its progress, and its records to store)
             "sync:acknowledged",
             "sync:rejected",
             "sync:apply-failed",

@@ -300,7 +300,14 @@ async def _session(
     cursor = hello.last_delivery_sequence
     if cursor > service.watermark:
         cursor = 0  # a watermark from another (or a reset) server: resend everything visible
-    session = Session(node_id=hello.node_id, filters=filters, claims=claims, send=send, cursor=cursor)
+    session = Session(
+        node_id=hello.node_id,
+        filters=filters,
+        claims=claims,
+        send=send,
+        cursor=cursor,
+        wants_states=hello.initial_sync == "states",
+    )
     vector = await service.store.version_vector()
     response = p.HandshakeResponse(
         message_id=p.new_message_id(),

@@ -120,6 +120,8 @@ class Session:
     # first; and when it last acknowledged one. See SyncService.relay.
     unacked: dict[str, tuple[float, int]] = field(default_factory=dict)
     last_ack: float = field(default_factory=time.monotonic)
+    # The client asked for the state-based first sync (handshake ``initialSync: "states"``).
+    wants_states: bool = False
     principal: str = field(init=False)
 
     def __post_init__(self) -> None:
@@ -257,6 +259,11 @@ class SyncLimits:
     # Catch-up pages read from the store at once, across sessions: a crowd of sessions starting together
     # (a server restart) holds this many pages in memory, not one per session, and queues for the rest.
     catch_up_reads: int = 4
+    # A session starting from delivery 0 that asks for it (a fresh device) is sent its records' states, then
+    # the log after them, once the log holds more operations than this: each record then costs the device
+    # one state instead of every operation of it (verified, folded and logged one by one). A short log is
+    # streamed as operations (cheap either way, and the device keeps the operations).
+    state_sync_after: int = 1000
 
 
 class SyncService:
@@ -1243,9 +1250,12 @@ class SyncService:
         kept.fields = {name: register for name, register in kept.fields.items() if name in fields}
         return kept.to_json()
 
-    async def _send_states(self, session: Session, keys: list[RecordKey], horizon: int | None) -> None:
+    async def _send_states(
+        self, session: Session, keys: list[RecordKey], horizon: int | None, *, through: int | None = None
+    ) -> None:
         """Send ``keys``' states to ``session`` in messages of at most a batch's size; the last is final and
-        carries ``horizon`` when given (the end of a state-based catch-up), else none is final."""
+        carries ``horizon`` when given (the end of a state-based catch-up), else none is final and each
+        carries ``through`` (how far a catch-up's scan of the log went)."""
         limit = self.limits.batch_size
         chunks = [keys[i : i + limit] for i in range(0, len(keys), limit)] or [[]]
         for index, chunk in enumerate(chunks):
@@ -1258,6 +1268,7 @@ class SyncService:
                 states=tuple(states),
                 is_final=last,
                 horizon=horizon if last else None,
+                through=None if last else through,
             )
             await session.send(p.encode(message))
             self.counters["states_sent"] += len(states)
@@ -1271,6 +1282,10 @@ class SyncService:
         cursor = session.cursor
         limit = self.limits.batch_size
         keys: dict[RecordKey, None] = {}
+        # Sent as the scan finds them, a batch's worth at a time (each state is read after the horizon's
+        # commits, so it holds every operation up to the horizon however late in the scan its record shows
+        # up again); ``through`` tells the client how far the scan went (a first sync's progress).
+        unsent: list[RecordKey] = []
         while cursor < horizon:
             if selectors is None:
                 async with self._catch_up_reads:
@@ -1295,12 +1310,16 @@ class SyncService:
                     seen = session.matches(r.collection, r.scope) or (
                         r.moved_from is not None and session.matches(r.collection, r.moved_from)
                     )
-                if seen:
+                if seen and (r.collection, r.record_id) not in keys:
                     keys[(r.collection, r.record_id)] = None
+                    unsent.append((r.collection, r.record_id))
+                    if len(unsent) >= limit:
+                        await self._send_states(session, unsent, None, through=r.delivery)
+                        unsent = []
             if through <= cursor:
                 break
             cursor = through
-        await self._send_states(session, list(keys), horizon)
+        await self._send_states(session, unsent, horizon)
 
     async def _visible(
         self, session: Session, batch: list[Relayed], moved_in: list[RecordKey] | None = None
@@ -1347,6 +1366,12 @@ class SyncService:
         resend_after, rewound_at = self.limits.ack_timeout, 0.0  # see the end of the loop
         selectors = self.catch_up_selectors(session)
         self._horizon = max(self._horizon, await self.store.compaction_horizon())
+        if session.wants_states and session.cursor == 0 and self.watermark > self.limits.state_sync_after:
+            # A fresh device's state-based first sync: its records' states up to the end of the log as it is
+            # now, then the operations after it (the same path as a catch-up across a compaction).
+            end = self.watermark
+            await self._catch_up_states(session, selectors, end)
+            session.cursor = last_sent = end
         while self.started:
             session.wake.clear()
             horizon = self._horizon

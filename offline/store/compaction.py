@@ -300,7 +300,8 @@ def rename_fields(app: App, renames: Mapping[str, Sequence[tuple[str, str]]]) ->
 def adopt_states(
     app: App, states: Sequence[tuple[str, str, str, Mapping[str, int]]]
 ) -> list[tuple[str, str]]:
-    """Take the server's state of these records (state-based catch-up after a server compaction).
+    """Take the server's state of these records (state-based catch-up after a server compaction, or a fresh
+    replica's state-based first sync).
 
     Each item is (collection, record id, state JSON, versions: node -> highest sequence number folded into
     that state). The server's state holds every operation it delivered of the record up to it, so this
@@ -308,52 +309,97 @@ def adopt_states(
     stored by the server: they count as acknowledged), and those it does not cover (this node's writes the
     server has not stored yet, and anything newer) are folded on top of it. The per-node numbers make the
     operations streamed afterwards that the state holds already count as repeats. Returns the keys written.
+
+    In bulk, one transaction for the message: a record with no operation left in the log (every record of
+    a fresh replica) takes the server's state text as it is, its row materialised from it, a statement per
+    table for all of them; only the records with operations of their own left are refolded one by one.
     """
     if not states:
         return []
     app.flush()
     db = app.db
-    written: list[tuple[str, str]] = []
+    # Every state is parsed before anything is written: a bad one refuses the message, nothing stored.
+    parsed: dict[tuple[str, str], tuple[str, RecordState, dict[str, int]]] = {}
+    for collection, record_id, text, versions in states:
+        if collection in app.codecs:
+            parsed[(collection, record_id)] = (
+                text,
+                RecordState.from_json(text),
+                {str(n): int(s) for n, s in versions.items()},
+            )
+    if not parsed:
+        return []
+    written = list(parsed)
     with db.lock, db.transaction():
         conn = db.conn
-        for collection, record_id, text, versions in states:
-            if collection not in app.codecs:
-                continue
-            known = {str(n): int(s) for n, s in versions.items()}
-            held = load(app, [(collection, record_id)]).get((collection, record_id))
-            if held is not None:
-                for node, seq in held[1].items():
+        held = load(app, written) if app._compacted else {}
+        logged = _logged(app, written)
+        compacted: list[tuple[str, str, str, str]] = []
+        covered: list[tuple[str, int]] = []
+        plain: list[tuple[str, str, str, RecordState]] = []
+        refold_keys: list[tuple[str, str]] = []
+        own = 0
+        for key, (text, state, known) in parsed.items():
+            base = held.get(key)
+            if base is not None:
+                for node, seq in base[1].items():
                     known[node] = max(known.get(node, -1), seq)
-            covered = [
-                (str(n), int(s))
-                for n, s in conn.execute(
-                    "SELECT node_id, sequence_number FROM _offline_ops WHERE collection = ? AND record_id = ? "
-                    "AND status != ?",
-                    (collection, record_id, REJECTED),
-                )
-                if int(s) <= known.get(str(n), -1)
-            ]
+            places = logged.get(key, [])
+            gone = [(n, s) for n, s in places if s <= known.get(n, -1)]
+            covered.extend(gone)
+            own = max(own, max((s for n, s in gone if n == app.node_id), default=0))
+            compacted.append((key[0], key[1], text, _versions_text(known)))
+            if len(gone) < len(places):
+                refold_keys.append(key)
+            else:
+                plain.append((key[0], key[1], text, state))
+        if covered:
             conn.executemany("DELETE FROM _offline_ops WHERE node_id = ? AND sequence_number = ?", covered)
-            own = max((s for n, s in covered if n == app.node_id), default=0)
-            if own:
-                db.advance_vector({app.node_id: own})
-                _note_dropped_own(app, own)
-            state = RecordState.from_json(text)  # checked before anything is written
-            conn.execute(
-                "INSERT OR REPLACE INTO _offline_compacted (collection, record_id, state, versions) "
-                "VALUES (?, ?, ?, ?)",
-                (collection, record_id, state.to_json(), _versions_text(known)),
-            )
-            app._compacted = True
+        if own:
+            db.advance_vector({app.node_id: own})
+            _note_dropped_own(app, own)
+        conn.executemany(
+            "INSERT OR REPLACE INTO _offline_compacted (collection, record_id, state, versions) "
+            "VALUES (?, ?, ?, ?)",
+            compacted,
+        )
+        if not app._compacted:
             db.set_meta(FLAG_KEY, "1")
-            refold_and_persist(app, collection, record_id)
-            written.append((collection, record_id))
-    touched = {c for c, _ in written}
-    if touched:
-        app.subscriptions.notify(touched, None, record_ids=_by_collection(written))
-        if app.events.has_listeners("sync:states"):
-            app.events.emit("sync:states", records=[{"collection": c, "recordId": r} for c, r in written])
+            app._compacted = True
+        materialize = app.engine.materialize
+        for collection, record_id, _, _ in plain:
+            app._rows.pop((collection, record_id), None)
+        app._write_records(
+            [(c, r, text, app._row(c, state, materialize(c, r, state))) for c, r, text, state in plain]
+        )
+        for key in refold_keys:
+            refold_and_persist(app, *key)
+    touched: dict[str, list[str]] = {}
+    for collection, record_id in written:
+        touched.setdefault(collection, []).append(record_id)
+    for listener in list(app.subscriptions.change_listeners):
+        for collection, ids in touched.items():
+            listener(collection, ids)
+    app.subscriptions.notify(set(touched), None, record_ids=touched)
+    if app.events.has_listeners("sync:states"):
+        app.events.emit("sync:states", records=[{"collection": c, "recordId": r} for c, r in written])
     return written
+
+
+def _logged(app: App, keys: Sequence[tuple[str, str]]) -> dict[tuple[str, str], list[tuple[str, int]]]:
+    """The (node id, sequence number) of each of these records' operations in the log, refused ones aside."""
+    out: dict[tuple[str, str], list[tuple[str, int]]] = {}
+    for collection, ids in _by_collection(keys).items():
+        for start in range(0, len(ids), _CHUNK):
+            chunk = ids[start : start + _CHUNK]
+            marks = ",".join("?" * len(chunk))
+            for record_id, node_id, seq in app.db.conn.execute(
+                f"SELECT record_id, node_id, sequence_number FROM _offline_ops WHERE collection = ? "
+                f"AND record_id IN ({marks}) AND status != ?",
+                [collection, *chunk, REJECTED],
+            ):
+                out.setdefault((collection, str(record_id)), []).append((str(node_id), int(seq)))
+    return out
 
 
 def _by_collection(keys: Iterable[tuple[str, str]]) -> dict[str, list[str]]:
@@ -368,4 +414,18 @@ def _parse_versions(text: str) -> dict[str, int]:
 
 
 def _versions_text(versions: Mapping[str, int]) -> str:
-    return json.dumps(dict(sorted(versions.items())), separators=(",", ":"))
+    """``json.dumps`` of the numbers with sorted keys, compact (what `_parse_versions` reads); written once
+    per record a state-based first sync brings, so the few node ids are encoded once each, not per record."""
+    keys = _KEY_TEXTS
+    parts = []
+    for node, seq in sorted(versions.items()):
+        key = keys.get(node)
+        if key is None:
+            key = keys[node] = json.dumps(node)
+            if len(keys) > 10_000:  # (ids of many nodes over a long life: keep the cache bounded)
+                keys.clear()
+        parts.append(f"{key}:{int(seq)}")
+    return "{" + ",".join(parts) + "}"
+
+
+_KEY_TEXTS: dict[str, str] = {}

@@ -89,6 +89,17 @@ class SyncEngine:
         self.handshake_timeout = float(config.get("handshake_timeout", 15.0))
         # A batch the server has not acknowledged after this long is sent again (it may have been lost).
         self.ack_timeout = float(config.get("ack_timeout", 5.0))
+        # How a replica that has received nothing yet asks to be brought up to date: "states" (the server
+        # may send each record's merge state instead of all of its operations when its log is long; the
+        # replica then holds what a compaction would have left) or "operations" (every operation, so the
+        # replica can export the whole history to peers through `App.operations`).
+        self.initial_sync = str(config.get("initial_sync", "states"))
+        if self.initial_sync not in ("states", "operations"):
+            raise OfflineError(
+                f'sync initial_sync must be "states" or "operations", got {self.initial_sync!r}',
+                SYNC_ERROR,
+                {"field": "sync.initial_sync"},
+            )
         self.status = DISCONNECTED
         self.last_error: OfflineError | None = None
         self.server_node_id: str | None = None
@@ -107,6 +118,8 @@ class SyncEngine:
         # Where each operation sent in this session is held (node id, sequence number), for refusals.
         self._places: dict[str, tuple[str, int]] = {}
         self._cursor = 0
+        # How far the server's scan of its log went in a state-based first sync (progress only).
+        self._states_through = 0
         # The server's last delivery sequence when this session began: how far a first sync has to go.
         self.server_delivery_sequence = 0
         self._sent: set[str] = set()
@@ -248,8 +261,8 @@ class SyncEngine:
         return {
             "status": self.status,
             "pending": self.pending,
-            "received": self._cursor,
-            "serverTotal": max(self.server_delivery_sequence, self._cursor),
+            "received": max(self._cursor, self._states_through),
+            "serverTotal": max(self.server_delivery_sequence, self._cursor, self._states_through),
             "rejected": replication.rejected_count(self.app),
             "clockOffsetMs": self.clock_offset_ms,
             "applyError": None if self.apply_error is None else dict(self.apply_error),
@@ -403,14 +416,16 @@ class SyncEngine:
 
     async def _session(self, conn: Any) -> None:
         app = self.app
+        watermark = replication.delivery_watermark(app)
         hello = p.Handshake(
             message_id=p.new_message_id(),
             node_id=app.node_id,
             version_vector=app.version_vector,
             schema_version=app.schema.version,
-            last_delivery_sequence=replication.delivery_watermark(app),
+            last_delivery_sequence=watermark,
             auth_token=await self._session_token(),
             sync_scope=build_scope_map(app.schema, self.scope) if self.scope else None,
+            initial_sync="states" if watermark == 0 and self.initial_sync == "states" else None,
         )
         asked_at = app._wall()
         await conn.send(p.encode(hello))
@@ -480,6 +495,7 @@ class SyncEngine:
         self._last_ack = time.monotonic()
         self._acked_upto = 0.0
         self._cursor = replication.delivery_watermark(app)
+        self._states_through = 0
         if app.events.has_listeners("sync:connected"):
             app.events.emit("sync:connected", nodeId=reply.node_id)
         assert self._ready is not None and self._wake is not None
@@ -665,17 +681,16 @@ class SyncEngine:
         """The server's record states (state-based catch-up after a compaction, see `p.RecordStates`): each
         replaces this replica's state of its record; the final one moves the watermark to the horizon."""
         app = self.app
+        # (The protocol checked each entry: string names and state, versions an object of numbers.)
         compaction.adopt_states(
-            app,
-            [
-                (str(s["collection"]), str(s["recordId"]), str(s["state"]), dict(s.get("versions") or {}))
-                for s in message.states
-            ],
+            app, [(s["collection"], s["recordId"], s["state"], s["versions"]) for s in message.states]
         )
         horizon = message.horizon if message.is_final else None
         if horizon is not None:
             app.apply_verified([], None, watermark=horizon)
             self._cursor = max(self._cursor, horizon)
+        elif message.through is not None:
+            self._states_through = max(self._states_through, message.through)
         if self._scope_filters and message.states:
             # A record the server's state puts outside this scope is dropped, as one moved away would be.
             self._forget_outside([(str(s["collection"]), str(s["recordId"])) for s in message.states])

@@ -850,13 +850,29 @@ class SQLiteServerStore(ServerStore):
                 return await _run_steps(conn, steps)
 
             stored = await _stored_versions(read, wanted)
-            for key in wanted:
-                rows = await conn.execute_fetchall(
-                    "SELECT node_id, MAX(sequence_number) FROM offline_operations INDEXED BY"
-                    " offline_operations_record WHERE collection = ? AND record_id = ? GROUP BY node_id",
-                    key,
+            # A statement per chunk of records, all in one trip to the connection's thread (a state-based
+            # first sync asks for every record of the log: one round trip per record was most of its cost).
+            by_collection: dict[str, list[str]] = {}
+            for collection, record_id in wanted:
+                by_collection.setdefault(collection, []).append(record_id)
+            steps: list[_Step] = [
+                (
+                    "fetch",
+                    "SELECT record_id, node_id, MAX(sequence_number) FROM offline_operations INDEXED BY"
+                    f" offline_operations_record WHERE collection = ? AND record_id IN ({','.join('?' * len(part))})"
+                    " GROUP BY record_id, node_id",
+                    (collection, *part),
                 )
-                versions = compaction.merge_versions(stored.get(key), {str(n): int(q) for n, q in rows})
+                for collection, record_ids in by_collection.items()
+                for part in _codec.chunks(record_ids, _CHUNK)
+            ]
+            kept: dict[RecordKey, dict[str, int]] = {}
+            answers = await read(steps) if steps else []
+            for (_, _, params), rows in zip(steps, answers, strict=True):
+                for record_id, node, seq in rows or ():
+                    kept.setdefault((params[0], str(record_id)), {})[str(node)] = int(seq)
+            for key in wanted:
+                versions = compaction.merge_versions(stored.get(key), kept.get(key))
                 if versions:
                     out[key] = versions
         return out

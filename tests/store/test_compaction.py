@@ -453,6 +453,95 @@ def test_a_replica_offline_across_a_server_compaction_converges(data: st.DataObj
             app.close()
 
 
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+)
+@given(data=st.data())
+def test_a_fresh_replica_synced_by_states_converges_with_one_synced_by_operations(
+    data: st.DataObject,
+) -> None:
+    """A state-based first sync: a fresh replica takes the server's state of every record (`adopt_states`, in
+    messages of any size, perhaps after the server compacted), then the log after them (repeats of what the
+    states hold included), while another fresh replica receives every operation. The first may have written
+    records of its own before it ever synced, uploaded before or after the states. Both hold the server's
+    records, keep no received operation (the first), and after more writes of everyone all converge on what
+    the engine folds from the whole set."""
+    clock = FakeClock()
+    server, writer, by_ops, by_states = (
+        create_app(SCHEMA, path=":memory:", now=clock, compact_after=None) for _ in "swob"
+    )
+    apps = (server, writer, by_ops, by_states)
+    ledger: dict[str, Operation] = {}
+    held: dict[str, Operation] = {}  # what the server folded
+    for app in (writer, by_ops, by_states):
+        app.events.on("operation:created", lambda e: ledger.setdefault(e["operation"].id, e["operation"]))
+    rng = random.Random(data.draw(st.integers(0, 1000)))
+
+    def upload(app: App) -> None:
+        ops = [o for o in ledger.values() if o.node_id == app.node_id and o.id not in held]
+        server.apply(in_node_order(ops, rng))
+        held.update((o.id, o) for o in ops)
+        mark_acknowledged(app, [o.sequence_number for o in ops])
+
+    def download(app: App) -> None:
+        app.apply(in_node_order(list(held.values()), rng))
+
+    def expected() -> list[dict[str, Any]]:
+        engine = MergeEngine(SCHEMA, authoritative_nodes=[server.node_id])
+        by_record: dict[str, list[Operation]] = {}
+        for o in held.values():
+            by_record.setdefault(o.record_id, []).append(o)
+        folded = [engine.fold("items", rid, ops)[1] for rid, ops in sorted(by_record.items())]
+        return canonical([r for r in folded if r is not None])
+
+    try:
+        for app in apps:
+            app.set_authoritative_nodes([server.node_id])
+        for _ in range(data.draw(st.integers(1, 25), label="history")):
+            clock.advance(data.draw(st.sampled_from([0, 1, 5])))
+            action = data.draw(st.integers(0, 6))
+            if action == 0:
+                upload(writer)
+            elif action == 1:
+                server.compact()
+            else:
+                local_write(data, writer)
+        upload(writer)
+        for _ in range(data.draw(st.integers(0, 4), label="written before the first sync")):
+            local_write(data, by_states)
+        download(by_ops)
+        states = server_states(server, held)
+        early = data.draw(st.booleans(), label="own writes stored first")
+        if early:
+            upload(by_states)
+            states = server_states(server, held)
+        size = data.draw(st.integers(1, 5), label="states a message")
+        for start in range(0, len(states), size):
+            adopt_states(by_states, states[start : start + size])
+        if not early:
+            upload(by_states)
+        download(by_states)  # the log after the states: all of it repeats what they hold
+        with by_states.db.lock:
+            received = by_states.db.conn.execute(
+                "SELECT count(*) FROM _offline_ops WHERE node_id != ?", (by_states.node_id,)
+            ).fetchone()[0]
+        assert received == 0  # every received operation is in a state, none in the log
+        download(by_ops)
+        assert snapshot(by_states)[1] == snapshot(by_ops)[1] == snapshot(server)[1] == expected()
+        for _ in range(data.draw(st.integers(0, 10), label="afterwards")):
+            clock.advance(data.draw(st.sampled_from([0, 1, 5])))
+            local_write(data, data.draw(st.sampled_from([writer, by_ops, by_states])))
+        for app in (writer, by_ops, by_states):
+            upload(app)
+        for app in (writer, by_ops, by_states):
+            download(app)
+        for app in apps:
+            assert snapshot(app)[1] == expected()
+    finally:
+        for app in apps:
+            app.close()
+
+
 def test_a_schema_migration_after_compaction_keeps_the_compacted_values(tmp_path: Path) -> None:
     """Opening a compacted database with a newer schema rebuilds every record; a compacted record starts
     from its compacted state with its fields renamed as the migration says (and is backfilled as usual)."""

@@ -367,7 +367,13 @@ def test_restart_mid_catch_up_resumes_from_watermark(backend: Backend, tmp_path:
         # (the app goes away mid-catch-up, the way a killed process or a closed tab does).
         path = tmp_path / "late.db"
         stall = StallingTransport(batches=2)
-        late = create_app(GENERAL, sync={"url": server.sync_url, **FAST, "transport": stall}, path=str(path))
+        # (By operations: a log this long would otherwise come as record states, see test_state_first_sync.)
+        by_operations = {"initial_sync": "operations"}
+        late = create_app(
+            GENERAL,
+            sync={"url": server.sync_url, **FAST, "transport": stall, **by_operations},
+            path=str(path),
+        )
         try:
             await late.sync.connect()
             await wait_for(lambda: stall.stalled, "the third batch")
@@ -380,7 +386,7 @@ def test_restart_mid_catch_up_resumes_from_watermark(backend: Backend, tmp_path:
         assert watermark > 0
 
         # Reopened with the same path: resumes after its watermark and receives only what it lacks.
-        again = client(tmp_path, "late", server.sync_url)
+        again = client(tmp_path, "late", server.sync_url, **by_operations)
         received = collect(again, "sync:received")
         async with clients(again):
             assert delivery_watermark(again) == watermark

@@ -150,7 +150,16 @@ def wire_op(**overrides: Any) -> dict[str, Any]:
 
 # One fully populated and one minimal example of every message type.
 FULL: dict[str, Message] = {
-    "handshake": Handshake("m1", "client-1", {"client-1": 3, "server": 7}, 2, 41, "token", {"ownerId": "u1"}),
+    "handshake": Handshake(
+        "m1",
+        "client-1",
+        {"client-1": 3, "server": 7},
+        2,
+        41,
+        "token",
+        {"ownerId": "u1"},
+        initial_sync="states",
+    ),
     "handshake-response": HandshakeResponse(
         "m2", True, "server", {"server": 9}, 2, 1_700_000_000_000, 99, {"ownerId": "u1"}, "x", 1, 3, "epoch-1"
     ),
@@ -164,6 +173,7 @@ FULL: dict[str, Message] = {
         ({"collection": "items", "recordId": "r1", "state": '{"g":{}}', "versions": {"n": 3}},),
         True,
         40,
+        38,
     ),
 }
 MINIMAL: dict[str, Message] = {
@@ -188,12 +198,13 @@ DESIGN_FIELDS = {
     "operation-rejected": "operationId code message retriable",
     "error": "code message retriable",
     # Not in DESIGN.md's table: the state-based catch-up after a server compaction (see RecordStates).
-    "record-states": "states isFinal horizon?",
+    "record-states": "states isFinal horizon? through?",
 }
-# Fields beyond the DESIGN table: the handshake carries the protocol version, a streamed operation its
-# delivery sequence (S->C), a restored server's answer its numbering of deliveries (see HandshakeResponse).
+# Fields beyond the DESIGN table: the handshake carries the protocol version and may ask for the state-based
+# first sync, a streamed operation its delivery sequence (S->C), a restored server's answer its numbering of
+# deliveries (see HandshakeResponse).
 EXTRA_FIELDS = {
-    "handshake": {"protocolVersion"},
+    "handshake": {"protocolVersion", "initialSync?"},
     "operation": {"deliverySequence?"},
     "handshake-response": {"deliveryEpoch?"},
 }
@@ -263,6 +274,7 @@ def test_wire_values() -> None:
         "authToken": "token",
         "syncScope": {"ownerId": "u1"},
         "protocolVersion": 1,
+        "initialSync": "states",
     }
     assert json.loads(encode(FULL["operation-batch"])) == {
         "type": "operation-batch",

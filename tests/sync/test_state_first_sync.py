@@ -1,0 +1,137 @@
+"""A fresh device's state-based first sync, end to end: a real server process (memory, SQLite, PostgreSQL
+stores), real WebSocket clients.
+
+A device that has received nothing asks for its first sync by record states (``initialSync: "states"`` in
+its handshake, the default); once the server's log is longer than ``state_sync_after`` operations it is
+sent every record's merge state, then the log after them, instead of every operation. It ends with exactly
+the server's records, holds no received operation in its log (what a compaction would have left), shows its
+progress, and converges with a device that synced by operations, writes of its own made before its first
+sync included.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from offline import op
+from offline.store import App
+from offline.store.replication import delivery_watermark
+from tests.merge._support import SCHEMA
+from tests.sync.test_integration import TIMEOUT, Backend, client, clients, collect, converge, wait_for
+
+ENTRY = "from tests.merge._support import SCHEMA as schema\n"
+
+
+def received_in_log(app: App) -> int:
+    """How many operations of other nodes this replica's log holds."""
+    with app.db.lock:
+        row = app.db.conn.execute(
+            "SELECT count(*) FROM _offline_ops WHERE node_id != ?", (app.node_id,)
+        ).fetchone()
+    return int(row[0])
+
+
+def test_a_fresh_device_synced_by_states_holds_the_servers_records_and_converges(
+    server_backend: Backend, tmp_path: Path
+) -> None:
+    # Any log longer than one operation is sent as states to a fresh device that asks.
+    server = server_backend.server(ENTRY, name="state-first-sync", env={"OFFLINE_STATE_SYNC_AFTER": "1"})
+
+    async def scenario() -> None:
+        writer = client(tmp_path, "writer", server.sync_url, SCHEMA)
+        async with clients(writer):
+            await writer.sync.connect()
+            ids = []
+            with writer.batch():
+                for i in range(120):
+                    ids.append(
+                        writer.items.insert(
+                            {"title": f"item {i}", "count": i, "tags": ["a"], "body": "text"}
+                        )["id"]
+                    )
+            for record_id in ids[:40]:
+                writer.items.update(record_id, {"count": op.increment(5), "tags": op.append("b")})
+            writer.items.richtext(ids[0], "body").insert(0, "rich ")
+            for record_id in ids[100:]:
+                writer.items.delete(record_id)
+            await writer.sync.wait_until_synced(TIMEOUT)
+
+            by_states = client(tmp_path, "by-states", server.sync_url, SCHEMA)
+            by_ops = client(tmp_path, "by-ops", server.sync_url, SCHEMA, initial_sync="operations")
+            # Written before this device ever synced: folded on the server's states, then sent.
+            mine = by_states.items.insert({"title": "made before the first sync", "count": 1})
+            states = collect(by_states, "sync:states")
+            states_by_ops = collect(by_ops, "sync:states")
+            async with clients(by_states, by_ops):
+                await by_states.sync.connect()
+                await by_ops.sync.connect()
+                records = await converge(writer, by_states, by_ops)
+                assert {r["id"] for r in records["items"]} == set(ids[:100]) | {mine["id"]}
+                [first] = [r for r in records["items"] if r["id"] == ids[0]]
+                assert first["count"] == 5 and sorted(first["tags"]) == ["a", "b"]
+                assert first["body"] == "rich text"
+
+                # The states path was taken by the one device only: its log holds none of the server's
+                # operations (the other's holds every one it received).
+                assert states and not states_by_ops
+                assert received_in_log(by_states) == 0
+                assert received_in_log(by_ops) >= 120 + 40 + 1 + 20
+                described = by_states.sync.describe()
+                assert described["received"] == described["serverTotal"] > 0
+                assert delivery_watermark(by_states) >= 181  # the writer's operations: all accounted for
+
+                # Both go on writing to the same records: they converge.
+                by_states.items.update(ids[1], {"count": op.increment(7), "title": "states"})
+                by_ops.items.update(ids[1], {"count": op.increment(11), "tags": op.append("ops")})
+                by_states.items.delete(ids[2])
+                by_ops.items.update(mine["id"], {"title": "seen by the other"})
+                records = await converge(writer, by_states, by_ops)
+                [second] = [r for r in records["items"] if r["id"] == ids[1]]
+                assert second["count"] == 1 + 5 + 7 + 11
+                assert ids[2] not in {r["id"] for r in records["items"]}
+
+            # A restart resumes from its watermark (no second state sync), and a fresh device with the
+            # default converges with all of them too.
+            again = client(tmp_path, "by-states", server.sync_url, SCHEMA)
+            late = client(tmp_path, "late", server.sync_url, SCHEMA)
+            resumed = collect(again, "sync:states")
+            async with clients(again, late):
+                await again.sync.connect()
+                await late.sync.connect()
+                assert await converge(writer, again, late) == records
+                assert not resumed
+
+    asyncio.run(scenario())
+
+
+def test_a_short_log_and_a_device_that_asks_for_operations_get_operations(
+    server_backend: Backend, tmp_path: Path
+) -> None:
+    """Under the threshold (the default, 1,000 operations) a fresh device receives the operations, as a
+    device configured with ``initial_sync="operations"`` always does; a bad setting is refused by name."""
+    server = server_backend.server(ENTRY, name="short-log")
+
+    async def scenario() -> None:
+        writer = client(tmp_path, "writer", server.sync_url, SCHEMA)
+        fresh = client(tmp_path, "fresh", server.sync_url, SCHEMA)
+        async with clients(writer, fresh):
+            await writer.sync.connect()
+            for i in range(5):
+                writer.items.insert({"title": f"item {i}"})
+            await writer.sync.wait_until_synced(TIMEOUT)
+            seen = collect(fresh, "sync:states")
+            await fresh.sync.connect()
+            await converge(writer, fresh)
+            await wait_for(lambda: received_in_log(fresh) == 5, "the operations in the fresh device's log")
+            assert not seen
+
+    asyncio.run(scenario())
+    try:
+        client(tmp_path, "bad", server.sync_url, SCHEMA, initial_sync="everything")
+    except Exception as exc:
+        error: Any = exc
+    else:
+        raise AssertionError("initial_sync='everything' was accepted")
+    assert error.code == "SYNC_ERROR" and error.context["field"] == "sync.initial_sync"
