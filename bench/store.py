@@ -1,5 +1,6 @@
 """Local store figures (issue 3): durable inserts (under both durability settings, and the raw SQLite floor
-under them), a 1,000-row query, write-to-subscription latency and folding remote operations into records."""
+under them), a 1,000-row query, write-to-subscription latency, a write's cost next to a live query of 1,000 and of 20,000
+results, and folding remote operations into records."""
 
 from __future__ import annotations
 
@@ -104,6 +105,30 @@ def _query_and_notify(folder: str) -> dict[str, float]:
     }
 
 
+def _live_query_at_size(folder: str, results: int) -> dict[str, float]:
+    """A write's cost (write plus bringing a live query up to date, CPU time) with a subscription whose
+    results hold ``results`` records, ordered: the deltas form and the whole-list form. A refresh reads the
+    touched record again, not the results (issue 28), so neither should grow much with ``results``."""
+    app = create_app(SCHEMA, path=os.path.join(folder, f"live-{results}.db"))
+    with app.batch():
+        ids = [app.todos.insert({"title": f"todo {i:06d}", "done": True})["id"] for i in range(results)]
+    figures: dict[str, float] = {}
+    for form in ("changes", "records"):
+        query = app.todos.where({"done": True}).order_by("title")
+        stop = (
+            query.subscribe_changes(lambda c: None) if form == "changes" else query.subscribe(lambda r: None)
+        )
+        costs: list[float] = []
+        for i in range(200):
+            started = time.process_time()
+            app.todos.update(ids[(i * 97) % results], {"title": f"moved {form} {i:04d}"})
+            costs.append(time.process_time() - started)
+        stop()
+        figures[f"live_{form}_{results}_results_write_p50_ms"] = round(statistics.median(costs) * 1000, 3)
+    app.close()
+    return figures
+
+
 def _fold(folder: str, records: int, updates_per_record: int) -> dict[str, float]:
     source = create_app(SCHEMA, path=os.path.join(folder, "fold-source.db"))
     with source.batch():
@@ -141,6 +166,8 @@ def run(full: bool = True) -> dict[str, Any]:
             "inserts_10000_raw_sqlite_s": round(_raw_inserts(folder, 10_000), 3),
         }
         figures.update(_query_and_notify(folder))
+        for results in (1_000, 20_000):
+            figures.update(_live_query_at_size(folder, results))
         figures.update(_fold(folder, 20_000 if full else 2_000, 4))
     figures["targets"] = {
         "inserts_10000_each_durable_s": 0.5,
