@@ -176,6 +176,29 @@ def test_a_write_made_inside_a_callback_leaves_every_subscription_current(app: A
         assert shown == current
 
 
+def test_an_ordering_on_rich_text_runs_the_query_again_and_still_hands_out_only_the_difference() -> None:
+    # Python cannot order by a rich text column (SQLite holds the CRDT document there, not the text).
+    schema = define_schema(
+        {"version": 1, "collections": {"notes": {"fields": {"title": t.string(), "body": t.richtext()}}}}
+    )
+    app = create_app(schema, path=":memory:")
+    try:
+        first = app.notes.insert({"title": "one"})
+        app.notes.richtext(first["id"], "body").insert(0, "zebra")
+        seen = Changes()
+        query = app.notes.where({}).order_by("body")
+        query.subscribe_changes(seen)
+        second = app.notes.insert({"title": "two"})
+        assert (seen.last.inserted, seen.last.updated, seen.last.removed) == ([second], [], [])
+        app.notes.richtext(second["id"], "body").insert(0, "apple")
+        assert [r["id"] for r in seen.last.updated] == [second["id"]]
+        assert seen.rows == query.fetch()
+        app.notes.update(first["id"], {"title": "one, renamed"})
+        assert seen.rows == query.fetch() and len(seen.calls) == 4
+    finally:
+        app.close()
+
+
 def test_full_list_subscribers_keep_working_next_to_change_subscribers(app: App) -> None:
     lists: list[list[dict[str, Any]]] = []
     seen = Changes()
