@@ -34,7 +34,11 @@ At size (``at_size``, the table of issue 28; a fresh server and browser, the pag
 - ``warm_stages_ms``: what ``cold_stages_ms`` is for a first visit, for the fastest warm reload at each
   size (the stages run side by side: Python loading, the stored database read, then the app opening).
 - ``first_sync``: a fresh browser opening the page of a server whose log holds 20,000 or 50,000 to-dos:
-  from navigation until the list says it shows all of them (``shown_ms``), and from ready until then.
+  from navigation until the list says it shows all of them (``shown_ms``), and from ready until then; the
+  CPU time Chromium's processes used from ready until then (``shown_after_ready_cpu_ms``). The server sends
+  a fresh device its records' states (the default for a log this long); ``by_operations``: the same with a
+  server that streams every operation instead (``state_sync_after`` above the log's length), for comparison.
+  ``python -m bench.browser first-sync N...`` runs these figures alone.
 """
 
 from __future__ import annotations
@@ -262,11 +266,13 @@ async def _first_sync(executable: str, base: str, count: int) -> dict[str, Any]:
         await page.goto(base + "/")
         await _ready(page)
         ready = time.perf_counter()
+        cpu_before = _chromium_cpu_ms()
         await _shown(page, count)
         done = time.perf_counter()
         figures = {
             "shown_ms": round((done - started) * 1000),
             "shown_after_ready_ms": round((done - ready) * 1000),
+            "shown_after_ready_cpu_ms": round(_chromium_cpu_ms() - cpu_before),
         }
         await context.close()
     return figures
@@ -339,14 +345,48 @@ def run(count: int = 1000, *, at_size: bool = True) -> dict[str, Any]:
             with live_server(schema, dist, Path(folder) / "size-server.db") as live:
                 figures["at_size"] = asyncio.run(_at_size(executable, live.url))
             _note("at size", figures["at_size"])
-            figures["first_sync"] = {}
-            for n in FIRST_SYNC:
-                db = Path(folder) / f"seeded-{n}.db"
-                with live_server(schema, dist, db, seed_count=n) as live:
-                    figures["first_sync"][str(n)] = asyncio.run(_first_sync(executable, live.url, n))
-                _note(f"first sync of {n}", figures["first_sync"][str(n)])
+            figures["first_sync"] = _first_syncs(executable, schema, dist, Path(folder), FIRST_SYNC)
     figures["init_and_build_s"] = round(build_s, 2)
     figures["dist_mb"] = round(size / 1e6, 1)
+    return figures
+
+
+def _first_syncs(
+    executable: str, schema: Any, dist: Path, folder: Path, sizes: tuple[int, ...]
+) -> dict[str, Any]:
+    """`_first_sync` at each size, by record states (the default) and by operations."""
+    from tests.browser.support import live_server
+
+    out: dict[str, Any] = {}
+    for n in sizes:
+        figures: dict[str, Any] = {}
+        for mode, limits in (("states", None), ("by_operations", {"state_sync_after": 10 * n})):
+            db = folder / f"seeded-{n}-{mode}.db"
+            with live_server(schema, dist, db, seed_count=n, limits=limits) as live:
+                measured = asyncio.run(_first_sync(executable, live.url, n))
+            if limits is None:
+                figures.update(measured)
+            else:
+                figures[mode] = measured
+        out[str(n)] = figures
+        _note(f"first sync of {n}", figures)
+    return out
+
+
+def run_first_sync(sizes: tuple[int, ...] = FIRST_SYNC) -> dict[str, Any]:
+    """Only the first-sync figures, at ``sizes`` (``python -m bench.browser first-sync 20000``)."""
+    from tests.browser.support import chromium_path, init_project, load_module, missing_tools
+
+    problems = missing_tools()
+    if problems:
+        return {"skipped": "; ".join(problems)}
+    executable = chromium_path()
+    assert executable is not None
+    with tempfile.TemporaryDirectory() as folder:
+        project = init_project(Path(folder))
+        schema = load_module(project / "schema.py", "bench_browser_schema").schema
+        figures = _first_syncs(executable, schema, project / "dist", Path(folder), sizes)
+    figures["load_average"] = [round(x, 2) for x in os.getloadavg()]
     return figures
 
 
@@ -371,6 +411,8 @@ if __name__ == "__main__":
 
     if sys.argv[1:2] == ["at-size"]:
         figures = run_at_size(tuple(int(n) for n in sys.argv[2:]) or SIZES)
+    elif sys.argv[1:2] == ["first-sync"]:
+        figures = run_first_sync(tuple(int(n) for n in sys.argv[2:]) or FIRST_SYNC)
     else:
         figures = run()
     json.dump(figures, sys.stdout, indent=2)

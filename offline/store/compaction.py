@@ -195,11 +195,8 @@ def _rows(app: App, keys: Iterable[tuple[str, str]]) -> list[tuple[str, str, str
     return found
 
 
-def repeats(app: App, ops: Sequence[Operation]) -> set[str]:
-    """Ids of ``ops`` that a compacted record folded already: at or below their node's number for it."""
-    if not app._compacted or not ops:
-        return set()
-    keys = {(op.collection, op.record_id) for op in ops}
+def held_versions(app: App, keys: Iterable[tuple[str, str]]) -> dict[tuple[str, str], dict[str, int]]:
+    """The per-node numbers of each of these records that compaction (or a server's state) left a base of."""
     versions: dict[tuple[str, str], dict[str, int]] = {}
     for collection, ids in _by_collection(keys).items():
         for start in range(0, len(ids), _CHUNK):
@@ -211,6 +208,14 @@ def repeats(app: App, ops: Sequence[Operation]) -> set[str]:
                 [collection, *chunk],
             ):
                 versions[(collection, str(record_id))] = _parse_versions(text)
+    return versions
+
+
+def repeats(app: App, ops: Sequence[Operation]) -> set[str]:
+    """Ids of ``ops`` that a compacted record folded already: at or below their node's number for it."""
+    if not app._compacted or not ops:
+        return set()
+    versions = held_versions(app, {(op.collection, op.record_id) for op in ops})
     if not versions:
         return set()
     out: set[str] = set()
@@ -332,7 +337,8 @@ def adopt_states(
     written = list(parsed)
     with db.lock, db.transaction():
         conn = db.conn
-        held = load(app, written) if app._compacted else {}
+        # (Only their numbers: the base states are replaced.)
+        held = held_versions(app, written) if app._compacted else {}
         logged = _logged(app, written)
         compacted: list[tuple[str, str, str, str]] = []
         covered: list[tuple[str, int]] = []
@@ -340,9 +346,9 @@ def adopt_states(
         refold_keys: list[tuple[str, str]] = []
         own = 0
         for key, (text, state, known) in parsed.items():
-            base = held.get(key)
-            if base is not None:
-                for node, seq in base[1].items():
+            numbers = held.get(key)
+            if numbers is not None:
+                for node, seq in numbers.items():
                     known[node] = max(known.get(node, -1), seq)
             places = logged.get(key, [])
             gone = [(n, s) for n, s in places if s <= known.get(n, -1)]

@@ -23,7 +23,7 @@ import subprocess
 import sys
 import threading
 import urllib.parse
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -199,10 +199,15 @@ async def seed_todos(store: Any, schema: Any, count: int) -> None:
 
 @contextlib.contextmanager
 def live_server(
-    schema: Any, static_dir: Path | None, db_path: Path, *, seed_count: int = 0
+    schema: Any,
+    static_dir: Path | None,
+    db_path: Path,
+    *,
+    seed_count: int = 0,
+    limits: Mapping[str, Any] | None = None,
 ) -> Iterator[LiveServer]:
     """`create_production_server` on a free loopback port serving ``static_dir``, in its own thread; its
-    store starts with ``seed_count`` to-dos (see `seed_todos`)."""
+    store starts with ``seed_count`` to-dos (see `seed_todos`); ``limits``: the server's (by field name)."""
     from server_runtime import create_production_server
     from server_runtime.stores import create_sqlite_server_store
 
@@ -216,7 +221,11 @@ def live_server(
         if seed_count:
             await seed_todos(store, schema, seed_count)
         server = create_production_server(
-            store=store, port=0, host="127.0.0.1", static_dir=str(static_dir) if static_dir else None
+            store=store,
+            port=0,
+            host="127.0.0.1",
+            static_dir=str(static_dir) if static_dir else None,
+            sync_options={"limits": dict(limits)} if limits else None,
         )
         return server, store, await server.start()
 
