@@ -145,8 +145,8 @@ def _renderer_rss_mb() -> list[float]:
 
     sizes = []
     for pid, command in commands.items():
-        arguments = command.split(b"\0")
-        if b"--type=renderer" in arguments and b"--top-chrome-webui" not in arguments and mine(pid):
+        # (Chromium rewrites its processes' titles: the arguments are one space-separated string there.)
+        if b"--type=renderer" in command and b"--top-chrome-webui" not in command and mine(pid):
             with contextlib.suppress(OSError, AssertionError):
                 sizes.append(round(rss_bytes(pid) / 1e6, 1))
     return sorted(sizes, reverse=True)
