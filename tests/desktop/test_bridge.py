@@ -78,12 +78,16 @@ class Page:
     def results(self, sub: int) -> list[dict[str, Any]]:
         """A live query's results as the page holds them: its snapshot with the changes sent since."""
         held: dict[str, dict[str, Any]] = {}
+        continued = False  # the last message was a part of a snapshot with more to come
         with self._changed:
             for m in self.messages:
                 if m.get("sub") != sub:
                     continue
                 if m.get("type") == "snapshot":
-                    held = {r["id"]: r for r in m["records"]}
+                    if not continued:
+                        held = {}
+                    held.update((r["id"], r) for r in m["records"])
+                    continued = bool(m.get("more"))
                 elif m.get("type") == "changes":
                     held.update((r["id"], r) for r in m["inserted"] + m["updated"])
                     for record_id in m["removed"]:
