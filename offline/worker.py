@@ -864,6 +864,9 @@ def open_app(config: Mapping[str, Any]) -> tuple[App, ModuleType | None]:
         # transactions, is then always a consistent database (a WAL copy could pair an old main file with
         # a newer log). Durability comes from persist(), not from SQLite's fsyncs, which are no-ops here.
         app.db.conn.execute("PRAGMA journal_mode=DELETE")
+        # Sync sends only what the browser stored (see offline.worker_tabs.DurableSync): so far, everything.
+        if hasattr(app.sync, "durable_sequence"):
+            app.sync.durable_sequence = app._seq
     return app, actions
 
 

@@ -146,6 +146,11 @@ class SyncEngine:
         # at the end.
         self._unsettled: list[Operation] = []
         self._auth_retry_used = False  # one refresh-and-retry per refused handshake (reset when accepted)
+        # When set (the browser's worker does, see offline/worker_tabs.py), this node's operations are sent
+        # only up to this sequence number: the ones above are not in the browser's storage yet, and a tab
+        # that closed before storing them would number its next operations the same, which the server then
+        # refuses as forgeries (taking those writes out of their records).
+        self.durable_sequence: int | None = None
         app.commit_listeners.append(self._on_local_commit)
 
     # -- public API ------------------------------------------------------------------------------------------
@@ -270,6 +275,18 @@ class SyncEngine:
         }
 
     # -- local writes ---------------------------------------------------------------------------------------
+
+    def allow_through(self, sequence: int) -> None:
+        """This node's operations up to ``sequence`` are stored for good: they may be sent now."""
+        if self.durable_sequence is None or sequence > self.durable_sequence:
+            self.durable_sequence = sequence
+            self._on_local_commit([])
+
+    def _durable(self, items: list[tuple[str, int, str, str]]) -> list[tuple[str, int, str, str]]:
+        limit, own = self.durable_sequence, self.app.node_id
+        if limit is None:
+            return items
+        return [item for item in items if item[0] != own or item[1] <= limit]
 
     def _on_local_commit(self, ops: list[Operation]) -> None:
         loop, wake = self._loop, self._wake
@@ -557,11 +574,13 @@ class SyncEngine:
         """Send this node's unacknowledged operations that this session has not sent, as stored."""
         node_id = self.app.node_id
         rows = replication.pending_wires(self.app, after=self._scan_from)
-        await self._send_batches(conn, [(node_id, seq, op_id, wire) for seq, op_id, wire in rows])
+        await self._send_batches(
+            conn, self._durable([(node_id, seq, op_id, wire) for seq, op_id, wire in rows])
+        )
 
     async def _send_operations(self, conn: Any, ops: list[Operation]) -> None:
         items = [(op.node_id, op.sequence_number, op.id, operation_text(op)) for op in ops]
-        await self._send_batches(conn, items, windowed=False)
+        await self._send_batches(conn, self._durable(items), windowed=False)
 
     async def _send_batches(
         self, conn: Any, items: list[tuple[str, int, str, str]], *, windowed: bool = True

@@ -320,53 +320,5 @@ def test_a_desktop_client_and_a_browser_converge(chromium: str, web_project: Pat
         asyncio.run(scenario(live))
 
 
-def test_a_second_tab_waits_for_the_first_instead_of_sharing_the_database(
-    chromium: str, web_project: Path, tmp_path: Path
-) -> None:
-    """Two tabs saving their own copy of the file would overwrite each other: the second one waits, says so,
-    and opens the database (with the first tab's writes) once the first tab is closed."""
-    schema, _ = project_modules(web_project)
-
-    async def scenario(live: Any) -> None:
-        from playwright.async_api import expect
-
-        async with guarded_browser(chromium) as (browser, guard):
-            context = await new_context(browser, guard)
-            first = await open_app(context, live.url)
-            await add(first, "from the first tab")
-            await expect(first.locator("#cache-status")).to_have_attribute("data-cached", "true")
-            await context.set_offline(True)  # so the second tab can only learn it from the shared storage
-            await add(first, "first tab, offline")
-
-            second = await context.new_page()
-            second.set_default_timeout(TIMEOUT_MS)
-            await second.goto(live.url + "/")
-            await expect(second.locator("#notices .notice[data-key='tab']")).to_contain_text(
-                "open in another tab", timeout=START_TIMEOUT_MS
-            )
-            await expect(second.locator("body")).to_have_attribute("data-ready", "false")
-            # A write made meanwhile does not hang: it fails after a while, saying why, and is dropped.
-            refused = await second.evaluate(
-                """() => new Promise((resolve) => {
-                    window.offlineClient.request("insert", { collection: "todos", data: { title: "never" } })
-                        .then(() => resolve(null), (e) => resolve({ code: e.code, message: e.message }));
-                })"""
-            )
-            assert refused is not None and refused["code"] == "STORAGE_ERROR", refused
-            assert "open in another tab" in refused["message"]
-            await first.close()
-            await expect(second.locator("body")).to_have_attribute(
-                "data-ready", "true", timeout=START_TIMEOUT_MS
-            )
-            await expect(second.locator("#notices .notice[data-key='tab']")).to_have_count(0)  # not stale
-            await expect(second.locator("#todos li .title")).to_have_text(
-                ["from the first tab", "first tab, offline"]
-            )
-            await context.set_offline(False)
-
-    with live_server(schema, web_project / "dist", tmp_path / "server.db") as live:
-        asyncio.run(scenario(live))
-
-
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(pytest.main([__file__, "-q"]))

@@ -142,14 +142,6 @@ function changed(records, changes) {
 }
 
 client.on("status", showStatus);
-client.on("progress", (step) => {
-  if (step.stage === "waiting-for-other-tab") {
-    notice("This app is open in another tab of this browser. Close it to continue here.", { key: "tab" });
-  } else if (step.stage === "lock-acquired") {
-    // This tab owns the database now: the notice is no longer true.
-    for (const element of document.querySelectorAll('#notices [data-key="tab"]')) element.remove();
-  }
-});
 client.on("log", (entry) => {
   if (entry.level === "warning" || entry.level === "error") notice(entry.message, { kind: entry.level });
 });

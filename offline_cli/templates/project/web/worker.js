@@ -4,13 +4,14 @@
 // offline/worker.py for their shapes); this file only boots Python and owns the browser storage.
 import config from "./config.js";
 import { loadPyodide } from "./pyodide/pyodide.mjs";
+import { Tabs } from "./tabs.js";
 
 const started = performance.now();
 const folder = `/offline/${config.database}`;
 const dbPath = `${folder}/${config.database}.db`;
 let bridge = null;
 let persist = null;
-const early = []; // requests that arrive while Python is still starting
+let tabRequests = null; // offline.worker_tabs.TabRequests: other tabs' writes, applied once
 
 const post = (text) => self.postMessage(text);
 const tell = (message) => post(JSON.stringify(message));
@@ -18,74 +19,34 @@ const progress = (stage) => tell({ type: "progress", stage, ms: Math.round(perfo
 
 const failed = (error) => tell({ type: "log", level: "error", message: String(error) });
 
-function serve(text) {
+// Serves a request with `target` (this page's bridge, or another tab's: see tabs.js), posting the answer
+// with `send`. `key` names a request another tab sent (or this one sent to a previous owner): a write
+// already applied under it is answered from storage instead of applied again (offline/worker_tabs.py).
+function serve(text, key = null, target = bridge, send = post) {
   // Most requests are served synchronously (no event-loop hops): [save first?, reply]. The others
   // (network, sync control) go through the Python coroutine `handle`, which posts its own reply.
   let served;
   try {
-    served = bridge.handle_now(text);
+    served = key === null ? target.handle_now(text) : tabRequests.handle_now(target, key, text);
   } catch (error) {
     return failed(error);
   }
-  if (served === undefined) return bridge.handle(text).catch(failed);
+  if (served === undefined) return (key === null ? target.handle(text) : tabRequests.handle(target, key, text)).catch(failed);
   const [saveFirst, reply] = served.toJs();
   served.destroy();
-  if (!saveFirst) return post(reply);
+  if (!saveFirst) return send(reply);
   // A write is acknowledged only once the database holds it in IndexedDB.
   persist().then(
-    () => post(reply),
-    (error) => post(bridge.storage_failure(reply, String((error && error.message) || error))),
+    () => send(reply),
+    (error) => send(target.storage_failure(reply, String((error && error.message) || error))),
   );
 }
 
-// While another tab owns the database, a request waits at most this long, then fails with a message
-// (it is dropped: it will not run later, behind the caller's back).
-const LOCKED_WAIT_MS = 10000;
-let waitingForTab = false;
-
-function hold(text) {
-  early.push(text);
-  if (waitingForTab) expireLater(text);
-}
-
-function expireLater(text) {
-  setTimeout(() => {
-    const index = early.indexOf(text);
-    if (index < 0 || !waitingForTab) return; // served, or about to be (this tab owns the database now)
-    early.splice(index, 1);
-    let id = null;
-    try {
-      id = JSON.parse(text).id;
-    } catch (error) {}
-    const message =
-      "this app is open in another tab of this browser, which holds its database: close that tab (or use it), then try again";
-    tell({ type: "reply", id, ok: false, error: { code: "STORAGE_ERROR", message, context: { reason: "locked" } } });
-  }, LOCKED_WAIT_MS);
-}
-
-self.onmessage = (event) => (bridge ? serve(event.data) : hold(event.data));
-
 // One tab at a time owns the database: two workers saving their own copy of the file to the same
-// IndexedDB would overwrite each other's writes. A second tab waits here until the first one closes.
-function lockDatabase() {
-  if (!self.navigator.locks) return Promise.resolve();
-  const waiting = setTimeout(() => {
-    waitingForTab = true;
-    early.forEach(expireLater);
-    progress("waiting-for-other-tab");
-  }, 300);
-  return new Promise((resolve, reject) => {
-    self.navigator.locks
-      .request(`offline-db:${config.database}`, () => {
-        clearTimeout(waiting);
-        if (waitingForTab) progress("lock-acquired");
-        waitingForTab = false;
-        resolve();
-        return new Promise(() => {}); // held for the life of this worker
-      })
-      .catch(reject);
-  });
-}
+// IndexedDB would overwrite each other's writes. Until this tab owns it (another tab does, or this one is
+// still starting), the page's requests go to the owner (see tabs.js).
+const tabs = new Tabs(config.database, post);
+self.onmessage = (event) => tabs.fromPage(event.data);
 
 // -- persistence ----------------------------------------------------------------------------------------
 // SQLite works on a file in Pyodide's in-memory file system (MEMFS), kept in IndexedDB in fixed-size
@@ -360,7 +321,7 @@ const loadYjs = () => (config.richtext ? import(new URL(config.richtext, import.
 // Startup runs three things side by side: Pyodide loads and compiles (CPU in this process), the stored
 // database is read from IndexedDB (the browser's storage process), and the app's Python code is fetched.
 // Reading the database after Pyodide (as one step after another) made a reload wait for both in turn, and
-// the read grows with the database. The read starts once this tab holds the database (lockDatabase), so it
+// the read grows with the database. The read starts once this tab holds the database (tabs.lock), so it
 // never sees another tab's half-saved state.
 async function main() {
   progress("starting");
@@ -373,7 +334,8 @@ async function main() {
     progress("python-loaded");
     return pyodide;
   });
-  const stored = lockDatabase().then(async () => {
+  const stored = tabs.lock().then(async () => {
+    progress("database-owned");
     const file = await StoredFile.open(config.database);
     await file.load().catch((error) => {
       throw storageFailure(
@@ -418,12 +380,33 @@ async function main() {
     syncUrl: syncUrl(config.syncUrl),
     syncOptions: config.syncOptions || {},
   });
-  persist = makePersist(FS, file);
+  // Sync sends an operation only once it is stored (see offline.worker_tabs.DurableSync): a save notes this
+  // node's last sequence number as it starts (it copies what is there then), and passes it on once stored.
+  const tabsModule = pyodide.pyimport("offline.worker_tabs");
+  const save = makePersist(FS, file);
+  let durable = null;
+  persist = () => {
+    const sequence = durable ? durable.saving() : null;
+    return save().then(() => {
+      if (sequence !== null) durable.saved(sequence);
+    });
+  };
   bridge = await worker.start(options, post, persist, progress);
   options.destroy();
   if (!bridge) return; // the app could not open: Python told the page why (a "fatal" message)
+  durable = tabsModule.DurableSync(bridge.app);
+  tabRequests = tabsModule.open_requests(bridge);
   progress("ready");
-  for (const text of early.splice(0)) serve(text);
+  tabs.becomeOwner({
+    serve: (text, key) => serve(text, key),
+    attach: async (tabId, send) => ({ bridge: await tabsModule.attach(bridge, send), send }),
+    serveFor: (handle, text, key) => serve(text, key, handle.bridge, handle.send),
+    detach: (handle) => {
+      handle.bridge.detach();
+      handle.bridge.destroy();
+    },
+    failed,
+  });
 }
 
 main().catch((error) =>

@@ -1,0 +1,138 @@
+"""Several browser tabs of one app: the Python side of the tab that owns the database.
+
+One tab's worker owns the database (a Web Lock, see the web template's tabs.js); the other tabs send their
+requests to it over a BroadcastChannel. The owner serves each other tab through its own `WorkerBridge` over
+the same `App` (`attach`): replies, live query changes and status go to that tab alone, in protocol 2.
+
+When the owner closes, another tab takes the lock, opens the database from the browser's storage and replays
+the requests it had sent and not seen answered. A replayed write may already be in that storage (the old
+owner saved it, then closed before its reply got out): `TabRequests` makes the replay harmless. Each write
+request from another tab carries a key (the tab's id and the request's id); the key and the reply are
+written to the database in the same synchronous turn as the write itself, so every copy of the database
+that holds the write holds its key too (the worker copies the file to storage only between two JavaScript
+turns). A replayed key is answered with the stored reply instead of being applied again.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+from offline.core.errors import OfflineError
+from offline.store import App
+from offline.worker import Post, WorkerBridge
+
+#: Keys are kept this long: a tab replays a request only while it waits for its answer, which it stops
+#: doing after its timeout (a minute or two), so an hour leaves a wide margin.
+KEEP_SECONDS = 3600.0
+#: The table is pruned after this many new keys (not on every write).
+PRUNE_EVERY = 200
+
+_TABLE = "offline_tab_requests"
+
+
+class TabRequests:
+    """The write requests other tabs sent to this database, each applied at most once."""
+
+    def __init__(self, app: App) -> None:
+        self.app = app
+        self._added = 0
+        with app.db.lock:
+            app.db.conn.execute(
+                f"CREATE TABLE IF NOT EXISTS {_TABLE} (key TEXT PRIMARY KEY, reply TEXT NOT NULL, at REAL NOT NULL)"
+            )
+
+    def stored_reply(self, key: str) -> str | None:
+        row = self.app.db.conn.execute(f"SELECT reply FROM {_TABLE} WHERE key = ?", (key,)).fetchone()
+        return None if row is None else str(row[0])
+
+    def _record(self, key: str, reply: str) -> None:
+        conn = self.app.db.conn
+        with self.app.db.lock:
+            conn.execute(
+                f"INSERT OR REPLACE INTO {_TABLE} (key, reply, at) VALUES (?, ?, ?)",
+                (key, reply, time.time()),
+            )
+            self._added += 1
+            if self._added % PRUNE_EVERY == 0:
+                conn.execute(f"DELETE FROM {_TABLE} WHERE at < ?", (time.time() - KEEP_SECONDS,))
+
+    @staticmethod
+    def _is_write(text: str) -> bool:
+        try:
+            request = json.loads(text)
+        except ValueError:
+            return False
+        return isinstance(request, dict) and request.get("method") in WorkerBridge.WRITES
+
+    def handle_now(self, bridge: WorkerBridge, key: str | None, text: str) -> tuple[bool, str] | None:
+        """`WorkerBridge.handle_now` for a request another tab sent under ``key``: a write already applied
+        is answered with its stored reply; a new one is applied and its key recorded, in this same turn."""
+        if key is None:
+            return bridge.handle_now(text)
+        stored = self.stored_reply(key)
+        if stored is not None:
+            return False, stored  # it is in storage already: this database was loaded from there
+        if not self._is_write(text):
+            return bridge.handle_now(text)
+        served = bridge.handle_now(text)
+        if served is None:
+            return None
+        _, reply = served
+        self._record(key, reply)
+        return True, reply  # the key changed the database: the reply waits for the save
+
+    async def handle(self, bridge: WorkerBridge, key: str | None, text: str) -> None:
+        """`WorkerBridge.handle` (requests that wait on the loop) for a request sent under ``key``.
+
+        These are not recorded: connect, disconnect, network and persist are harmless to repeat, but an
+        `async def` action writes across several turns, between which a save may store some of its writes,
+        so a replay after a takeover can run such an action again (a plain function's cannot).
+        """
+        stored = self.stored_reply(key) if key is not None else None
+        if stored is not None:
+            bridge._post(stored)
+            return
+        await bridge.handle(text)
+
+
+class DurableSync:
+    """Lets the sync engine send this node's operations only once they are in the browser's storage.
+
+    The worker's JavaScript asks `saving` for the last sequence number when a save of the database starts
+    and tells `saved` once it is stored. Without this, a tab could send an operation, close before storing
+    it, and the next owner (or the next page load) would give the same sequence number to another write,
+    which the server then refuses, taking that acknowledged write out of its record.
+    """
+
+    def __init__(self, app: App) -> None:
+        self.app = app
+
+    def saving(self) -> int:
+        return self.app._seq
+
+    def saved(self, sequence: int) -> None:
+        allow = getattr(self.app.sync, "allow_through", None)
+        if allow is not None and not self.app._closed:
+            allow(sequence)
+
+
+async def attach(owner: WorkerBridge, post: Post) -> WorkerBridge:
+    """A bridge serving another tab over the owner's app: its replies, live queries and status go to
+    ``post``. It runs no sync of its own (the owner's app syncs for every tab) and relays no WebAuthn
+    ceremony (those run on the owner's page). `WorkerBridge.detach` ends it when that tab closes."""
+    bridge = WorkerBridge(
+        owner.app, post=post, persist=owner._persist, actions=owner.actions, relay_webauthn=False
+    )
+    await bridge.start(connect=False)
+    return bridge
+
+
+def open_requests(owner: WorkerBridge) -> TabRequests:
+    """The owner's table of other tabs' requests (created in its database if new)."""
+    if owner.app._closed:
+        raise OfflineError("the app is closed", "STORAGE_ERROR", {"path": owner.app.path})
+    return TabRequests(owner.app)
+
+
+__all__ = ["KEEP_SECONDS", "DurableSync", "TabRequests", "attach", "open_requests"]

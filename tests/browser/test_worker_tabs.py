@@ -1,0 +1,135 @@
+"""`offline.worker_tabs` on CPython: the owner tab's side of several tabs (see test_browser_tabs.py for them in
+Chromium). A write another tab sent under a key is applied once, however often it is sent again, including to a
+new owner that opened the database afresh; each other tab gets its own replies and live changes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from offline import create_app, worker_tabs
+from offline.worker import WorkerBridge
+from offline.worker_tabs import TabRequests, attach
+
+from .test_worker_bridge import SCHEMA, Page
+
+
+def request(request_id: int, method: str, **params: Any) -> str:
+    return json.dumps({"id": request_id, "method": method, **params})
+
+
+def titles(bridge: WorkerBridge) -> list[str]:
+    return sorted(record["title"] for record in bridge.app.todos.where({}).fetch())
+
+
+def test_a_write_sent_again_is_applied_once_even_by_a_new_owner(tmp_path: Path, todos: Any) -> None:
+    path = str(tmp_path / "tabs.db")
+    page = Page()
+    owner = WorkerBridge(create_app(SCHEMA, path=path), post=page.post, persist=page.persist, actions=todos)
+    requests = TabRequests(owner.app)
+    add = request(4, "call", name="add_todo", args=["milk"])
+
+    served = requests.handle_now(owner, "tab-b:4", add)
+    assert served is not None
+    save_first, reply = served
+    assert save_first is True  # the key is in the database: the reply waits for the save
+    assert json.loads(reply)["ok"] is True and json.loads(reply)["id"] == 4
+    # Sent again (the answer was lost): answered the same, not applied again.
+    assert requests.handle_now(owner, "tab-b:4", add) == (False, reply)
+    assert titles(owner) == ["milk"]
+    # Another request id, or another tab's, is another write.
+    assert requests.handle_now(owner, "tab-c:4", add) is not None
+    assert titles(owner) == ["milk", "milk"]
+    owner.app.close()
+
+    # The owner closed; the next one opens the stored database and gets the same request once more.
+    page = Page()
+    successor = WorkerBridge(
+        create_app(SCHEMA, path=path), post=page.post, persist=page.persist, actions=todos
+    )
+    assert TabRequests(successor.app).handle_now(successor, "tab-b:4", add) == (False, reply)
+    assert titles(successor) == ["milk", "milk"]
+    successor.app.close()
+
+
+def test_reads_and_failures_are_answered_as_usual(tmp_path: Path, todos: Any) -> None:
+    page = Page()
+    owner = WorkerBridge(
+        create_app(SCHEMA, path=str(tmp_path / "tabs.db")),
+        post=page.post,
+        persist=page.persist,
+        actions=todos,
+    )
+    requests = TabRequests(owner.app)
+    count = request(1, "count", collection="todos")
+    assert requests.handle_now(owner, "tab-b:1", count) == (False, owner._reply(1, 0))
+    assert requests.stored_reply("tab-b:1") is None  # a read is not recorded: sent again, it reads again
+    owner.app.todos.insert({"title": "tea"})
+    assert requests.handle_now(owner, "tab-b:1", count) == (False, owner._reply(1, 1))
+
+    refused = requests.handle_now(owner, "tab-b:2", request(2, "call", name="add_todo", args=[" "]))
+    assert refused is not None
+    assert json.loads(refused[1])["error"]["code"] == "INVALID_OPERATION"
+    # Without a key (this tab's own page) nothing is recorded.
+    assert requests.handle_now(owner, None, request(3, "call", name="add_todo", args=["x"])) is not None
+    assert titles(owner) == ["tea", "x"]
+    owner.app.close()
+
+
+def test_old_keys_are_pruned(tmp_path: Path, todos: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(worker_tabs, "PRUNE_EVERY", 2)
+    page = Page()
+    owner = WorkerBridge(
+        create_app(SCHEMA, path=str(tmp_path / "tabs.db")),
+        post=page.post,
+        persist=page.persist,
+        actions=todos,
+    )
+    requests = TabRequests(owner.app)
+    requests.handle_now(owner, "old", request(1, "call", name="add_todo", args=["a"]))
+    owner.app.db.conn.execute("UPDATE offline_tab_requests SET at = at - ?", (worker_tabs.KEEP_SECONDS + 1,))
+    requests.handle_now(owner, "new", request(2, "call", name="add_todo", args=["b"]))
+    assert requests.stored_reply("old") is None and requests.stored_reply("new") is not None
+    owner.app.close()
+
+
+def test_each_attached_tab_gets_its_own_replies_and_live_changes(tmp_path: Path, todos: Any) -> None:
+    own, other = Page(), Page()
+    owner = WorkerBridge(
+        create_app(SCHEMA, path=str(tmp_path / "tabs.db")), post=own.post, persist=own.persist, actions=todos
+    )
+
+    async def scenario() -> None:
+        follower = await attach(owner, other.post)
+        assert other.of_type("ready") and not own.of_type("ready")  # the other tab's page is told it is ready
+        assert (await other.request(follower, "subscribe", collection="todos", query={}, sub=1))["ok"]
+        assert (await own.request(owner, "subscribe", collection="todos", query={}, sub=1))["ok"]
+
+        mine = await own.request(owner, "call", name="add_todo", args=["from the owner"])
+        theirs = await other.request(follower, "call", name="add_todo", args=["from the other tab"])
+        await asyncio.sleep(0)
+        for page in (own, other):
+            inserted = [r["title"] for m in page.of_type("changes") for r in m["inserted"]]
+            assert inserted == ["from the owner", "from the other tab"], page.messages
+        assert mine["ok"] and theirs["ok"]
+        assert [m["id"] for m in own.of_type("reply")] == [own._next - 1, own._next]  # its own replies only
+
+        follower.detach()  # the other tab closed
+        before = len(other.messages)
+        await own.request(owner, "call", name="add_todo", args=["after"])
+        await asyncio.sleep(0)
+        assert len(other.messages) == before
+
+    asyncio.run(scenario())
+    owner.app.close()
+
+
+@pytest.fixture
+def todos() -> Any:
+    from .test_worker_bridge import TEMPLATE, load_module
+
+    return load_module(TEMPLATE / "todos.py", "tabs_test_todos")
