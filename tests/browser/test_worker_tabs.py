@@ -13,8 +13,9 @@ import pytest
 
 from offline import create_app, worker_tabs
 from offline.worker import WorkerBridge
-from offline.worker_tabs import TabRequests, attach
+from offline.worker_tabs import DurableSync, TabRequests, attach
 
+from .support import FAST_SYNC, live_server
 from .test_worker_bridge import SCHEMA, Page
 
 
@@ -133,3 +134,42 @@ def todos() -> Any:
     from .test_worker_bridge import TEMPLATE, load_module
 
     return load_module(TEMPLATE / "todos.py", "tabs_test_todos")
+
+
+def test_sync_sends_only_what_the_browser_stored(tmp_path: Path) -> None:
+    """With the browser's gate (`DurableSync`), an operation reaches the server only once a save that
+    started after it is stored: a tab closing before that never leaves the server an operation whose
+    sequence number the next owner would give to another write."""
+    page = Page()
+    with live_server(SCHEMA, None, tmp_path / "server.db") as live:
+        app = create_app(SCHEMA, sync={"url": live.ws_url, **FAST_SYNC}, path=str(tmp_path / "client.db"))
+        app.sync.durable_sequence = app._seq  # as offline.worker.open_app does in the browser
+        durable = DurableSync(app)
+        bridge = WorkerBridge(app, post=page.post, persist=page.persist)
+
+        async def server_titles(expected: list[str]) -> list[str]:
+            for _ in range(300):
+                titles = [r["title"] for r in live.records("todos")]
+                if titles == expected:
+                    break
+                await asyncio.sleep(0.02)
+            return titles
+
+        async def scenario() -> None:
+            await bridge.start()
+            for _ in range(500):
+                if app.sync.status == "connected":
+                    break
+                await asyncio.sleep(0.02)
+            app.todos.insert({"title": "stored"})
+            sequence = durable.saving()  # a save starts: it holds the write
+            app.todos.insert({"title": "not stored yet"})
+            await asyncio.sleep(0.5)  # (given time, it must still not be sent)
+            assert live.records("todos") == []
+            durable.saved(sequence)
+            assert await server_titles(["stored"]) == ["stored"]
+            durable.saved(durable.saving())
+            assert sorted(await server_titles(["not stored yet", "stored"])) == ["not stored yet", "stored"]
+            await bridge.stop()
+
+        asyncio.run(scenario())

@@ -47,7 +47,11 @@ export class Tabs {
     this.pending = new Map(); // page request id -> {text, timer}: sent (or to send) and not answered
     this.subscriptions = new Map(); // live query id -> its subscribe request's text, to send a new owner
     this.followers = new Map(); // (owner) tab id -> {handle, queue}
-    this.channel = new BroadcastChannel(`offline-tabs:${name}`);
+    // Without Web Locks (a page served over plain HTTP from another host than localhost) tabs cannot agree
+    // on an owner: each one then works alone, as if it were the only tab.
+    this.solo = !self.navigator.locks;
+    this.channel = this.solo ? null : new BroadcastChannel(`offline-tabs:${name}`);
+    if (this.solo) return;
     this.channel.onmessage = (event) => this._hear(event.data);
     // This tab's own lock, held for its life: the owner waits on it to learn when this tab is gone.
     this.alive = new Promise((resolve) => {
@@ -64,11 +68,13 @@ export class Tabs {
   }
 
   _send(message) {
+    if (this.solo) return;
     this.channel.postMessage({ ...message, from: this.id });
   }
 
   // Waits until this tab may own the database (the previous owner, if any, has closed).
   lock() {
+    if (this.solo) return Promise.resolve();
     return new Promise((resolve, reject) => {
       self.navigator.locks
         .request(`offline-db:${this.name}`, () => {
