@@ -40,7 +40,7 @@ export class Tabs {
     this.toPage = toPage;
     this.answerTimeoutMs = answerTimeoutMs;
     this.ownerTimeoutMs = ownerTimeoutMs;
-    this.id = self.crypto.randomUUID();
+    this.id = self.crypto.randomUUID ? self.crypto.randomUUID() : `${Date.now()}-${Math.random()}`; // (secure contexts only)
     this.owner = null; // the owning tab's id, once known
     this.attached = null; // the owner this tab said hello to (requests go to it)
     this.local = null; // set when this tab owns the database: serves requests itself (see becomeOwner)
