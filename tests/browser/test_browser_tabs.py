@@ -17,6 +17,7 @@ from .test_browser_client import START_TIMEOUT_MS, add, eventually, open_app, pr
 from .test_browser_storage import reload
 
 OWNS = "() => 'database-owned' in window.offlineClient.timings"
+STARTED = "() => 'python-loaded' in window.offlineClient.timings"
 
 
 async def owns(page: Any) -> bool:
@@ -61,6 +62,8 @@ def test_two_tabs_write_and_see_each_others_writes_live(
             await expect(second.locator("#todos li .title")).to_have_text(expected)
 
             # The owner reloads: the other tab takes the database over, the reloaded one works through it.
+            # (Once the other tab's worker has started Python it waits for the database: first in line.)
+            await second.wait_for_function(STARTED, timeout=START_TIMEOUT_MS)
             await reload(first)
             await eventually(lambda: _assert_owner(second, first))
             await expect(first.locator("#todos li .title")).to_have_text(expected)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -173,3 +175,25 @@ def test_sync_sends_only_what_the_browser_stored(tmp_path: Path) -> None:
             await bridge.stop()
 
         asyncio.run(scenario())
+
+
+def test_a_request_no_tab_answers_fails_with_a_message() -> None:
+    """web/tabs.js in Node.js with short time limits (tests/js/tabs_timeouts.mjs): a request the owner never
+    answers, and one made while no tab owns the database, each fail with STORAGE_ERROR saying why; one made
+    before an owner appears is served by it."""
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not on PATH")
+    script = Path(__file__).resolve().parents[1] / "js" / "tabs_timeouts.mjs"
+    done = subprocess.run([node, str(script)], capture_output=True, text=True, timeout=60, check=True)
+    seen = json.loads(done.stdout)
+    assert seen["waiting"] == [{"type": "reply", "id": 7, "ok": True, "result": "served"}]
+    (stuck,) = seen["stuckFollower"]
+    assert stuck["ok"] is False and stuck["error"]["code"] == "STORAGE_ERROR"
+    assert stuck["error"]["context"] == {"reason": "owner-timeout"}
+    assert "did not answer within 0.15 s" in stuck["error"]["message"]
+    assert "may or may not have been applied" in stuck["error"]["message"]
+    (alone,) = seen["alone"]
+    assert alone["error"]["code"] == "STORAGE_ERROR" and alone["error"]["context"] == {"reason": "no-owner"}
+    assert "no tab of this app opened its database within 0.3 s" in alone["error"]["message"]
+    assert "stuckOwner" not in seen  # the owner's page heard nothing of the other tab's request

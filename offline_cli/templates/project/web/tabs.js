@@ -117,7 +117,7 @@ export class Tabs {
 
   _expire(id, wait) {
     if (!this.pending.delete(id)) return;
-    const seconds = Math.round(wait / 1000);
+    const seconds = wait / 1000;
     const [message, reason] = this.owner
       ? [
           `the tab that holds this app's database did not answer within ${seconds} s (it may be frozen in the background); the request may or may not have been applied: check, then try again`,
