@@ -889,8 +889,8 @@ class SyncEngine:
             if collection in self._scope_filters:
                 touched.setdefault(collection, set()).add(record_id)
         for collection, record_ids in touched.items():
-            handle = self.app.collection(collection)
-            records = [r for r in map(handle.find_by_id, record_ids) if r is not None]
+            # One statement per chunk of ids (a state-based first sync asks this of every record it gets).
+            records = self.app.collection(collection).all().among(record_ids)
             gone = replication.forget_outside_scope(
                 self.app, collection, self._scope_filters[collection], records
             )

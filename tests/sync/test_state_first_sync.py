@@ -19,7 +19,17 @@ from offline import op
 from offline.store import App
 from offline.store.replication import delivery_watermark
 from tests.merge._support import SCHEMA
-from tests.sync.test_integration import TIMEOUT, Backend, client, clients, collect, converge, wait_for
+from tests.sync.test_integration import (
+    SCOPED,
+    SCOPED_SOURCE,
+    TIMEOUT,
+    Backend,
+    client,
+    clients,
+    collect,
+    converge,
+    wait_for,
+)
 
 ENTRY = "from tests.merge._support import SCHEMA as schema\n"
 
@@ -135,3 +145,52 @@ def test_a_short_log_and_a_device_that_asks_for_operations_get_operations(
     else:
         raise AssertionError("initial_sync='everything' was accepted")
     assert error.code == "SYNC_ERROR" and error.context["field"] == "sync.initial_sync"
+
+
+def test_a_scoped_fresh_device_synced_by_states_holds_its_scope_and_drops_what_left_it(
+    server_backend: Backend, tmp_path: Path
+) -> None:
+    """A fresh device of user A, by states: exactly A's records (a record moved from A to B, whose state the
+    server sends so that A's devices drop it, is not kept), the same as a device of A synced by operations."""
+    server = server_backend.server(SCOPED_SOURCE, "scoped-first-sync", env={"OFFLINE_STATE_SYNC_AFTER": "1"})
+
+    async def scenario() -> None:
+        admin = client(tmp_path, "admin", server.sync_url, schema=SCOPED)
+        async with clients(admin):
+            await admin.sync.connect()
+            with admin.batch():
+                mine = [admin.todos.insert({"ownerId": "a", "title": f"a{i}"}) for i in range(30)]
+                for i in range(30):
+                    admin.todos.insert({"ownerId": "b", "title": f"b{i}"})
+            admin.todos.update(mine[0]["id"], {"ownerId": "b"})  # moved away from A
+            admin.todos.update(mine[1]["id"], {"title": "renamed"})
+            await admin.sync.wait_until_synced(TIMEOUT)
+
+            by_states = client(tmp_path, "a-states", server.sync_url, schema=SCOPED, scope={"userId": "a"})
+            by_ops = client(
+                tmp_path,
+                "a-ops",
+                server.sync_url,
+                schema=SCOPED,
+                scope={"userId": "a"},
+                initial_sync="operations",
+            )
+            states = collect(by_states, "sync:states")
+            async with clients(by_states, by_ops):
+                await by_states.sync.connect()
+                await by_ops.sync.connect()
+                await by_states.sync.wait_until_synced(TIMEOUT)
+                await by_ops.sync.wait_until_synced(TIMEOUT)
+                expected = {m["id"] for m in mine[1:]}
+                await wait_for(
+                    lambda: {r["id"] for r in by_states.todos.fetch()} == expected,
+                    lambda: f"A's records by states: {len(by_states.todos.fetch())}",
+                )
+                await wait_for(
+                    lambda: by_states.todos.fetch() == by_ops.todos.fetch(),
+                    "the same records as the device synced by operations",
+                )
+                assert states and received_in_log(by_states) == 0
+                assert by_states.todos.find_by_id(mine[1]["id"])["title"] == "renamed"  # type: ignore[index]
+
+    asyncio.run(scenario())
