@@ -212,18 +212,9 @@ def _over_https(request: Request) -> bool:
     return any(hop.strip().lower() == "https" for value in values for hop in value.split(","))
 
 
-#: Every method the sign-out route answers: POST signs out, the others get 405 (not the page's SPA fallback).
-LOGOUT_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
-
-
 async def logout(request: Request, ops: Operational) -> Response:
-    if request.method != "POST":
-        # Signing out changes state: a GET (a link, an image or a prefetch on any page) must not do it.
-        return _error_page(
-            "Sign out with the dashboard's Sign out button (a POST to /__offline/logout).",
-            405,
-            {"Allow": "POST"},
-        )
+    # POST only (its route): signing out changes state, so a GET (a link, an image or a prefetch on any page)
+    # must not do it; other methods get 405 from server_runtime.operational_routes.
     ops.auth.sessions.end(request.cookies.get(COOKIE))
     ops.hub.nudge(SESSION_ENDED)  # live streams of that session end now, not at their next status tick
     response = RedirectResponse("/__offline/login", status_code=303, headers=SECURITY_HEADERS)

@@ -99,6 +99,7 @@ class ProductionServer:
     def _build_app(self) -> Starlette:
         from . import dashboard
         from .operational import Operational
+        from .operational_routes import OperationalFallback
         from .static import spa_static
 
         ops = self.operational = Operational(self)
@@ -147,7 +148,7 @@ class ProductionServer:
             Route("/__offline/compact", ops.compact_endpoint, methods=["POST"]),
             Route("/__offline/login", bind(dashboard.login_page), methods=["GET"]),
             Route("/__offline/login", bind(dashboard.login_submit), methods=["POST"]),
-            Route("/__offline/logout", bind(dashboard.logout), methods=dashboard.LOGOUT_METHODS),
+            Route("/__offline/logout", bind(dashboard.logout), methods=["POST"]),
             Route("/__offline", bind(dashboard.dashboard)),
             Route("/__offline/", bind(dashboard.dashboard)),
         ]
@@ -156,6 +157,8 @@ class ProductionServer:
 
             routes.extend(UserAdmin(ops, self.auth_routes).routes())
             routes.append(Mount("/auth", routes=self.auth_routes.routes))
+        # Wrong methods and unknown paths under /__offline are answered here, never by the page below.
+        routes.append(OperationalFallback(routes))
         if self.static_dir:  # last: its SPA fallback answers every path not matched above
             routes.append(spa_static(self.static_dir))
         limits = Middleware(
