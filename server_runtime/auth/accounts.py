@@ -215,6 +215,7 @@ async def delete_user(tx: AuthTx, user_id: str) -> bool:
             tx._delete(d.emails, user.email)
         tx._delete(d.users, user_id)
         sessions = {k for k, s in d.sessions.items() if s.user_id == user_id}
+        emptied = {k[0] for k in d.members if k[1] == user_id} - {k[0] for k in d.members if k[1] != user_id}
         doomed: list[tuple[dict[Any, Any], list[Any]]] = [
             (d.identities, [k for k, i in d.identities.items() if i.user_id == user_id]),
             (d.sessions, list(sessions)),
@@ -223,6 +224,7 @@ async def delete_user(tx: AuthTx, user_id: str) -> bool:
             (d.recovery, [k for k in d.recovery if k[0] == user_id]),
             (d.passkeys, [k for k, p in d.passkeys.items() if p.user_id == user_id]),
             (d.members, [k for k in d.members if k[1] == user_id]),
+            (tx.x.invites, [k for k, i in tx.x.invites.items() if i.org_id in emptied]),
             (d.challenges, [k for k, c in d.challenges.items() if c.user_id == user_id]),
             (d.active, [k for k in d.active if k in sessions]),
             (d.disabled, [user_id] if user_id in d.disabled else []),
@@ -240,6 +242,16 @@ async def delete_user(tx: AuthTx, user_id: str) -> bool:
     await tx.c.execute(
         "DELETE FROM offline_auth_active_orgs WHERE session_id IN"
         " (SELECT id FROM offline_auth_sessions WHERE user_id = ?)",
+        user_id,
+    )
+    # An organization this user is the last member of keeps nobody to answer for it: its pending invites
+    # go too, or accepting one would make a member of an organization without an owner.
+    await tx.c.execute(
+        "DELETE FROM offline_auth_invites WHERE org_id IN"
+        " (SELECT org_id FROM offline_auth_memberships WHERE user_id = ?)"
+        " AND NOT EXISTS (SELECT 1 FROM offline_auth_memberships m"
+        " WHERE m.org_id = offline_auth_invites.org_id AND m.user_id <> ?)",
+        user_id,
         user_id,
     )
     for name in (

@@ -264,6 +264,10 @@ class OrgRoutes:
             user = await tx.user_by_id(user_id)
             if row is None or row.expires_at <= now or await tx.org(row.org_id) is None:
                 outcome = "invalid"
+            elif not any(m.role == "owner" for m, _ in await tx.org_members(row.org_id)):
+                # Its last member's account was deleted (its invites normally go with it): nobody could
+                # manage a member let in now. The invite is spent; it can never be honoured.
+                outcome = "ownerless"
             elif user is None or user.email != row.email:
                 # Not spent: the invite stays for the person it was meant for.
                 raise AuthError(
@@ -275,9 +279,18 @@ class OrgRoutes:
                 outcome = "member"
         if outcome == "invalid":
             raise AuthError(
-                404, "INVITE_INVALID", "the invite is unknown, already used or expired; ask for a new one"
+                404,
+                "INVITE_INVALID",
+                "the invite is unknown, already used, expired or withdrawn; ask for a new one",
             )
         assert row is not None
+        if outcome == "ownerless":
+            raise AuthError(
+                409,
+                "ORG_WITHOUT_OWNER",
+                f"organization {row.org_id} has no owner any more (its last member's account was deleted), "
+                "so it takes no new members; ask for an invite to another organization",
+            )
         if outcome == "member":
             raise AuthError(409, "ALREADY_MEMBER", "you are already a member of this organization")
         log.info("user %s joined organization %s as %s", user_id, row.org_id, row.role)
