@@ -75,6 +75,8 @@ BACKUP_CHECKSUM_MISMATCH = "BACKUP_CHECKSUM_MISMATCH"  # an unkeyed file, damage
 BACKUP_OPERATIONS_REFUSED = "BACKUP_OPERATIONS_REFUSED"  # some operation would be refused as a sync write
 BACKUP_INCOMPLETE = "BACKUP_INCOMPLETE"  # a compacted store's file without its records' states
 BACKUP_NOT_EMPTY = "BACKUP_NOT_EMPTY"  # a compacted store's file, and this server holds data already
+#: A restore into an empty database that other running server processes share.
+OTHER_SERVERS_RUNNING = "OTHER_SERVERS_RUNNING"
 SCHEMA_MISMATCH = "SCHEMA_MISMATCH"
 
 _SECRET_NAMES = {
@@ -463,6 +465,8 @@ async def import_backup(server: ProductionServer, backup: BackupFile) -> dict[st
             "server that holds no data yet. Import it into a fresh database",
             status=409,
         )
+    if sync.watermark == 0 and (backup.operations or backup.states):
+        await _refuse_while_shared(server)
     rows = _restored_rows(sync, backup.states)
     refused = await _judge_in_scratch(sync, backup.operations, node_id)
     if refused:
@@ -521,6 +525,21 @@ async def import_backup(server: ProductionServer, backup: BackupFile) -> dict[st
     if compacted is not None:
         result["states"] = len(rows)
     return result
+
+
+async def _refuse_while_shared(server: ProductionServer) -> None:
+    """A restore into an empty database gives this process a new identity and numbering of deliveries (and,
+    for a compacted store, rows written past its writers): other processes on the same database would go on
+    with the old ones and their cached rows. Refuse while any runs."""
+    others = await server.sync.store.other_servers()
+    if others:
+        raise BackupRefused(
+            OTHER_SERVERS_RUNNING,
+            f"{others} other server process(es) use this database; a restore gives the server a new identity "
+            "and numbering of deliveries that running processes would not pick up. Stop the other server "
+            "processes, import the backup through this one, then start them again",
+            status=409,
+        )
 
 
 def _restored_rows(sync: SyncService, states: list[RecordStateLine]) -> list[RecordRow]:

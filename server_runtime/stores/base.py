@@ -533,6 +533,13 @@ class ServerStore(abc.ABC):
 
     # -------------------------------------------------------------------------------------- notifications
 
+    async def other_servers(self) -> int:
+        """How many other server processes are using this store now (each one's LISTEN connection counts).
+
+        Only PostgreSQL is shared between processes; the memory and SQLite stores have one owner: 0.
+        """
+        return 0
+
     @abc.abstractmethod
     async def listen(self, callback: NotifyCallback) -> None:
         """Call ``callback(max_delivery)`` whenever another process commits operations to this store.

@@ -186,6 +186,15 @@ def _names_for_schema(schema: str) -> tuple[str, int]:
     return channel, key
 
 
+def _listener_name(channel: str) -> str:
+    """The ``application_name`` of a LISTEN connection on ``channel``: how `other_servers` finds the other
+    processes of this database+schema in ``pg_stat_activity`` (a name must be ASCII, at most 63 bytes)."""
+    name = f"offline-listen:{channel}"
+    if not name.isascii() or len(name) > 63:
+        name = "offline-listen:" + hashlib.sha256(channel.encode()).hexdigest()[:40]
+    return name
+
+
 def _quote_literal(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
@@ -564,6 +573,18 @@ class PostgresServerStore(ServerStore):
             self._callbacks.remove(callback)
             raise
 
+    async def other_servers(self) -> int:
+        own = self._listen_conn
+        own_pid = own.get_server_pid() if own is not None else 0
+        async with self._reading("counting the server processes sharing this database") as conn:
+            count = await conn.fetchval(
+                "SELECT count(*) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND application_name = $1 AND pid <> $2",
+                _listener_name(self.channel),
+                own_pid,
+            )
+        return int(count)
+
     async def compact(self, horizon: int | None = None) -> dict[str, Any]:
         async with self.writer() as writer:
             assert isinstance(writer, _PostgresWriter)
@@ -646,7 +667,9 @@ class PostgresServerStore(ServerStore):
             if self._listen_conn is not None or self._closed:
                 return
             with self._errors("starting to LISTEN"):
-                conn = await asyncpg.connect(self._url)
+                conn = await asyncpg.connect(
+                    self._url, server_settings={"application_name": _listener_name(self.channel)}
+                )
                 try:
                     await conn.add_listener(self.channel, self._on_notification)
                 except BaseException:
