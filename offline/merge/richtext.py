@@ -113,7 +113,7 @@ class _Documents:
         # Nothing pending: the document's encoding is the state (canonically).
         try:
             return doc, yupdate.canonical(doc.get_update()) == state
-        except ValueError:  # pragma: no cover - see `_canonical`
+        except ValueError:  # pragma: no cover - see `fold_update`
             return doc, False
 
     def decoded(self, state: str) -> bytes:
@@ -220,24 +220,20 @@ def fold_update(state: str | None, update: Any) -> str:
     doc = backend.new_doc()
     doc.apply_update(merged)  # one update: integrated as a whole, in its own order
     encoded = doc.get_update()
-    compact = backend.merge_updates(encoded, merged)
-    if compact == encoded:  # nothing pending: the document holds it all
-        stored = _canonical(encoded, fallback=compact)
-        if not _DOCUMENTS.adopt(raw, encoded, stored):
-            _DOCUMENTS.keep(stored, doc)
-    else:  # the document's structs first (its deleted content), then what it could not integrate yet
-        stored = _canonical(encoded, merged, fallback=compact)
+    # What the document could not integrate: structs past its state vector, deletes of items it lacks (a
+    # diff holds the whole delete set; those the document has add nothing).
+    pending = backend.diff_update(merged, doc.get_state())
+    try:
+        # The document's structs first (its deleted content as deleted), then what is pending.
+        stored, complete = yupdate.canonical_union(encoded, pending)
+    except ValueError:  # pragma: no cover - a Yjs encoding this decoder does not read (a newer Yjs?)
+        # Kept as Yjs gave it rather than lost: the text still converges, only the bytes may differ.
+        stored, complete = backend.merge_updates(encoded, merged), False
+    if complete and not _DOCUMENTS.adopt(raw, encoded, stored):
+        _DOCUMENTS.keep(stored, doc)  # nothing pending: the document is the state's
     text = _encode(stored)
     _DOCUMENTS.encoded(text, stored)
     return text
-
-
-def _canonical(*updates: bytes, fallback: bytes) -> bytes:
-    try:
-        return yupdate.canonical(*updates)
-    except ValueError:  # pragma: no cover - a Yjs encoding this decoder does not read (a newer Yjs?)
-        # Kept as Yjs gave it rather than lost: the text still converges, only the bytes may differ.
-        return fallback
 
 
 def merge_update(state: str | None, update: Any) -> str:

@@ -64,6 +64,10 @@ class YjsBackend(Protocol):
 
     def merge_updates(self, first: bytes, second: bytes) -> bytes: ...
 
+    def diff_update(self, update: bytes, state_vector: bytes) -> bytes:
+        """What of ``update`` a document with ``state_vector`` lacks: the structs past it, and the delete set."""
+        ...
+
     def state_vector(self, update: bytes) -> bytes:
         """The state vector of ``update``; ValueError when it is not a Yjs update."""
         ...
@@ -122,6 +126,9 @@ class PycrdtBackend:
 
     def merge_updates(self, first: bytes, second: bytes) -> bytes:
         return bytes(self._pycrdt.merge_updates(first, second))
+
+    def diff_update(self, update: bytes, state_vector: bytes) -> bytes:
+        return bytes(self._pycrdt.get_update(update, state_vector))
 
     def state_vector(self, update: bytes) -> bytes:
         return bytes(self._pycrdt.get_state(update))  # raises ValueError on anything else
@@ -200,6 +207,9 @@ class BrowserBackend:
     def merge_updates(self, first: bytes, second: bytes) -> bytes:
         merged = self.yjs.mergeUpdates(self._to_js([self.to_js(first), self.to_js(second)]))
         return bytes(merged.to_bytes())
+
+    def diff_update(self, update: bytes, state_vector: bytes) -> bytes:
+        return bytes(self.yjs.diffUpdate(self.to_js(update), self.to_js(state_vector)).to_bytes())
 
     def state_vector(self, update: bytes) -> bytes:
         try:

@@ -26,6 +26,7 @@ not the updates it was made from.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from dataclasses import dataclass
 from itertools import pairwise
 
@@ -321,26 +322,45 @@ def _joined(first: _Struct, second: _Struct, client: int) -> bool:
     return True
 
 
-def _runs(client: int, given: list[list[_Struct]]) -> list[_Struct]:
+def _covered(structs: list[_Struct]) -> list[list[int]]:
+    """The clock ranges ``structs`` (by clock) hold, as sorted, disjoint [start, stop) ranges."""
+    ranges: list[list[int]] = []
+    for struct in structs:
+        stop = struct.clock + struct.length
+        if ranges and struct.clock <= ranges[-1][1]:
+            ranges[-1][1] = max(ranges[-1][1], stop)
+        else:
+            ranges.append([struct.clock, stop])
+    return ranges
+
+
+def _runs(client: int, given: list[list[_Struct]], added: list[bool]) -> list[_Struct]:
     """A client's structs by clock, joined into maximal runs; ``given`` by source, where sources overlap
-    the earlier one's structs are kept (a later one only fills clocks no earlier one holds)."""
+    the earlier one's structs are kept (a later one only fills clocks no earlier one holds: ``added[0]``
+    is set when one does)."""
     held: list[_Struct] = sorted(given[0], key=lambda s: s.clock)
     for structs in given[1:]:
         if not structs:
             continue
-        covered = [(s.clock, s.clock + s.length) for s in held]
+        covered = _covered(held)
+        starts = [lo for lo, _ in covered]
         for struct in structs:
             start, stop = struct.clock, struct.clock + struct.length
-            for lo, hi in covered:  # cut out what is held already
-                if hi <= start or lo >= stop:
-                    continue
-                if lo > start:
-                    held.append(_slice(struct, client, start - struct.clock, lo - struct.clock))
-                start = max(start, hi)
-                if start >= stop:
+            # Cut out what is held already: the covered ranges from the last one starting at or before it.
+            index = max(0, bisect_right(starts, start) - 1)
+            while start < stop and index < len(covered):
+                lo, hi = covered[index]
+                if lo >= stop:
                     break
+                if hi > start:
+                    if lo > start:
+                        held.append(_slice(struct, client, start - struct.clock, lo - struct.clock))
+                        added[0] = True
+                    start = max(start, hi)
+                index += 1
             if start < stop:
                 held.append(_slice(struct, client, start - struct.clock, stop - struct.clock))
+                added[0] = True
         held.sort(key=lambda s: s.clock)
     out: list[_Struct] = []
     end = 0
@@ -394,20 +414,30 @@ def canonical(*updates: bytes) -> bytes:
     """The canonical encoding of what ``updates`` hold together (the first given for a clock kept).
 
     Raises ValueError when one is not a Yjs update (v1)."""
+    return canonical_union(*updates)[0]
+
+
+def canonical_union(first: bytes, *rest: bytes) -> tuple[bytes, bool]:
+    """`canonical` of ``first`` and ``rest`` together, and whether ``rest`` added nothing to ``first`` (no
+    struct for clocks ``first`` does not hold, no deleted range ``first`` does not delete)."""
     sources: list[dict[int, list[_Struct]]] = []
     deletes: dict[int, list[tuple[int, int]]] = {}
-    for update in updates:
+    first_deletes: dict[int, list[list[int]]] = {}
+    for index, update in enumerate((first, *rest)):
         structs: dict[int, list[_Struct]] = {}
         try:
             _decode(update, structs, deletes)
         except (IndexError, ValueError, UnicodeError) as exc:
             raise ValueError(f"not a Yjs update (v1): {exc}") from None
         sources.append(structs)
+        if index == 0 and rest:
+            first_deletes = _delete_ranges(deletes)
+    added = [False]
     out = bytearray()
     clients = sorted({c for structs in sources for c, s in structs.items() if s}, reverse=True)
     _uint(out, len(clients))
     for client in clients:
-        runs = _runs(client, [structs.get(client, []) for structs in sources])
+        runs = _runs(client, [structs.get(client, []) for structs in sources], added)
         count = len(runs) + sum(1 for a, b in pairwise(runs) if b.clock > a.clock + a.length)
         _uint(out, count)
         _uint(out, client)
@@ -419,6 +449,19 @@ def canonical(*updates: bytes) -> bytes:
                 _uint(out, struct.clock - end)
             _write_struct(out, struct)
             end = struct.clock + struct.length
+    merged = _delete_ranges(deletes)
+    _uint(out, len(merged))
+    for client in sorted(merged, reverse=True):
+        _uint(out, client)
+        _uint(out, len(merged[client]))
+        for clock, length in merged[client]:
+            _uint(out, clock)
+            _uint(out, length)
+    return bytes(out), not added[0] and (not rest or merged == first_deletes)
+
+
+def _delete_ranges(deletes: dict[int, list[tuple[int, int]]]) -> dict[int, list[list[int]]]:
+    """Each client's deleted [clock, length] ranges, sorted and joined where they touch."""
     merged: dict[int, list[list[int]]] = {}
     for client, given in deletes.items():
         ranges: list[list[int]] = []
@@ -431,14 +474,7 @@ def canonical(*updates: bytes) -> bytes:
                 ranges.append([clock, length])
         if ranges:
             merged[client] = ranges
-    _uint(out, len(merged))
-    for client in sorted(merged, reverse=True):
-        _uint(out, client)
-        _uint(out, len(merged[client]))
-        for clock, length in merged[client]:
-            _uint(out, clock)
-            _uint(out, length)
-    return bytes(out)
+    return merged
 
 
-__all__ = ["canonical"]
+__all__ = ["canonical", "canonical_union"]

@@ -99,3 +99,29 @@ def test_the_first_update_given_for_a_clock_is_kept() -> None:
 def test_what_is_not_an_update_is_a_value_error(garbage: bytes) -> None:
     with pytest.raises(ValueError, match="not a Yjs update"):
         yupdate.canonical(garbage)
+
+
+def test_a_union_says_whether_the_later_updates_added_anything() -> None:
+    """`canonical_union(document, pending)` says when the pending part (structs past the document, deletes
+    of items it lacks) holds nothing the document does not: then the document is the whole state."""
+    doc, keystrokes = typed(9, "abc")
+    body = doc.get("text", type=pycrdt.Text)
+    before = doc.get_state()
+    del body[0:1]
+    deletion = doc.get_update(before)
+    whole = doc.get_update()
+    assert yupdate.canonical_union(whole, pycrdt.get_update(whole, doc.get_state())) == (
+        yupdate.canonical(whole),
+        True,
+    )
+    # The last keystroke without the middle one: a struct past the first update's clocks.
+    first = pycrdt.merge_updates(keystrokes[0])
+    stored, complete = yupdate.canonical_union(first, keystrokes[2])
+    assert not complete and stored == yupdate.canonical(first, keystrokes[2])
+    # A delete of an item the first update lacks (and of one it has).
+    before = doc.get_state()
+    del body[1:2]  # the "c"
+    stored, complete = yupdate.canonical_union(first, pycrdt.merge_updates(deletion, doc.get_update(before)))
+    assert not complete and text_of(stored) == ""
+    assert yupdate.canonical_union(first, deletion)[1] is False  # "a" deleted: a range the first lacks
+    assert yupdate.canonical_union(first, first) == (yupdate.canonical(first), True)
