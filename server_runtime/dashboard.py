@@ -9,6 +9,7 @@ towards the same per-address limit as wrong Bearer tokens (`operational.Operatio
 
 from __future__ import annotations
 
+import html
 import urllib.parse
 from typing import TYPE_CHECKING
 
@@ -159,7 +160,8 @@ async def login_page(request: Request, ops: Operational) -> Response:
 
 
 def _error_page(message: str, status: int, headers: dict[str, str] | None = None) -> HTMLResponse:
-    page = LOGIN_PAGE.replace("__ERROR__", f'<p class="err" id="error">{message}</p>')
+    # Escaped: the message is text, and a future caller may put request data (a path, a name) in it.
+    page = LOGIN_PAGE.replace("__ERROR__", f'<p class="err" id="error">{html.escape(message)}</p>')
     response = _html(page, status=status)
     response.headers.update(headers or {})
     return response

@@ -284,3 +284,13 @@ def test_sign_out_takes_a_post_only(tmp_path: Path, with_page: bool) -> None:
             assert (await copy.get("/__offline/status")).status_code == 401  # the server forgot the session
 
     asyncio.run(scenario())
+
+
+def test_the_sign_in_page_shows_its_error_message_as_text_not_markup() -> None:
+    """The error line is built from a message string: markup in it (a path or name a later caller might pass)
+    is shown escaped, never run as script in the dashboard's origin."""
+    from server_runtime.dashboard import _error_page
+
+    body = _error_page('<script>alert("x")</script> & more', 400).body.decode()
+    assert "<script>alert" not in body
+    assert "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt; &amp; more" in body
