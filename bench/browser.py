@@ -28,7 +28,8 @@ At size (``at_size``, the table of issue 28; a fresh server and browser, the pag
   and until the list shows every record (``list_shown_after_reload_ms``).
 - ``renderer_rss_mb``: at 50,000 records, the resident memory of Chromium's renderer processes (the page,
   its worker, the service worker, and the spare renderer Chromium keeps started), summed; not Chromium's
-  own user interface renderer. ``..._by_process``: each of them, largest first (the first is the page's).
+  own user interface renderer. ``..._by_process``: each of them, largest first (the first is the page's);
+  ``..._after_gc``: each of them again after a full garbage collection in the page and its workers.
 - ``warm_reload_cpu_ms``: the CPU time Chromium's processes used from a reload until the list showed
   every record (the least of 2): on a shared machine, what a reload costs whatever the others do.
 - ``warm_stages_ms``: what ``cold_stages_ms`` is for a first visit, for the fastest warm reload at each
@@ -181,6 +182,26 @@ def _chromium_cpu_ms() -> float:
     return sum(ticks_used for pid, ticks_used in used.items() if mine(pid)) * 1000 / ticks
 
 
+async def _collect_garbage(browser: Any) -> None:
+    """A full garbage collection in the page, its worker and the service worker (what the resident memory
+    holds beyond their live objects depends on when V8 last collected: tens of MB either way)."""
+    import json
+
+    session = await browser.new_browser_cdp_session()
+    for target in (await session.send("Target.getTargets"))["targetInfos"]:
+        if target["type"] not in ("page", "worker", "service_worker"):
+            continue
+        attached = await session.send(
+            "Target.attachToTarget", {"targetId": target["targetId"], "flatten": False}
+        )
+        message = json.dumps({"id": 1, "method": "HeapProfiler.collectGarbage"})
+        await session.send(
+            "Target.sendMessageToTarget", {"sessionId": attached["sessionId"], "message": message}
+        )
+    await asyncio.sleep(3)  # (the messages are not answered here: give the collections time to run)
+    await session.detach()
+
+
 async def _shown(page: Any, count: int, timeout_ms: int = 600_000) -> None:
     from playwright.async_api import expect
 
@@ -251,6 +272,8 @@ async def _at_size(executable: str, base: str, sizes: tuple[int, ...] = SIZES) -
         renderers = _renderer_rss_mb()
         figures[f"renderer_rss_mb_at_{size - 40}"] = round(sum(renderers), 1)
         figures[f"renderer_rss_mb_by_process_at_{size - 40}"] = renderers
+        await _collect_garbage(browser)
+        figures[f"renderer_rss_mb_after_gc_at_{size - 40}"] = _renderer_rss_mb()
         await context.close()
     return figures
 
