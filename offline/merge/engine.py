@@ -1160,7 +1160,7 @@ class MergeEngine:
         """
         if text is None:
             return self._insert_text(op, record_id) if op.type == "insert" else None
-        if op.type != "update" or type(text) is not str or op.causal_context is not None:
+        if op.type != "update" or type(text) is not str:
             return None
         plan = self._plans.get(op.collection)
         if plan is None or plan.state_machines:
@@ -1169,7 +1169,11 @@ class MergeEngine:
             raw, end = _scan_once(text, 0)
         except StopIteration:
             return None
-        if end != len(text) or type(raw) is not dict or tuple(raw) != _COMPACT_KEYS:
+        if end != len(text) or type(raw) is not dict:
+            return None
+        if op.causal_context is not None:
+            return self._fold_vector_update(plan, op, record_id, raw)
+        if tuple(raw) != _COMPACT_KEYS:
             return None
         entries = raw["g"]
         exist = raw["e"]
@@ -1242,6 +1246,14 @@ class MergeEngine:
         """`apply_to_text` of ``op`` on the state text the insert of a new record (``insert``) makes, without
         that text: for a store that keeps such a state as a reference to its operation. None outside the
         common case (as `apply_to_text`)."""
+        if op.causal_context is not None and insert.causal_context is not None:
+            if op.type != "update" or op.id == insert.id:
+                return None
+            plan = self._plans.get(op.collection)
+            if plan is None or plan.state_machines:
+                return None
+            document = self._vector_insert_document(plan, insert)
+            return None if document is None else self._fold_vector_update(plan, op, record_id, document)
         if (
             op.type != "update"
             or insert.causal_deps
@@ -1347,6 +1359,194 @@ class MergeEngine:
         record = self._record(plan, record_id, fields, None) if exist[1] != "delete" else None
         return TextFold(compact_json(raw), record, fields)
 
+    def _vector_insert_document(self, plan: _Plan, insert: Operation) -> dict[str, Any] | None:
+        """The decoded canonical text (`_encode_vector_state`'s, keys in its sorted order) of the state the
+        insert ``insert`` (with a causal context) makes of a new record, built directly; None outside the
+        common case of `_fold_vector_update` (and unless it is its node's first write to the record)."""
+        context = insert.causal_context
+        assert context is not None
+        node = insert.node_id
+        if insert.type != "insert" or context.get(node) != 1 or insert.schema_version != plan.schema_version:
+            return None
+        ts = insert.timestamp
+        wall, logical = ts.wall_time, ts.logical
+        if type(wall) is not int or type(logical) is not int or ts.node_id != node:
+            return None
+        kinds = plan.kinds
+        registers: dict[str, dict[str, Any]] = {}
+        for name, value in self.op_fields(insert).items():
+            kind = kinds[name]
+            # Registers as `_apply` makes them on a new state, their slots in sorted order; key index 0.
+            if kind == "lww" and type(value) in _SCALARS:
+                registers[name] = {"k": 0, "lk": 0, "v": value}
+            elif kind == "counter" and type(value) in _SCALARS:
+                registers[name] = {"d": 1, "k": 0, "lk": 0, "n": 0, "v": value}
+            elif kind == "union" and not value:
+                registers[name] = {"a": {}, "lk": 0, "r": {}, "v": {}}
+            else:
+                return None
+        # `_add_dot` on a new state: what the insert had seen of others (its own number is not its past).
+        past = {other: count for other, count in context.items() if other != node and count > 0}
+        return {
+            "K": [[wall, logical, node, insert.id, 1]],
+            "c": {node: 1},
+            "e": [0, "insert"],
+            "f": dict(sorted(registers.items())),
+            "g": {},
+            "h": {insert.id: [node, 1]},
+            "i": True,
+            "p": dict(sorted(past.items())),
+            "x": [],
+        }
+
+    def _fold_vector_update(
+        self, plan: _Plan, op: Operation, record_id: str, raw: dict[str, Any]
+    ) -> TextFold | None:
+        """`apply_to_text` of an update with a causal context on a state of operations with one (``raw``: its
+        text decoded, changed in place).
+
+        Covered: the next operation of its node on the record (no held operation had seen it), of the
+        schema's version, onto a state holding no operation without a context nor any beyond the clock, in
+        a collection without state machines, whose add-wins sets are empty and whose Tier 3 fields are
+        settled; writing lww fields (scalar values) and whole-number counters that have registers already.
+        Then the fold changes the clock, the past, the heads, the written registers and the key table, and
+        nothing else (`after_fold` has nothing to do). The text is canonical (only `_encode_vector_state`
+        writes this form): every object's keys stand in sorted order, and stay so here (a new key re-sorts
+        its object), so the compact encoding of ``raw`` is the canonical text `to_json` writes."""
+        if tuple(raw) != _VECTOR_KEYS or op.schema_version != plan.schema_version:
+            return None
+        table = raw["K"]
+        clock = raw["c"]
+        exist = raw["e"]
+        fields = raw["f"]
+        tips = raw["h"]
+        past = raw["p"]
+        if (
+            raw["g"]
+            or raw["x"]
+            or raw["i"] is not True
+            or type(table) is not list
+            or type(clock) is not dict
+            or type(exist) is not list
+            or len(exist) != 2
+            or type(fields) is not dict
+            or type(tips) is not dict
+            or type(past) is not dict
+        ):
+            return None
+        context = op.causal_context
+        assert context is not None
+        node = op.node_id
+        number = context[node]
+        held = clock.get(node, 0)
+        if type(held) is not int:
+            return None
+        if number <= held:
+            return REPEATED
+        if number != held + 1:
+            return None  # a number missing in between: the general path keeps it beyond the clock
+        ts = op.timestamp
+        wall, logical = ts.wall_time, ts.logical
+        if type(wall) is not int or type(logical) is not int or ts.node_id != node:
+            return None
+        size = len(table)
+        # The key table's references: the latest write's (exist) and the registers' "k" and "lk".
+        refs: list[tuple[Any, Any]] = [(exist, 0)]
+        kinds = plan.kinds
+        for name, reg in fields.items():
+            if type(reg) is not dict:
+                return None
+            kind = kinds.get(name)
+            if kind == "union" and (reg.get("a") or reg.get("r") or "m" in reg):
+                return None  # elements, or removals `after_fold` may settle: the general path
+            if kind == "resolve" and "rv" not in reg:
+                return None  # not settled: `after_fold` settles it
+            if "k" in reg:
+                refs.append((reg, "k"))
+            if "lk" in reg:
+                refs.append((reg, "lk"))
+        for holder, slot in refs:
+            ref = holder[slot]
+            if type(ref) is not int or not 0 <= ref < size or type(table[ref]) is not list:
+                return None
+        data = self.op_fields(op)
+        previous = self.op_fields(op, "previous") if op.previous_data else {}
+        for name, value in data.items():
+            reg = fields.get(name)
+            if reg is None or "lk" not in reg:
+                return None  # a register (or a slot) to create: a new key in its object
+            kind = kinds[name]
+            if kind == "lww":
+                if type(value) not in _SCALARS or "k" not in reg:
+                    return None  # (an object value's keys would need sorting)
+            elif (
+                kind != "counter"
+                or type(value or 0) is not int
+                or type(previous.get(name) or 0) is not int
+                or type(reg.get("n")) is not int
+                or type(reg.get("d")) is not int
+                or reg["d"] != 1
+            ):
+                return None
+
+        # `_add_dot` (the clock's next number; nothing beyond it).
+        if node in clock:
+            clock[node] = number
+        else:
+            raw["c"] = dict(sorted({**clock, node: number}.items()))
+        grew = False
+        for other, count in context.items():
+            seen = count - 1 if other == node else count
+            if seen > past.get(other, 0):
+                grew = grew or other not in past
+                past[other] = seen
+        if grew:
+            raw["p"] = past = dict(sorted(past.items()))
+        if past.get(node, 0) >= number:
+            return None  # a held operation had seen it: `after_fold` settles every register again
+        for tip, dot in list(tips.items()):
+            if type(dot) is not list or len(dot) != 2:
+                return None
+            if past.get(dot[0], 0) >= dot[1]:
+                del tips[tip]
+        tips[op.id] = [node, number]
+        raw["h"] = dict(sorted(tips.items()))
+
+        # The fold of `_apply`: a slot taking this operation's key refers to NEW until the table is redone.
+        key: list[Any] = [wall, logical, node, op.id, number]
+        if key > table[exist[0]]:
+            exist[0] = _NEW_KEY
+            exist[1] = "update"
+        for name, value in data.items():
+            reg = fields[name]
+            if kinds[name] == "lww":
+                if key > table[reg["k"]]:
+                    reg["k"] = _NEW_KEY
+                    reg["v"] = value
+            else:
+                reg["n"] += (value or 0) - (previous.get(name) or 0)
+            last = reg["lk"]
+            if last != _NEW_KEY and key > table[last]:
+                reg["lk"] = _NEW_KEY
+        # The key table again, as `_encode_vector_state` writes it: the referenced keys, sorted (the table
+        # was; the new key goes in its place), referred to by index.
+        used = sorted({holder[slot] for holder, slot in refs})
+        new_table = [table[i] for i in used if i != _NEW_KEY]
+        if used[0] == _NEW_KEY:
+            place = len(new_table)
+            while place and new_table[place - 1] > key:
+                place -= 1
+            new_table.insert(place, key)
+        index = {old: i for i, old in enumerate(i for i in used if i != _NEW_KEY)}
+        if used[0] == _NEW_KEY:
+            index = {old: (i if i < place else i + 1) for old, i in index.items()}
+            index[_NEW_KEY] = place
+        raw["K"] = new_table
+        for holder, slot in refs:
+            holder[slot] = index[holder[slot]]
+        record = self._record(plan, record_id, fields, None) if exist[1] != "delete" else None
+        return TextFold(compact_json(raw), record, fields)
+
     def _insert_text(self, op: Operation, record_id: str) -> TextFold | None:
         """`apply_to_text` of the insert of a record with no state: what ``apply`` makes of it in a new
         `RecordState`, as `to_json` (its one-operation form) and ``materialize`` write it."""
@@ -1356,7 +1556,10 @@ class MergeEngine:
         """`apply_to_text` of the insert of a record with no state; its text is "" unless ``encode`` (for a
         store that keeps such a state as a reference to the operation). None outside the common case."""
         plan = self._plans.get(op.collection)
-        if op.causal_context is not None and plan is not None and op.type == "insert":
+        if op.causal_context is not None and plan is not None and op.type == "insert" and encode:
+            made = self._vector_insert_document(plan, op)
+            if made is not None:  # the canonical text, built directly
+                return TextFold(compact_json(made), self._record(plan, record_id, made["f"], None), made["f"])
             # The general fold, on a new state (its text is the canonical one).
             state = RecordState()
             self.apply(state, op, want_conflicts=False)
@@ -1449,6 +1652,13 @@ class TextFold:
 #: `MergeEngine.apply_to_text`: the state holds this operation already (compared by identity).
 REPEATED = TextFold("", None, {})
 _COMPACT_KEYS = ("g", "e", "i", "f")
+#: The keys of a state text of operations with a causal context, in their canonical (sorted) order.
+_VECTOR_KEYS = ("K", "c", "e", "f", "g", "h", "i", "p", "x")
+#: `_fold_vector_update`: a key slot referring to the folded operation's key (not yet in the table).
+_NEW_KEY = -1
+#: Values whose compact JSON text is canonical as it is (no object keys to sort).
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+
 _SCALARS = frozenset({str, int, float, bool, type(None)})
 _FRESH: Any = object()
 

@@ -97,7 +97,8 @@ def compact(app: App) -> int:
         if not count:
             return 0
         keys = list(dropped)
-        bases = load(app, keys)
+        # Each record's numbers; its base state is decoded only where operations stay (below).
+        held = {(c, r): (state, versions) for c, r, state, versions in _rows(app, keys)}
         texts = db.load_state_texts(keys, refold=False)
         # A state stored as a reference to its operation is written out: that operation is about to go.
         references = [k for k, t in texts.items() if isinstance(t, str) and t[:1] == STATE_REFERENCE]
@@ -107,13 +108,14 @@ def compact(app: App) -> int:
         own = 0
         clock = db.get_meta(CLOCK_KEY) or ""
         for key, items in dropped.items():
-            base_state, versions = bases.get(key, (None, {}))
+            old_base, versions_text = held.get(key, (None, None))
+            versions = _parse_versions(versions_text) if versions_text is not None else {}
             text = texts.get(key)
             if key not in pending and text is not None:
                 base_text = text if isinstance(text, str) else text.decode()  # every operation goes
             else:
                 # Some stay: the base is what the dropped ones make of the old base.
-                state = base_state if base_state is not None else RecordState()
+                state = RecordState.from_json(old_base) if old_base is not None else RecordState()
                 if key[0] in app.codecs:
                     for (wire,) in conn.execute(
                         "SELECT wire FROM _offline_ops WHERE collection = ? AND record_id = ? AND status = ?",
