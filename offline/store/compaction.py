@@ -97,32 +97,30 @@ def compact(app: App) -> int:
         if not count:
             return 0
         keys = list(dropped)
-        # Each record's numbers; its base state is decoded only where operations stay (below).
-        held = {(c, r): (state, versions) for c, r, state, versions in _rows(app, keys)}
-        texts = db.load_state_texts(keys, refold=False)
+        # Each record's numbers; its old base is read (and decoded) only where operations stay (below).
+        numbers = _versions_rows(app, keys)
+        stay = [key for key in keys if key in pending]
+        old_bases = {(c, r): state for c, r, state, _ in _rows(app, stay)} if stay else {}
+        # Which records have a state, and which of those are stored as a reference to their operation.
+        states = _state_references(app, keys)
         # A state stored as a reference to its operation is written out: that operation is about to go.
-        references = [k for k, t in texts.items() if isinstance(t, str) and t[:1] == STATE_REFERENCE]
-        written_out = db.load_state_texts(references) if references else {}
-        texts.update(written_out)
+        references = {k: reference[1:] for k, reference in states.items() if reference}
+        if references:
+            db.save_states(
+                [
+                    (c, r, _one_operation_state(app, c, r, op))
+                    for (c, r), op in db.referenced_operations(references).items()
+                ]
+            )
         out: list[tuple[str, str, str, str]] = []
+        # Records whose every operation goes: their base is their current state, copied by SQLite (the
+        # texts need not pass through Python).
+        copied: list[tuple[str, str, str]] = []
         own = 0
         clock = db.get_meta(CLOCK_KEY) or ""
         for key, items in dropped.items():
-            old_base, versions_text = held.get(key, (None, None))
+            versions_text = numbers.get(key)
             versions = _parse_versions(versions_text) if versions_text is not None else {}
-            text = texts.get(key)
-            if key not in pending and text is not None:
-                base_text = text if isinstance(text, str) else text.decode()  # every operation goes
-            else:
-                # Some stay: the base is what the dropped ones make of the old base.
-                state = RecordState.from_json(old_base) if old_base is not None else RecordState()
-                if key[0] in app.codecs:
-                    for (wire,) in conn.execute(
-                        "SELECT wire FROM _offline_ops WHERE collection = ? AND record_id = ? AND status = ?",
-                        (*key, ACKED),
-                    ):
-                        engine.apply(state, operation_from_text(wire), want_conflicts=False)
-                base_text = state.to_json()
             for node_id, seq, hlc in items:
                 if seq > versions.get(node_id, -1):
                     versions[node_id] = seq
@@ -130,8 +128,25 @@ def compact(app: App) -> int:
                     own = seq
                 if hlc > clock:
                     clock = hlc
-            out.append((key[0], key[1], base_text, _versions_text(versions)))
-        db.save_states([(c, r, str(t)) for (c, r), t in written_out.items()])
+            if key not in pending and key in states:
+                copied.append((_versions_text(versions), key[0], key[1]))  # every operation goes
+                continue
+            # Some stay: the base is what the dropped ones make of the old base.
+            old_base = old_bases.get(key)
+            state = RecordState.from_json(old_base) if old_base is not None else RecordState()
+            if key[0] in app.codecs:
+                for (wire,) in conn.execute(
+                    "SELECT wire FROM _offline_ops WHERE collection = ? AND record_id = ? AND status = ?",
+                    (*key, ACKED),
+                ):
+                    engine.apply(state, operation_from_text(wire), want_conflicts=False)
+            out.append((key[0], key[1], state.to_json(), _versions_text(versions)))
+        conn.executemany(
+            "INSERT OR REPLACE INTO _offline_compacted (collection, record_id, state, versions) "
+            "SELECT collection, record_id, CAST(state AS TEXT), ? FROM _offline_state "
+            "WHERE collection = ? AND record_id = ?",
+            copied,
+        )
         conn.executemany(
             "INSERT OR REPLACE INTO _offline_compacted (collection, record_id, state, versions) "
             "VALUES (?, ?, ?, ?)",
@@ -197,6 +212,50 @@ def _rows(app: App, keys: Iterable[tuple[str, str]]) -> list[tuple[str, str, str
     return found
 
 
+def _versions_rows(app: App, keys: Iterable[tuple[str, str]]) -> dict[tuple[str, str], str]:
+    """The per-node numbers text of each of these records that was compacted."""
+    found: dict[tuple[str, str], str] = {}
+    for collection, ids in _by_collection(keys).items():
+        for start in range(0, len(ids), _CHUNK):
+            chunk = ids[start : start + _CHUNK]
+            marks = ",".join("?" * len(chunk))
+            for record_id, versions in app.db.conn.execute(
+                f"SELECT record_id, versions FROM _offline_compacted WHERE collection = ? "
+                f"AND record_id IN ({marks})",
+                [collection, *chunk],
+            ):
+                found[(collection, str(record_id))] = str(versions)
+    return found
+
+
+def _one_operation_state(app: App, collection: str, record_id: str, op: Operation) -> str:
+    """The state text one operation makes of a record (a state stored as a reference, written out): an
+    insert's built directly where the engine covers it (`MergeEngine.insert_fold`, the same text)."""
+    if op.type == "insert":
+        made = app.engine.insert_fold(op, record_id, encode=True)
+        if made is not None:
+            return made.text
+    return app._refold_one(collection, record_id, op).to_json()
+
+
+def _state_references(app: App, keys: Iterable[tuple[str, str]]) -> dict[tuple[str, str], str]:
+    """Which of these records have a merge state: the reference for one stored as a reference to its
+    operation (`STATE_REFERENCE` + id), else ""."""
+    found: dict[tuple[str, str], str] = {}
+    for collection, ids in _by_collection(keys).items():
+        for start in range(0, len(ids), _CHUNK):
+            chunk = ids[start : start + _CHUNK]
+            marks = ",".join("?" * len(chunk))
+            for record_id, reference in app.db.conn.execute(
+                # (a state stored as bytes is never a reference: substr of a blob is a blob)
+                f"SELECT record_id, CASE WHEN substr(state, 1, 1) = ? THEN state ELSE '' END "
+                f"FROM _offline_state WHERE collection = ? AND record_id IN ({marks})",
+                [STATE_REFERENCE, collection, *chunk],
+            ):
+                found[(collection, str(record_id))] = str(reference)
+    return found
+
+
 def held_versions(app: App, keys: Iterable[tuple[str, str]]) -> dict[tuple[str, str], dict[str, int]]:
     """The per-node numbers of each of these records that compaction (or a server's state) left a base of."""
     versions: dict[tuple[str, str], dict[str, int]] = {}
@@ -214,8 +273,15 @@ def held_versions(app: App, keys: Iterable[tuple[str, str]]) -> dict[tuple[str, 
 
 
 def repeats(app: App, ops: Sequence[Operation]) -> set[str]:
-    """Ids of ``ops`` that a compacted record folded already: at or below their node's number for it."""
+    """Ids of ``ops`` that a compacted record folded already: at or below their node's number for it.
+
+    Only operations without a causal context are looked up: the record's merge state recognises one with a
+    context by its number (`RecordState.holds`, exact: it keeps every number it folded), and the store
+    checks every incoming operation against the state before folding it, compacted or not."""
     if not app._compacted or not ops:
+        return set()
+    ops = [op for op in ops if op.causal_context is None]
+    if not ops:
         return set()
     versions = held_versions(app, {(op.collection, op.record_id) for op in ops})
     if not versions:
