@@ -197,3 +197,42 @@ def test_a_request_no_tab_answers_fails_with_a_message() -> None:
     assert alone["error"]["code"] == "STORAGE_ERROR" and alone["error"]["context"] == {"reason": "no-owner"}
     assert "no tab of this app opened its database within 0.3 s" in alone["error"]["message"]
     assert "stuckOwner" not in seen  # the owner's page heard nothing of the other tab's request
+
+
+def test_a_request_the_owner_fails_to_serve_is_answered_at_once() -> None:
+    """web/tabs.js in Node.js (tests/js/tabs_failures.mjs), time limits long enough that only the owner can
+    answer: when serving another tab's request fails in the owner's worker (an exception, a rejected
+    promise, attaching that tab failed), that tab's page gets an error reply for the request at once, and
+    the owner still logs the failure; a failure on the owner's own page is answered there the same way."""
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not on PATH")
+    script = Path(__file__).resolve().parents[1] / "js" / "tabs_failures.mjs"
+    done = subprocess.run([node, str(script)], capture_output=True, text=True, timeout=60, check=True)
+    seen = json.loads(done.stdout)
+
+    def refused(reply: dict[str, Any], request_id: int, cause: str) -> None:
+        assert reply["id"] == request_id and reply["ok"] is False, reply
+        error = reply["error"]
+        assert error["code"] == "STORAGE_ERROR"
+        assert error["context"] == {"reason": "owner-failed", "cause": cause}
+        assert cause in error["message"] and "may or may not have been applied" in error["message"]
+
+    first, second, third = seen["follower"]
+    refused(first, 1, "PythonError: sqlite3.OperationalError: disk I/O error")
+    refused(second, 2, "PythonError: the app is closed")
+    assert third == {"type": "reply", "id": 3, "ok": True, "result": "served"}  # it goes on serving
+    (own,) = seen["owner"]
+    refused(own, 5, "the owner's Python raised")
+    refused_early, served_early = seen["early"]
+    refused(refused_early, 9, "PythonError: attach failed")
+    assert served_early == {"type": "reply", "id": 10, "ok": True, "result": "served"}
+    # The owner's page logs every failure, as before.
+    assert sorted(seen["logged"]) == sorted(
+        [
+            "Error: PythonError: sqlite3.OperationalError: disk I/O error",
+            "Error: PythonError: the app is closed",
+            "Error: the owner's Python raised",
+            "Error: PythonError: attach failed",
+        ]
+    )

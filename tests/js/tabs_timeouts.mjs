@@ -1,28 +1,7 @@
-// Drives web/tabs.js in Node.js (which has BroadcastChannel; Web Locks are stood in for below) with short
+// Drives web/tabs.js in Node.js (which has BroadcastChannel; Web Locks: see web_locks.mjs) with short
 // time limits, and prints what each tab's page received, as JSON: a request the owner never answers, and
 // one made while no tab owns the database, each fail with a message; one held during a handover is served.
-globalThis.self = globalThis;
-const held = new Map(); // lock name -> queue of waiting grants
-globalThis.navigator = {
-  locks: {
-    request(name, grant) {
-      return new Promise((resolve) => {
-        const run = () =>
-          Promise.resolve(grant()).then(() => {
-            const queue = held.get(name);
-            queue.shift();
-            if (queue.length) queue[0]();
-            else held.delete(name);
-            resolve();
-          });
-        if (!held.has(name)) held.set(name, []);
-        const queue = held.get(name);
-        queue.push(run);
-        if (queue.length === 1) run();
-      });
-    },
-  },
-};
+import "./web_locks.mjs";
 const { Tabs } = await import("../../offline_cli/templates/project/web/tabs.js");
 
 const limits = { answerTimeoutMs: 150, ownerTimeoutMs: 300 };

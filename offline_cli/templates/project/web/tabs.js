@@ -33,6 +33,30 @@ const replyId = (text) => {
   }
 };
 
+// The reply to a request that failed in the owner's worker (an exception escaped Python, or attaching the
+// other tab failed), so its page hears at once instead of after its time limit; undefined for a request
+// without an id (nothing waits for it). STORAGE_ERROR as for the other ways the worker holding the database
+// cannot answer (see _expire): the write may have reached the database before the failure, so the page is
+// told to check before trying again.
+export const failureReply = (text, error, ownPage) => {
+  let id;
+  try {
+    id = JSON.parse(text).id;
+  } catch (parseError) {
+    return undefined;
+  }
+  if (id === undefined || id === null) return undefined;
+  const cause = String((error && error.message) || error);
+  const who = ownPage ? "this app's worker" : "the tab that holds this app's database";
+  const message = `${who} failed to serve this request (${cause}); the request may or may not have been applied: check, then try again`;
+  return JSON.stringify({
+    type: "reply",
+    id,
+    ok: false,
+    error: { code: "STORAGE_ERROR", message, context: { reason: "owner-failed", cause } },
+  });
+};
+
 export class Tabs {
   // `name`: the database's name; `toPage(text)`: posts a message to this tab's page.
   constructor(name, toPage, { answerTimeoutMs = ANSWER_TIMEOUT_MS, ownerTimeoutMs = OWNER_TIMEOUT_MS } = {}) {
@@ -87,7 +111,7 @@ export class Tabs {
 
   // A message from this tab's page.
   fromPage(text) {
-    if (this.local) return this.local.serve(text, null);
+    if (this.local) return this._serveOwn(text, null);
     let request;
     try {
       request = JSON.parse(text);
@@ -141,9 +165,9 @@ export class Tabs {
     this.pending.clear();
     for (const [, entry] of pending) clearTimeout(entry.timer);
     const waiting = new Set(pending.map(([id]) => id));
-    for (const { id, text } of this.subscriptions.values()) if (!waiting.has(id)) local.serve(text, null);
+    for (const { id, text } of this.subscriptions.values()) if (!waiting.has(id)) this._serveOwn(text, null);
     this.subscriptions.clear();
-    for (const [id, entry] of pending) local.serve(entry.text, `${this.id}:${id}`);
+    for (const [id, entry] of pending) this._serveOwn(entry.text, `${this.id}:${id}`);
     this._send({ kind: "owner" });
   }
 
@@ -194,19 +218,52 @@ export class Tabs {
 
   // -- the owner's side ---------------------------------------------------------------------------------------
 
+  // Runs `serve` (the local's serve or serveFor: it may throw, or return a promise that rejects); a failure
+  // is logged on this page and answered to the page that asked (`answer`), so no request waits on it.
+  _guard(serve, text, answer, ownPage) {
+    const refuse = (error) => {
+      this.local.failed(error);
+      const reply = failureReply(text, error, ownPage);
+      if (reply !== undefined) answer(reply);
+    };
+    let result;
+    try {
+      result = serve();
+    } catch (error) {
+      return refuse(error);
+    }
+    if (result && typeof result.then === "function") result.then(undefined, refuse);
+  }
+
+  _serveOwn(text, key) {
+    this._guard(() => this.local.serve(text, key), text, this.toPage, true);
+  }
+
+  _serveFor(follower, text, key) {
+    this._guard(() => this.local.serveFor(follower.handle, text, key), text, follower.post, false);
+  }
+
   _attach(tabId) {
     const old = this.followers.get(tabId);
     if (old && old.handle) this.local.detach(old.handle);
-    const follower = { handle: null, queue: [] };
-    this.followers.set(tabId, follower);
     const post = (text) => this.channel.postMessage({ kind: "to", to: tabId, text });
+    const follower = { handle: null, queue: [], post };
+    this.followers.set(tabId, follower);
     this.local.attach(tabId, post).then(
       (handle) => {
         if (this.followers.get(tabId) !== follower) return this.local.detach(handle);
         follower.handle = handle;
-        for (const [text, key] of follower.queue.splice(0)) this.local.serveFor(handle, text, key);
+        for (const [text, key] of follower.queue.splice(0)) this._serveFor(follower, text, key);
       },
-      (error) => this.local.failed(error),
+      (error) => {
+        // The requests waiting for this bridge are refused; that tab's next request attaches it again.
+        if (this.followers.get(tabId) === follower) this.followers.delete(tabId);
+        this.local.failed(error);
+        for (const [text] of follower.queue.splice(0)) {
+          const reply = failureReply(text, error, false);
+          if (reply !== undefined) post(reply);
+        }
+      },
     );
     // Granted once that tab is gone (its worker ended): its bridge stops.
     self.navigator.locks.request(this._tabLock(tabId), () => {
@@ -220,7 +277,7 @@ export class Tabs {
   _serveFollower(tabId, text, key) {
     if (!this.followers.has(tabId)) this._attach(tabId);
     const follower = this.followers.get(tabId);
-    if (follower.handle) this.local.serveFor(follower.handle, text, key);
+    if (follower.handle) this._serveFor(follower, text, key);
     else follower.queue.push([text, key]);
   }
 }

@@ -22,21 +22,19 @@ const failed = (error) => tell({ type: "log", level: "error", message: String(er
 // Serves a request with `target` (this page's bridge, or another tab's: see tabs.js), posting the answer
 // with `send`. `key` names a request another tab sent (or this one sent to a previous owner): a write
 // already applied under it is answered from storage instead of applied again (offline/worker_tabs.py).
+// A failure (an exception escaping Python) is thrown, or rejects the promise returned: tabs.js logs it on
+// this page and answers the request with an error, so the page that asked (this one or another tab's) never
+// waits for its time limit.
 function serve(text, key = null, target = bridge, send = post) {
   // Most requests are served synchronously (no event-loop hops): [save first?, reply]. The others
   // (network, sync control) go through the Python coroutine `handle`, which posts its own reply.
-  let served;
-  try {
-    served = key === null ? target.handle_now(text) : tabRequests.handle_now(target, key, text);
-  } catch (error) {
-    return failed(error);
-  }
-  if (served === undefined) return (key === null ? target.handle(text) : tabRequests.handle(target, key, text)).catch(failed);
+  const served = key === null ? target.handle_now(text) : tabRequests.handle_now(target, key, text);
+  if (served === undefined) return key === null ? target.handle(text) : tabRequests.handle(target, key, text);
   const [saveFirst, reply] = served.toJs();
   served.destroy();
   if (!saveFirst) return send(reply);
   // A write is acknowledged only once the database holds it in IndexedDB.
-  persist().then(
+  return persist().then(
     () => send(reply),
     (error) => send(target.storage_failure(reply, String((error && error.message) || error))),
   );
