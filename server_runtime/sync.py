@@ -262,7 +262,8 @@ class SyncLimits:
     # A session starting from delivery 0 that asks for it (a fresh device) is sent its records' states, then
     # the log after them, once the log holds more operations than this: each record then costs the device
     # one state instead of every operation of it (verified, folded and logged one by one). A short log is
-    # streamed as operations (cheap either way, and the device keeps the operations).
+    # streamed as operations (cheap either way, and the device keeps the operations). A scoped session is
+    # judged by the operations its scope holds (see SyncService._sees_more_than).
     state_sync_after: int = 1000
 
 
@@ -1273,6 +1274,25 @@ class SyncService:
             await session.send(p.encode(message))
             self.counters["states_sent"] += len(states)
 
+    async def _sees_more_than(self, selectors: list[ScopeSelector] | None) -> bool:
+        """Whether a fresh session reading through ``selectors`` may be shown more than ``state_sync_after``
+        operations, which decides its first sync by states.
+
+        The threshold is about what the device would receive: a scoped session whose scope holds a few
+        operations of a long log gets them as operations (and keeps them, as a device on a short log does).
+        One bounded read through the scope indexes (at most threshold + 1 per selector) tells, over a
+        superset of what the session is shown (`ScopedPage`), so a scope near the threshold may get states
+        where operations would do, never the reverse; either way converges. A session seeing the whole log
+        is judged by its length."""
+        threshold = self.limits.state_sync_after
+        if self.watermark <= threshold:
+            return False
+        if selectors is None:
+            return True
+        async with self._catch_up_reads:
+            page = await self.store.operations_in_scope(0, threshold + 1, selectors)
+        return not page.complete or len(page.operations) > threshold
+
     async def _catch_up_states(
         self, session: Session, selectors: list[ScopeSelector] | None, horizon: int
     ) -> None:
@@ -1366,7 +1386,7 @@ class SyncService:
         resend_after, rewound_at = self.limits.ack_timeout, 0.0  # see the end of the loop
         selectors = self.catch_up_selectors(session)
         self._horizon = max(self._horizon, await self.store.compaction_horizon())
-        if session.wants_states and session.cursor == 0 and self.watermark > self.limits.state_sync_after:
+        if session.wants_states and session.cursor == 0 and await self._sees_more_than(selectors):
             # A fresh device's state-based first sync: its records' states up to the end of the log as it is
             # now, then the operations after it (the same path as a catch-up across a compaction).
             end = self.watermark

@@ -194,3 +194,41 @@ def test_a_scoped_fresh_device_synced_by_states_holds_its_scope_and_drops_what_l
                 assert by_states.todos.find_by_id(mine[1]["id"])["title"] == "renamed"  # type: ignore[index]
 
     asyncio.run(scenario())
+
+
+def test_the_threshold_counts_what_a_scoped_device_may_see_not_the_whole_log(
+    server_backend: Backend, tmp_path: Path
+) -> None:
+    """The threshold is about what the fresh device would receive: a device of A, whose scope holds a few
+    operations of a log longer than the threshold, gets them as operations (and keeps them); a device of B,
+    whose scope holds more than the threshold, gets states."""
+    server = server_backend.server(SCOPED_SOURCE, "scoped-threshold", env={"OFFLINE_STATE_SYNC_AFTER": "20"})
+
+    async def scenario() -> None:
+        admin = client(tmp_path, "admin", server.sync_url, schema=SCOPED)
+        async with clients(admin):
+            await admin.sync.connect()
+            with admin.batch():
+                mine = [admin.todos.insert({"ownerId": "a", "title": f"a{i}"}) for i in range(5)]
+                theirs = [admin.todos.insert({"ownerId": "b", "title": f"b{i}"}) for i in range(40)]
+            await admin.sync.wait_until_synced(TIMEOUT)
+
+            of_a = client(tmp_path, "a-fresh", server.sync_url, schema=SCOPED, scope={"userId": "a"})
+            of_b = client(tmp_path, "b-fresh", server.sync_url, schema=SCOPED, scope={"userId": "b"})
+            states_a, states_b = collect(of_a, "sync:states"), collect(of_b, "sync:states")
+            async with clients(of_a, of_b):
+                await of_a.sync.connect()
+                await of_b.sync.connect()
+                for device, records in ((of_a, mine), (of_b, theirs)):
+                    expected = {r["id"] for r in records}
+                    await wait_for(
+                        lambda device=device, expected=expected: (
+                            {r["id"] for r in device.todos.fetch()} == expected
+                        ),
+                        lambda device=device: f"the scope's records: {len(device.todos.fetch())}",
+                    )
+                await wait_for(lambda: received_in_log(of_a) == 5, "A's operations in its device's log")
+                assert not states_a  # 5 operations in scope: under the threshold, whatever the log's length
+                assert states_b and received_in_log(of_b) == 0
+
+    asyncio.run(scenario())
