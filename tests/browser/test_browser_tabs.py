@@ -12,7 +12,9 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from .support import guarded_browser, live_server, new_context
+import pytest
+
+from .support import copy_project, guarded_browser, live_server, new_context
 from .test_browser_client import START_TIMEOUT_MS, add, eventually, open_app, project_modules
 from .test_browser_storage import reload
 
@@ -161,4 +163,65 @@ def test_the_owner_closing_mid_write_loses_nothing(chromium: str, web_project: P
             assert await stored_titles(third) == expected
 
     with live_server(schema, web_project / "dist", tmp_path / "server.db") as live:
+        asyncio.run(scenario(live))
+
+
+BREAKING_FUNCTION = """
+
+# -- added by tests/browser/test_browser_tabs.py: a failure outside the bridge's own error handling -----------
+
+
+def break_tab_requests(app: App) -> bool:
+    \"\"\"Drops the owner's table of other tabs' requests: recording a call another tab sent (this one) then
+    raises in Python, past the bridge, as a failing storage would.\"\"\"
+    app.db.conn.execute("DROP TABLE offline_tab_requests")
+    return True
+
+
+__all__ = [*__all__, "break_tab_requests"]
+"""
+
+
+@pytest.fixture(scope="module")
+def breaking_project(web_project: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The template with `break_tab_requests`, built."""
+    from offline_cli.web_build import build_web_client
+
+    variant = copy_project(web_project, tmp_path_factory.mktemp("browser-tabs") / "breaking-app")
+    with (variant / "todos.py").open("a", encoding="utf-8") as todos:
+        todos.write(BREAKING_FUNCTION)
+    build_web_client(variant, sync_url="/offline-sync")
+    return variant
+
+
+CALL_ERROR = """(name) => window.offlineClient.call(name).then(
+    () => null, (e) => ({code: e.code, message: e.message, context: e.context}))"""
+
+
+def test_a_request_the_owner_fails_to_serve_fails_at_once_in_the_other_tab(
+    chromium: str, breaking_project: Path, tmp_path: Path
+) -> None:
+    """The owner's Python raises past its bridge while serving the other tab's request: that tab's call fails
+    with STORAGE_ERROR saying so (reason owner-failed, not its time limit), and the owner's page shows the
+    error as before."""
+    schema, _ = project_modules(breaking_project)
+
+    async def scenario(live: Any) -> None:
+        from playwright.async_api import expect
+
+        async with guarded_browser(chromium) as (browser, guard):
+            context = await new_context(browser, guard)
+            owner = await open_app(context, live.url)
+            follower = await open_app(context, live.url)
+            assert await owns(owner) and not await owns(follower)
+
+            error = await follower.evaluate(CALL_ERROR, "break_tab_requests")
+            assert error is not None, "the call succeeded"
+            assert error["code"] == "STORAGE_ERROR", error
+            assert error["context"]["reason"] == "owner-failed", error
+            assert "no such table" in error["context"]["cause"], error
+            assert "failed to serve this request" in error["message"], error
+            await expect(owner.locator("#notices")).to_contain_text("no such table")
+
+    with live_server(schema, breaking_project / "dist", tmp_path / "server.db") as live:
         asyncio.run(scenario(live))
