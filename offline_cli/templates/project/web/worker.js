@@ -316,6 +316,38 @@ function syncUrl(value) {
 // while Pyodide starts; a build without yjs leaves rich text fields unavailable, and the page says so.
 const loadYjs = () => (config.richtext ? import(new URL(config.richtext, import.meta.url).href) : Promise.resolve(null));
 
+// The app's modules compiled to bytecode by an earlier start of this build (see offline/worker_bytecode.py),
+// kept in the Cache Storage: without it, CPython compiles every module from source on every load. The key
+// is the code archive's name, which carries its hash, plus the Pyodide version: a new build never finds
+// another build's bytecode (and its .pyc files are hash-checked against the sources anyway).
+const BYTECODE_CACHE = "offline-bytecode";
+const bytecodeKey = new URL(`${config.python}.pyodide-${config.pyodideVersion}.pyc.zip`, import.meta.url).href;
+
+async function loadBytecode() {
+  if (typeof caches === "undefined") return null; // (not a secure context: no Cache Storage)
+  try {
+    const response = await (await caches.open(BYTECODE_CACHE)).match(bytecodeKey);
+    return response ? await response.arrayBuffer() : null;
+  } catch (error) {
+    console.warn(`the cached bytecode could not be read, compiling from source: ${error}`);
+    return null;
+  }
+}
+
+// Once the app is ready (so the first start is not slowed): compile what it imported and keep it, in
+// place of any other build's bytecode.
+async function saveBytecode(pyodide) {
+  if (typeof caches === "undefined") return;
+  const archive = "/tmp/offline-bytecode.zip";
+  pyodide.pyimport("offline.worker_bytecode").compile_imported("/app", archive);
+  const bytes = pyodide.FS.readFile(archive);
+  pyodide.FS.unlink(archive);
+  const cache = await caches.open(BYTECODE_CACHE);
+  for (const request of await cache.keys()) if (request.url !== bytecodeKey) await cache.delete(request);
+  await cache.put(bytecodeKey, new Response(bytes, { headers: { "content-type": "application/zip" } }));
+  progress("bytecode-saved");
+}
+
 // Startup runs three things side by side: Pyodide loads and compiles (CPU in this process), the stored
 // database is read from IndexedDB (the browser's storage process), and the app's Python code is fetched.
 // Reading the database after Pyodide (as one step after another) made a reload wait for both in turn, and
@@ -350,6 +382,7 @@ async function main() {
     if (!response.ok) throw new Error(`cannot load the Python code ${config.python}: HTTP ${response.status}`);
     return response.arrayBuffer();
   });
+  const bytecode = loadBytecode();
   // (A failure in one is reported by main's catch; the others are left to settle unobserved.)
   for (const step of [stored, code]) step.catch(() => {});
 
@@ -357,6 +390,11 @@ async function main() {
   const yjsModule = await yjs;
   if (yjsModule) pyodide.registerJsModule("offline_yjs", yjsModule);
   pyodide.unpackArchive(await code, "zip", { extractDir: "/app" });
+  const compiled = await bytecode;
+  if (compiled) {
+    pyodide.unpackArchive(compiled, "zip", { extractDir: "/app" });
+    progress("bytecode-loaded");
+  }
   pyodide.runPython("import sys\nif '/app' not in sys.path: sys.path.insert(0, '/app')");
   progress("code-loaded");
   const worker = pyodide.pyimport("offline.worker");
@@ -395,6 +433,9 @@ async function main() {
   durable = tabsModule.DurableSync(bridge.app);
   tabRequests = tabsModule.open_requests(bridge);
   progress("ready");
+  if (!compiled) {
+    setTimeout(() => saveBytecode(pyodide).catch((error) => console.warn(`bytecode not cached: ${error}`)), 0);
+  }
   tabs.becomeOwner({
     serve: (text, key) => serve(text, key),
     attach: async (tabId, send) => ({ bridge: await tabsModule.attach(bridge, send), send }),
