@@ -7,7 +7,9 @@ loads leaves loopback (the same guard as tests/browser). Figures:
   the app ready (Pyodide fetched and compiled, IndexedDB opened, the Python code unpacked and imported);
   ``cold_stages_ms`` splits it (when the page heard of each startup stage, since it started the worker:
   ``python-loaded``, ``storage-read`` (the stored database read from IndexedDB, while Python loads),
-  ``code-loaded``, ``python-imported``, ``storage-opened``, ``app-opened``, ``ready``).
+  ``code-loaded``, ``python-imported``, ``storage-opened``, ``app-opened``, ``ready``; a reload also has
+  ``bytecode-loaded``: the app's modules compiled by an earlier start of the build, unpacked from the Cache
+  Storage so importing skips compiling; a start without it reports ``bytecode-saved`` after ``ready``).
 - ``page_to_ready_warm_ms``: a reload of the same page (the service worker answers from its cache).
 - ``inserts_1000_sequential_s``: 1,000 ``insert`` calls from the page, each awaited before the next; each
   reply comes after the database was copied to IndexedDB. The page's list is subscribed, as in the app.
