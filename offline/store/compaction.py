@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 from offline.core.operations import Operation, operation_from_text
 from offline.merge.engine import RecordState
 
-from .database import ACKED, REJECTED, STATE_REFERENCE
+from .database import ACKED, REJECTED, STATE_REFERENCE, storage_error
 
 if TYPE_CHECKING:
     from .app import App
@@ -79,39 +79,35 @@ def compact(app: App) -> int:
     engine = app.engine
     with db.lock, db.transaction():
         conn = db.conn
-        # One pass over the log, without the operations' texts: most compacted records keep no operation,
-        # and their base is their current state.
+        # What the dropped operations leave, aggregated by SQLite (a Python object per operation made this
+        # pass, and the garbage collector's passes over them, a large part of a compaction's cost): each
+        # record's per-node highest number and highest clock, and which records keep operations.
         dropped: dict[tuple[str, str], list[tuple[str, int, str]]] = {}
-        pending: set[tuple[str, str]] = set()
         count = 0
-        for node_id, seq, collection, record_id, hlc, status in conn.execute(
-            "SELECT node_id, sequence_number, collection, record_id, hlc, status FROM _offline_ops "
-            "WHERE status != ?",
-            (REJECTED,),
+        for collection, record_id, node_id, seq, hlc, n in conn.execute(
+            "SELECT collection, record_id, node_id, max(sequence_number), max(hlc), count(*) FROM _offline_ops "
+            "WHERE status = ? GROUP BY collection, record_id, node_id",
+            (ACKED,),
         ):
-            if status == ACKED:
-                dropped.setdefault((collection, record_id), []).append((str(node_id), int(seq), str(hlc)))
-                count += 1
-            else:
-                pending.add((collection, record_id))
+            dropped.setdefault((collection, record_id), []).append((str(node_id), int(seq), str(hlc)))
+            count += n
         if not count:
             return 0
+        pending: set[tuple[str, str]] = {
+            (str(c), str(r))
+            for c, r in conn.execute(
+                "SELECT DISTINCT collection, record_id FROM _offline_ops WHERE status NOT IN (?, ?)",
+                (ACKED, REJECTED),
+            )
+        }
         keys = list(dropped)
         # Each record's numbers; its old base is read (and decoded) only where operations stay (below).
         numbers = _versions_rows(app, keys)
         stay = [key for key in keys if key in pending]
         old_bases = {(c, r): state for c, r, state, _ in _rows(app, stay)} if stay else {}
-        # Which records have a state, and which of those are stored as a reference to their operation.
-        states = _state_references(app, keys)
-        # A state stored as a reference to its operation is written out: that operation is about to go.
-        references = {k: reference[1:] for k, reference in states.items() if reference}
-        if references:
-            db.save_states(
-                [
-                    (c, r, _one_operation_state(app, c, r, op))
-                    for (c, r), op in db.referenced_operations(references).items()
-                ]
-            )
+        # Which records have a state; one stored as a reference to its operation is written out (that
+        # operation is about to go), each as it is read: only its text is kept, not its operation.
+        states = _write_out_references(app, keys)
         out: list[tuple[str, str, str, str]] = []
         # Records whose every operation goes: their base is their current state, copied by SQLite (the
         # texts need not pass through Python).
@@ -238,21 +234,41 @@ def _one_operation_state(app: App, collection: str, record_id: str, op: Operatio
     return app._refold_one(collection, record_id, op).to_json()
 
 
-def _state_references(app: App, keys: Iterable[tuple[str, str]]) -> dict[tuple[str, str], str]:
-    """Which of these records have a merge state: the reference for one stored as a reference to its
-    operation (`STATE_REFERENCE` + id), else ""."""
-    found: dict[tuple[str, str], str] = {}
+def _write_out_references(app: App, keys: Iterable[tuple[str, str]]) -> set[tuple[str, str]]:
+    """Which of these records have a merge state; a state stored as a reference to its operation
+    (`STATE_REFERENCE` + id) is written out as text, its operation read in the same statement (a join) and
+    dropped once its state's text is made, so a compaction never holds thousands of operations at once."""
+    found: set[tuple[str, str]] = set()
+    made: list[tuple[str, str, str]] = []
     for collection, ids in _by_collection(keys).items():
         for start in range(0, len(ids), _CHUNK):
             chunk = ids[start : start + _CHUNK]
             marks = ",".join("?" * len(chunk))
-            for record_id, reference in app.db.conn.execute(
+            for record_id, reference, wire in app.db.conn.execute(
                 # (a state stored as bytes is never a reference: substr of a blob is a blob)
-                f"SELECT record_id, CASE WHEN substr(state, 1, 1) = ? THEN state ELSE '' END "
-                f"FROM _offline_state WHERE collection = ? AND record_id IN ({marks})",
-                [STATE_REFERENCE, collection, *chunk],
+                f"SELECT s.record_id, CASE WHEN substr(s.state, 1, 1) = ? THEN s.state ELSE '' END, o.wire "
+                f"FROM _offline_state s LEFT JOIN _offline_ops o ON substr(s.state, 1, 1) = ? "
+                f"AND o.collection = s.collection AND o.record_id = s.record_id AND o.id = substr(s.state, 2) "
+                f"WHERE s.collection = ? AND s.record_id IN ({marks})",
+                [STATE_REFERENCE, STATE_REFERENCE, collection, *chunk],
             ):
-                found[(collection, str(record_id))] = str(reference)
+                record_id = str(record_id)
+                found.add((collection, record_id))
+                if not reference:
+                    continue
+                if wire is None:
+                    raise storage_error(
+                        "the operation a record's merge state refers to is missing from the operation log "
+                        "(the local database is damaged: restore it, or start a fresh one and sync it from "
+                        "the server)",
+                        collection=collection,
+                        recordId=record_id,
+                        operationId=str(reference)[1:],
+                    )
+                op = operation_from_text(str(wire))
+                made.append((collection, record_id, _one_operation_state(app, collection, record_id, op)))
+    if made:
+        app.db.save_states(made)
     return found
 
 
