@@ -949,15 +949,22 @@ class App:
             insert_fold = self.engine.insert_fold
             apply_to_insert = self.engine.apply_to_insert
             from_json = RecordState.from_json
+            # Every received operation is acknowledged: automatic compaction drops it within `compact_after`
+            # more, and must then write its record's state out as text first. A state kept as a reference to
+            # the insert would cost parsing the insert again there (several times what encoding its state
+            # costs here), so with compaction on a new record's state is stored as text at once.
+            encode_inserts = self.compact_after is not None
             for key in keys:
                 text = texts.get(key)
                 single_op = single[key]
                 if single_op is not None and not want_traces and key not in staged:
                     if text is None:
-                        # A new record's insert: its state is stored as a reference to the operation.
-                        outcome = insert_fold(single_op, key[1])
+                        # A new record's insert: its state is stored as a reference to the operation, or
+                        # as text when compaction will drop the operation (above).
+                        outcome = insert_fold(single_op, key[1], encode=encode_inserts)
                         if outcome is not None:
-                            folded[key] = (STATE_REFERENCE + single_op.id, self._text_row(key[0], outcome))
+                            stored = outcome.text if encode_inserts else STATE_REFERENCE + single_op.id
+                            folded[key] = (stored, self._text_row(key[0], outcome))
                             continue
                     else:
                         insert = inserts.get(key)

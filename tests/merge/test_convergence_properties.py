@@ -549,12 +549,13 @@ def snapshot(app: App) -> tuple[list[dict[str, Any]], str]:
 
 def stored_bytes(app: App) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
     """What the store persists of the records: their merge states and their rows (a rich text field's row
-    column holds its Yjs state as a BLOB)."""
+    column holds its Yjs state as a BLOB). A state of one operation may be stored as a reference to it (a
+    local insert) or as its text (a received one, under automatic compaction): compared as the text."""
     app.flush()
     conn = app.db.conn
-    states = conn.execute(
-        "SELECT collection, record_id, state FROM _offline_state ORDER BY collection, record_id"
-    ).fetchall()
+    keys = [(str(c), str(r)) for c, r in conn.execute("SELECT collection, record_id FROM _offline_state")]
+    texts = app.db.load_state_texts(keys)
+    states = [(c, r, texts[(c, r)]) for c, r in sorted(keys)]
     codec = app.codecs["items"]
     rows = conn.execute(f"SELECT {codec.select_columns} FROM {codec.table} ORDER BY 1").fetchall()
     return [tuple(r) for r in states], [tuple(r) for r in rows]

@@ -13,7 +13,7 @@ import pytest
 from offline import OfflineError, create_app, define_schema, op, t
 from offline.core.operations import Operation, create_operation
 from offline.merge.engine import RecordState
-from offline.store import App
+from offline.store import App, compaction
 
 SCHEMA = define_schema(
     {
@@ -223,8 +223,9 @@ def test_remote_inserts_and_their_updates_fold_on_the_reference_as_the_general_p
     legacy = _without_contexts([*inserts, *later])
     inserts, later = legacy[: len(inserts)], legacy[len(inserts) :]
     # The fast path, and the general one (a merge:conflict listener makes every record decode its state).
-    fast = create_app(SCHEMA, path=str(tmp_path / "fast.db"))
-    general = create_app(SCHEMA, path=str(tmp_path / "general.db"))
+    # Without automatic compaction: with it, a received insert's state is stored as text (next test).
+    fast = create_app(SCHEMA, path=str(tmp_path / "fast.db"), compact_after=None)
+    general = create_app(SCHEMA, path=str(tmp_path / "general.db"), compact_after=None)
     general.events.on("merge:conflict", lambda event: None)
     folded: list[object] = []
     on_reference = fast.engine.apply_to_insert
@@ -248,6 +249,39 @@ def test_remote_inserts_and_their_updates_fold_on_the_reference_as_the_general_p
             assert fast.db.load_state("todos", record_id) == _fold(fast, record_id)
         assert fast.todos.all().fetch() == general.todos.all().fetch()
         assert fast.todos.find_by_id(ids[0])["title"] == "renamed"
+
+
+def test_with_automatic_compaction_a_received_insert_stores_its_state_as_text(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Compaction drops every received operation soon after, and would have to parse the insert again to
+    # write a reference out: the state is stored as text at once, the text the general fold makes.
+    with create_app(SCHEMA, path=str(tmp_path / "writer.db")) as writer:
+        ids = [writer.todos.insert({"title": f"t{i}", "tags": []})["id"] for i in range(3)]
+        inserts = writer.operations()
+        writer.todos.update(ids[0], {"title": "renamed", "votes": op.increment(3)})
+        later = writer.operations()[len(inserts) :]
+    with (
+        create_app(SCHEMA, path=str(tmp_path / "compacting.db"), compact_after=4) as compacting,
+        create_app(SCHEMA, path=str(tmp_path / "plain.db"), compact_after=None) as plain,
+    ):
+        for replica in (compacting, plain):
+            replica.apply(inserts)
+        for record_id in ids:
+            text = _stored_state(compacting, record_id)
+            assert text[:1] == "{"
+            assert RecordState.from_json(text) == _fold(plain, record_id)
+            assert _stored_state(plain, record_id)[:1] == "@"  # without compaction: the reference
+        # The compaction the next batch sets off has no reference to write out: no operation is parsed.
+        parsed: list[str] = []
+        real = compaction.operation_from_text
+        monkeypatch.setattr(compaction, "operation_from_text", lambda text: parsed.append(text) or real(text))
+        for replica in (compacting, plain):
+            replica.apply(later)
+        assert compacting.db.conn.execute("SELECT count(*) FROM _offline_ops").fetchone() == (0,)
+        assert parsed == []
+        assert compacting.todos.all().fetch() == plain.todos.all().fetch()
+        assert compacting.todos.find_by_id(ids[0])["votes"] == 3
 
 
 def test_a_reference_to_a_missing_operation_is_a_storage_error(app: App) -> None:
