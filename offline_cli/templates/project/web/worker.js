@@ -387,14 +387,16 @@ async function main() {
   for (const step of [stored, code]) step.catch(() => {});
 
   const pyodide = await python;
-  const yjsModule = await yjs;
-  if (yjsModule) pyodide.registerJsModule("offline_yjs", yjsModule);
+  // The code (fetched while Pyodide loaded) is unpacked before waiting for yjs: yjs's many small modules
+  // are evaluated between Pyodide's long tasks on this thread, and often finish only after it.
   pyodide.unpackArchive(await code, "zip", { extractDir: "/app" });
   const compiled = await bytecode;
   if (compiled) {
     pyodide.unpackArchive(compiled, "zip", { extractDir: "/app" });
     progress("bytecode-loaded");
   }
+  const yjsModule = await yjs;
+  if (yjsModule) pyodide.registerJsModule("offline_yjs", yjsModule);
   pyodide.runPython("import sys\nif '/app' not in sys.path: sys.path.insert(0, '/app')");
   progress("code-loaded");
   const worker = pyodide.pyimport("offline.worker");
