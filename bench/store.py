@@ -163,13 +163,13 @@ def _fold(folder: str, records: int, updates_per_record: int) -> dict[str, float
 def run(full: bool = True) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as folder:
         each, each_cpu = _inserts(folder, 10_000, batched=False)
-        full, full_cpu = _inserts(folder, 10_000, batched=False, durability="full")
+        durable_full, full_cpu = _inserts(folder, 10_000, batched=False, durability="full")
         batch, batch_cpu = _inserts(folder, 10_000, batched=True)
         figures: dict[str, Any] = {
             # durability="normal" (the default): each insert survives the process dying; "full" also
             # survives the machine losing power (an fsync per commit). The same 10,000 separate inserts.
             "inserts_10000_each_durable_s": round(each, 3),
-            "inserts_10000_each_durability_full_s": round(full, 3),
+            "inserts_10000_each_durability_full_s": round(durable_full, 3),
             "inserts_10000_one_batch_s": round(batch, 3),
             "inserts_10000_raw_sqlite_s": round(_raw_inserts(folder, 10_000), 3),
             # The same inserts' CPU time (compare these across runs on a loaded machine).
