@@ -8,6 +8,7 @@ neither machine needs a compose binary. The SDK is imported lazily (through Dock
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
@@ -177,7 +178,14 @@ class ContainerHost(DockerEngine):
         client = self._connect()
         try:
             created = client.api.exec_create(name, command)  # podman wants a stream attached
-            client.api.exec_start(created["Id"])
+            # Over SSH the engine ends the exec's raw stream when the command ends, and the ssh process behind it
+            # exits; the SDK then closes that stream by writing to the gone process's stdin (BrokenPipeError). The
+            # output was read by then; the exit code below says how the command ended (or -1 if it never ran).
+            with contextlib.suppress(BrokenPipeError):
+                client.api.exec_start(created["Id"])
+            # The exec's connection is spent and, over SSH, the SDK cannot tell: the next request starts afresh.
+            self.close()
+            client = self._connect()
             code = client.api.exec_inspect(created["Id"]).get("ExitCode")
         except Exception as exc:
             translated = self._translate(exc)
