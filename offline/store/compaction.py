@@ -37,7 +37,7 @@ record as base and its per-node numbers, so the operations the server streams af
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from offline.core.operations import Operation, operation_from_text
@@ -193,34 +193,28 @@ def load(
 
 def _rows(app: App, keys: Iterable[tuple[str, str]]) -> list[tuple[str, str, str, str]]:
     found: list[tuple[str, str, str, str]] = []
-    for collection, ids in _by_collection(keys).items():
-        for start in range(0, len(ids), _CHUNK):
-            chunk = ids[start : start + _CHUNK]
-            marks = ",".join("?" * len(chunk))
-            found.extend(
-                (collection, str(r), str(s), str(v))
-                for r, s, v in app.db.conn.execute(
-                    f"SELECT record_id, state, versions FROM _offline_compacted WHERE collection = ? "
-                    f"AND record_id IN ({marks})",
-                    [collection, *chunk],
-                )
+    for collection, chunk, marks in _chunks(keys):
+        found.extend(
+            (collection, str(r), str(s), str(v))
+            for r, s, v in app.db.conn.execute(
+                f"SELECT record_id, state, versions FROM _offline_compacted WHERE collection = ? "
+                f"AND record_id IN ({marks})",
+                [collection, *chunk],
             )
+        )
     return found
 
 
 def _versions_rows(app: App, keys: Iterable[tuple[str, str]]) -> dict[tuple[str, str], str]:
     """The per-node numbers text of each of these records that was compacted."""
     found: dict[tuple[str, str], str] = {}
-    for collection, ids in _by_collection(keys).items():
-        for start in range(0, len(ids), _CHUNK):
-            chunk = ids[start : start + _CHUNK]
-            marks = ",".join("?" * len(chunk))
-            for record_id, versions in app.db.conn.execute(
-                f"SELECT record_id, versions FROM _offline_compacted WHERE collection = ? "
-                f"AND record_id IN ({marks})",
-                [collection, *chunk],
-            ):
-                found[(collection, str(record_id))] = str(versions)
+    for collection, chunk, marks in _chunks(keys):
+        for record_id, versions in app.db.conn.execute(
+            f"SELECT record_id, versions FROM _offline_compacted WHERE collection = ? "
+            f"AND record_id IN ({marks})",
+            [collection, *chunk],
+        ):
+            found[(collection, str(record_id))] = str(versions)
     return found
 
 
@@ -240,33 +234,30 @@ def _write_out_references(app: App, keys: Iterable[tuple[str, str]]) -> set[tupl
     dropped once its state's text is made, so a compaction never holds thousands of operations at once."""
     found: set[tuple[str, str]] = set()
     made: list[tuple[str, str, str]] = []
-    for collection, ids in _by_collection(keys).items():
-        for start in range(0, len(ids), _CHUNK):
-            chunk = ids[start : start + _CHUNK]
-            marks = ",".join("?" * len(chunk))
-            for record_id, reference, wire in app.db.conn.execute(
-                # (a state stored as bytes is never a reference: substr of a blob is a blob)
-                f"SELECT s.record_id, CASE WHEN substr(s.state, 1, 1) = ? THEN s.state ELSE '' END, o.wire "
-                f"FROM _offline_state s LEFT JOIN _offline_ops o ON substr(s.state, 1, 1) = ? "
-                f"AND o.collection = s.collection AND o.record_id = s.record_id AND o.id = substr(s.state, 2) "
-                f"WHERE s.collection = ? AND s.record_id IN ({marks})",
-                [STATE_REFERENCE, STATE_REFERENCE, collection, *chunk],
-            ):
-                record_id = str(record_id)
-                found.add((collection, record_id))
-                if not reference:
-                    continue
-                if wire is None:
-                    raise storage_error(
-                        "the operation a record's merge state refers to is missing from the operation log "
-                        "(the local database is damaged: restore it, or start a fresh one and sync it from "
-                        "the server)",
-                        collection=collection,
-                        recordId=record_id,
-                        operationId=str(reference)[1:],
-                    )
-                op = operation_from_text(str(wire))
-                made.append((collection, record_id, _one_operation_state(app, collection, record_id, op)))
+    for collection, chunk, marks in _chunks(keys):
+        for record_id, reference, wire in app.db.conn.execute(
+            # (a state stored as bytes is never a reference: substr of a blob is a blob)
+            f"SELECT s.record_id, CASE WHEN substr(s.state, 1, 1) = ? THEN s.state ELSE '' END, o.wire "
+            f"FROM _offline_state s LEFT JOIN _offline_ops o ON substr(s.state, 1, 1) = ? "
+            f"AND o.collection = s.collection AND o.record_id = s.record_id AND o.id = substr(s.state, 2) "
+            f"WHERE s.collection = ? AND s.record_id IN ({marks})",
+            [STATE_REFERENCE, STATE_REFERENCE, collection, *chunk],
+        ):
+            record_id = str(record_id)
+            found.add((collection, record_id))
+            if not reference:
+                continue
+            if wire is None:
+                raise storage_error(
+                    "the operation a record's merge state refers to is missing from the operation log "
+                    "(the local database is damaged: restore it, or start a fresh one and sync it from "
+                    "the server)",
+                    collection=collection,
+                    recordId=record_id,
+                    operationId=str(reference)[1:],
+                )
+            op = operation_from_text(str(wire))
+            made.append((collection, record_id, _one_operation_state(app, collection, record_id, op)))
     if made:
         app.db.save_states(made)
     return found
@@ -274,18 +265,7 @@ def _write_out_references(app: App, keys: Iterable[tuple[str, str]]) -> set[tupl
 
 def held_versions(app: App, keys: Iterable[tuple[str, str]]) -> dict[tuple[str, str], dict[str, int]]:
     """The per-node numbers of each of these records that compaction (or a server's state) left a base of."""
-    versions: dict[tuple[str, str], dict[str, int]] = {}
-    for collection, ids in _by_collection(keys).items():
-        for start in range(0, len(ids), _CHUNK):
-            chunk = ids[start : start + _CHUNK]
-            marks = ",".join("?" * len(chunk))
-            for record_id, text in app.db.conn.execute(
-                f"SELECT record_id, versions FROM _offline_compacted WHERE collection = ? "
-                f"AND record_id IN ({marks})",
-                [collection, *chunk],
-            ):
-                versions[(collection, str(record_id))] = _parse_versions(text)
-    return versions
+    return {key: _parse_versions(text) for key, text in _versions_rows(app, keys).items()}
 
 
 def repeats(app: App, ops: Sequence[Operation]) -> set[str]:
@@ -479,17 +459,22 @@ def adopt_states(
 def _logged(app: App, keys: Sequence[tuple[str, str]]) -> dict[tuple[str, str], list[tuple[str, int]]]:
     """The (node id, sequence number) of each of these records' operations in the log, refused ones aside."""
     out: dict[tuple[str, str], list[tuple[str, int]]] = {}
+    for collection, chunk, marks in _chunks(keys):
+        for record_id, node_id, seq in app.db.conn.execute(
+            f"SELECT record_id, node_id, sequence_number FROM _offline_ops WHERE collection = ? "
+            f"AND record_id IN ({marks}) AND status != ?",
+            [collection, *chunk, REJECTED],
+        ):
+            out.setdefault((collection, str(record_id)), []).append((str(node_id), int(seq)))
+    return out
+
+
+def _chunks(keys: Iterable[tuple[str, str]]) -> Iterator[tuple[str, list[str], str]]:
+    """(collection, up to _CHUNK of its record ids, their `?` marks) for an `IN (...)` read of these records."""
     for collection, ids in _by_collection(keys).items():
         for start in range(0, len(ids), _CHUNK):
             chunk = ids[start : start + _CHUNK]
-            marks = ",".join("?" * len(chunk))
-            for record_id, node_id, seq in app.db.conn.execute(
-                f"SELECT record_id, node_id, sequence_number FROM _offline_ops WHERE collection = ? "
-                f"AND record_id IN ({marks}) AND status != ?",
-                [collection, *chunk, REJECTED],
-            ):
-                out.setdefault((collection, str(record_id)), []).append((str(node_id), int(seq)))
-    return out
+            yield collection, chunk, ",".join("?" * len(chunk))
 
 
 def _by_collection(keys: Iterable[tuple[str, str]]) -> dict[str, list[str]]:
