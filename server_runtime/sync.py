@@ -1274,9 +1274,10 @@ class SyncService:
             await session.send(p.encode(message))
             self.counters["states_sent"] += len(states)
 
-    async def _sees_more_than(self, selectors: list[ScopeSelector] | None) -> bool:
-        """Whether a fresh session reading through ``selectors`` may be shown more than ``state_sync_after``
-        operations, which decides its first sync by states.
+    async def _sees_more_than(self, selectors: list[ScopeSelector] | None, after: int = 0) -> bool:
+        """Whether a session reading through ``selectors`` after delivery ``after`` (0 for a fresh one, else
+        where its cut first sync by states got to) may be shown more than ``state_sync_after`` operations,
+        which decides its first sync, or the rest of it, by states.
 
         The threshold is about what the device would receive: a scoped session whose scope holds a few
         operations of a long log gets them as operations (and keeps them, as a device on a short log does).
@@ -1285,12 +1286,12 @@ class SyncService:
         where operations would do, never the reverse; either way converges. A session seeing the whole log
         is judged by its length."""
         threshold = self.limits.state_sync_after
-        if self.watermark <= threshold:
+        if self.watermark - after <= threshold:
             return False
         if selectors is None:
             return True
         async with self._catch_up_reads:
-            page = await self.store.operations_in_scope(0, threshold + 1, selectors)
+            page = await self.store.operations_in_scope(after, threshold + 1, selectors)
         return not page.complete or len(page.operations) > threshold
 
     async def _catch_up_states(
@@ -1386,9 +1387,11 @@ class SyncService:
         resend_after, rewound_at = self.limits.ack_timeout, 0.0  # see the end of the loop
         selectors = self.catch_up_selectors(session)
         self._horizon = max(self._horizon, await self.store.compaction_horizon())
-        if session.wants_states and session.cursor == 0 and await self._sees_more_than(selectors):
+        if session.wants_states and await self._sees_more_than(selectors, session.cursor):
             # A fresh device's state-based first sync: its records' states up to the end of the log as it is
-            # now, then the operations after it (the same path as a catch-up across a compaction).
+            # now, then the operations after it (the same path as a catch-up across a compaction). A device
+            # whose first sync was cut asks again from the watermark its last message gave it: the records
+            # touched after it, by states again.
             end = self.watermark
             await self._catch_up_states(session, selectors, end)
             session.cursor = last_sent = end

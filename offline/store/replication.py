@@ -24,6 +24,29 @@ def delivery_watermark(app: App) -> int:
         return int(app.db.get_meta("delivery_watermark") or 0)
 
 
+def states_sync_unfinished(app: App) -> bool:
+    """Whether a state-based catch-up (a first sync by states, or one across a server compaction) was cut
+    after some of its ``record-states`` messages: the replica then holds the states up to its watermark and
+    asks for the rest by states again (`note_states_through`)."""
+    with app.db.lock:
+        return app.db.get_meta("states_sync_unfinished") == "1"
+
+
+def note_states_through(app: App, through: int | None) -> None:
+    """A ``record-states`` message was applied: with ``through`` (a message that is not the last), the
+    replica holds the state of every record the server's log touched up to that delivery, so the watermark
+    moves there and a cut connection resumes from it instead of from delivery 0; None (the last message,
+    its horizon applied by the caller) ends the catch-up. Called after the states were stored: a cut
+    between the two sends them again, which changes nothing."""
+    with app.db.lock, app.db.transaction():
+        if through is None:
+            app.db.set_meta("states_sync_unfinished", "0")
+            return
+        if through > int(app.db.get_meta("delivery_watermark") or 0):
+            app.db.set_meta("delivery_watermark", str(through))
+        app.db.set_meta("states_sync_unfinished", "1")
+
+
 def adopt_delivery_server(app: App, server_node_id: str, epoch: str | None = None) -> bool:
     """Record the server (database) whose delivery sequences the watermark counts.
 

@@ -442,7 +442,10 @@ class SyncEngine:
             last_delivery_sequence=watermark,
             auth_token=await self._session_token(),
             sync_scope=build_scope_map(app.schema, self.scope) if self.scope else None,
-            initial_sync="states" if watermark == 0 and self.initial_sync == "states" else None,
+            # (Also to go on with one that was cut: the server resumes it from the watermark.)
+            initial_sync="states"
+            if self.initial_sync == "states" and (watermark == 0 or replication.states_sync_unfinished(app))
+            else None,
         )
         asked_at = app._wall()
         await conn.send(p.encode(hello))
@@ -707,9 +710,14 @@ class SyncEngine:
         horizon = message.horizon if message.is_final else None
         if horizon is not None:
             app.apply_verified([], None, watermark=horizon)
+            replication.note_states_through(app, None)
             self._cursor = max(self._cursor, horizon)
         elif message.through is not None:
+            # Every record the server's log touched up to ``through`` is now held: a cut from here on
+            # resumes from it (issue 28: a first sync cut before its last message started over from 0).
+            replication.note_states_through(app, message.through)
             self._states_through = max(self._states_through, message.through)
+            self._cursor = max(self._cursor, message.through)
         if self._scope_filters and message.states:
             # A record the server's state puts outside this scope is dropped, as one moved away would be.
             self._forget_outside([(str(s["collection"]), str(s["recordId"])) for s in message.states])

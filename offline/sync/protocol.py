@@ -254,7 +254,8 @@ class Handshake:
     ``initialSync`` (optional, beyond DESIGN.md's table): ``"states"`` asks a session starting from delivery
     0 for the state-based first sync (see `RecordStates`): the server may send the records' merge states,
     then the operations after them, instead of every operation of its log. A server that does not know the
-    field, or whose log is short, streams the operations as usual.
+    field, or whose log is short, streams the operations as usual. Also sent by a client whose state-based
+    sync was cut after some messages (its watermark is their last ``through``): the rest by states.
     """
 
     TYPE: ClassVar[str] = "handshake"
@@ -457,7 +458,11 @@ class RecordStates:
     The same messages make a fresh session's state-based first sync (``initialSync: "states"`` in its
     handshake): the horizon is then the end of the log when the session began. ``through`` (optional, on a
     message that is not final): the delivery sequence up to which the server's scan of its log found the
-    records sent so far, for a first sync's progress only (the watermark moves at the final message).
+    records sent so far. The client then holds the state of every record its scope's log touched up to
+    ``through`` (each state read after those operations were committed), so it moves its watermark there
+    and a session cut before the final message resumes from it: the client asks with ``initialSync:
+    "states"`` again, and the server sends the states of the records touched after it (or, when few
+    operations remain, those operations; one the state holds is a repeat by its ``versions``).
     """
 
     TYPE: ClassVar[str] = "record-states"

@@ -12,12 +12,17 @@ sync included.
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 from typing import Any
+
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 
 from offline import op
 from offline.store import App
 from offline.store.replication import delivery_watermark
+from offline.sync.transport import WebSocketTransport
 from tests.merge._support import SCHEMA
 from tests.sync.test_integration import (
     SCOPED,
@@ -28,6 +33,7 @@ from tests.sync.test_integration import (
     clients,
     collect,
     converge,
+    shutdown,
     wait_for,
 )
 
@@ -232,3 +238,127 @@ def test_the_threshold_counts_what_a_scoped_device_may_see_not_the_whole_log(
                 assert states_b and received_in_log(of_b) == 0
 
     asyncio.run(scenario())
+
+
+class CuttingTransport:
+    """Delivers the server's first ``keep`` ``record-states`` messages of a session, then no frame ever again
+    (the device is cut off mid first sync: a closed tab, a lost network). Records the ``through`` of each
+    message delivered."""
+
+    def __init__(self, keep: int) -> None:
+        self.keep = keep
+        self.delivered: list[dict[str, Any]] = []
+        self.cut = False
+        self.inner = WebSocketTransport()
+
+    async def connect(self, url: str) -> Any:
+        return _CuttingConnection(await self.inner.connect(url), self)
+
+
+class _CuttingConnection:
+    def __init__(self, inner: Any, owner: CuttingTransport) -> None:
+        self.inner = inner
+        self.owner = owner
+
+    async def send(self, text: str) -> None:
+        await self.inner.send(text)
+
+    async def recv(self) -> str:
+        frame: str = await self.inner.recv()
+        message = json.loads(frame)
+        if message.get("type") == "record-states":
+            if len(self.owner.delivered) >= self.owner.keep:
+                self.owner.cut = True
+                await asyncio.Event().wait()  # until cancelled
+            self.owner.delivered.append(message)
+        return frame
+
+    async def close(self, code: int = 1000, reason: str = "") -> None:
+        await self.inner.close(code, reason)
+
+
+def test_a_first_sync_by_states_cut_anywhere_resumes_where_it_was_and_converges(
+    server_backend: Backend, tmp_path: Path
+) -> None:
+    """A device cut off after any number of its first sync's ``record-states`` messages (the server's log
+    possibly growing meanwhile) resumes from the last message it applied, not from delivery 0, and ends with
+    exactly the records of a device whose first sync ran uncut: no record and no operation skipped."""
+    server = server_backend.server(
+        ENTRY, name="cut-first-sync", env={"OFFLINE_STATE_SYNC_AFTER": "1", "OFFLINE_BATCH_SIZE": "5"}
+    )
+    ids: list[str] = []
+
+    async def seed() -> int:
+        writer = client(tmp_path, "writer", server.sync_url, SCHEMA)
+        async with clients(writer):
+            await writer.sync.connect()
+            with writer.batch():
+                for i in range(40):
+                    ids.append(writer.items.insert({"title": f"item {i}", "count": i, "tags": ["a"]})["id"])
+            # Records that show up again later in the log (every third of the first ones), a deletion, text.
+            for record_id in ids[:30:3]:
+                writer.items.update(record_id, {"count": op.increment(5), "tags": op.append("b")})
+            writer.items.delete(ids[7])
+            writer.items.update(ids[1], {"title": "late"})
+            await writer.sync.wait_until_synced(TIMEOUT)
+            whole = client(tmp_path, "uncut-0", server.sync_url, SCHEMA)
+            cutter = CuttingTransport(keep=10**6)
+            whole.sync.transport = cutter
+            async with clients(whole):
+                await whole.sync.connect()
+                await converge(writer, whole)
+            return len(cutter.delivered)
+
+    messages = asyncio.run(seed())
+    assert messages >= 4, f"{messages} record-states messages: too few to cut between"
+    runs = iter(range(1, 1000))
+
+    async def scenario(keep: int, writes: int) -> None:
+        run = next(runs)
+        writer = client(tmp_path, "writer", server.sync_url, SCHEMA)
+        cutter = CuttingTransport(keep)
+        device = client(tmp_path, f"cut-{run}", server.sync_url, SCHEMA, transport=cutter)
+        async with clients(writer, device):
+            await writer.sync.connect()
+            await device.sync.connect()
+            await wait_for(lambda: cutter.cut, "the cut")
+            watermark = delivery_watermark(device)  # (the reader applied each message before the next)
+            await shutdown(device)
+            # How far the applied messages went: the device resumes from there.
+            throughs = [m["through"] for m in cutter.delivered if m.get("through") is not None]
+            assert watermark == max(throughs, default=0)
+            assert keep < 2 or watermark > 0
+            # The log grows while the device is away: records it has and records it has not.
+            for i in range(writes):
+                writer.items.update(ids[(i * 7 + 2) % len(ids)], {"count": op.increment(1), "title": f"w{i}"})
+            if writes:
+                writer.items.insert({"title": "new while cut"})
+            await writer.sync.wait_until_synced(TIMEOUT)
+
+            again = client(tmp_path, f"cut-{run}", server.sync_url, SCHEMA)
+            resumed = collect(again, "sync:states")
+            uncut = client(tmp_path, f"uncut-{run}", server.sync_url, SCHEMA)
+            async with clients(again, uncut):
+                await again.sync.connect()
+                await uncut.sync.connect()
+                records = await converge(writer, again, uncut)
+                # (The examples before this one wrote too: the server's log grows from one to the next.)
+                assert set(ids) - {ids[7]} <= {r["id"] for r in records["items"]}
+                if keep >= 2 and not writes:
+                    # Resumed: the records the applied messages covered and no later operation touched
+                    # are not sent again.
+                    sent_again = sum(len(e.records) for e in resumed)
+                    assert sent_again < len(records["items"])
+
+    @settings(
+        max_examples=6,
+        deadline=None,
+        suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+    )
+    @given(keep=st.integers(min_value=0, max_value=messages - 1), writes=st.sampled_from([0, 0, 3]))
+    @example(keep=messages - 1, writes=0)
+    @example(keep=1, writes=3)
+    def cut_anywhere(keep: int, writes: int) -> None:
+        asyncio.run(scenario(keep, writes))
+
+    cut_anywhere()
