@@ -1230,13 +1230,13 @@ class SyncService:
             if row is None:
                 continue
             text = row.state_text
-            if (
-                session is not None
-                and not session.open
-                and row.record is not None
-                and not session.matches(key[0], self._scope_snapshot(key[0], row.record))
-            ):
-                text = self._left_scope(key[0], row.state)
+            if session is not None and not session.open:
+                # A deleted record is judged by what it was before its delete (its state still holds that).
+                values = row.record
+                if values is None:
+                    values = self.engine.last_values(key[0], key[1], row.state)
+                if values is not None and not session.matches(key[0], self._scope_snapshot(key[0], values)):
+                    text = self._left_scope(key[0], row.state)
             if text is None or text[:1] == ONE_OPERATION:
                 text = row.state.to_json()  # a state kept as its one operation: the client wants the state
             out.append(
@@ -1347,13 +1347,17 @@ class SyncService:
     ) -> list[str]:
         """The wire texts of ``batch`` that a session with record filters receives.
 
-        An operation goes to the sessions whose scope its record is in after it. One that moved the record
-        between scopes also goes to the sessions it left (they learn where it went, and hear no more of it),
-        and the sessions it entered first get the record's earlier operations, which they were never sent:
-        without them they would hold only the fields written since the move.
+        An operation goes to the sessions whose scope its record is in after it. The sessions an operation
+        moved the record out of get the record's state with its scope fields only instead (they learn where
+        it went, and hear no more of it; not the operation, which may write what only the new scope may read),
+        and none of the record's operations before it in ``batch``: the state goes before the batch's frames
+        (an operation applied after it would bring the record back). The sessions it entered first get the
+        record's earlier operations, which they were never sent: without them they would hold only the
+        fields written since the move. Both kinds of record are added to ``moved_in``, whose states the
+        caller sends before the frames.
         """
         node_id = session.node_id
-        visible: list[str] = []
+        visible: list[tuple[str, str, str]] = []  # (collection, record id, wire text)
         if moved_in is None:
             moved_in = []
         for r in batch:
@@ -1369,12 +1373,19 @@ class SyncService:
                         # Part of its history may be compacted: its state instead, sent before this frame.
                         moved_in.append((r.collection, r.record_id))
                     else:
-                        visible.extend(Relayed.of(item).wire_json() for item in earlier)
+                        visible.extend(
+                            (r.collection, r.record_id, Relayed.of(item).wire_json()) for item in earlier
+                        )
                     self.counters["history_sent"] += 1
-                visible.append(r.wire_json())
+                visible.append((r.collection, r.record_id, r.wire_json()))
             elif r.moved_from is not None and session.matches(r.collection, r.moved_from):
-                visible.append(r.wire_json())
-        return visible
+                # Not the operation: it may write more than the move (fields of the record's new scope),
+                # and its id is its content hash, so it cannot be cut down. The record's state goes instead
+                # (`_states` keeps its scope fields only), before the frames, so this batch's earlier
+                # operations of the record are left out: the client drops the record on the state.
+                moved_in.append((r.collection, r.record_id))
+                visible = [v for v in visible if v[1] != r.record_id or v[0] != r.collection]
+        return [text for _, _, text in visible]
 
     async def relay(self, session: Session) -> None:
         """Stream the committed log to one session from its cursor: catch-up batches, then live updates."""
@@ -1418,8 +1429,8 @@ class SyncService:
                 else:
                     moved_in: list[RecordKey] = []
                     visible = await self._visible(session, batch, moved_in)
-                    if moved_in:
-                        await self._send_states(session, moved_in, None)
+                    if moved_in:  # (once each: a record may move in and out within one page)
+                        await self._send_states(session, list(dict.fromkeys(moved_in)), None)
                 # (No more than clients accept, whatever the limits given: they refuse larger frames.)
                 chunks = _frames(visible, limit, min(self.limits.relay_frame_bytes, p.MAX_MESSAGE_BYTES))
                 visible = chunks.pop() if chunks else []

@@ -352,8 +352,9 @@ def _encode(value: Any) -> str:
 def forget_records(app: App, collection: str, record_ids: Iterable[str]) -> list[str]:
     """Drop records that left this replica's sync scope (the server moved them to someone else's).
 
-    The server sends a replica the operation that moves a record out of its scope, and nothing about the
-    record after it: kept, the record would go stale. Its row, merge state and received operations are
+    The server tells a replica a record left its scope (with the record's state holding its scope fields
+    only, or, from servers before that, the operation that moved it), and nothing about the record after
+    it: kept, the record would go stale. Its row, merge state and received operations are
     deleted (a local clean-up, not an operation: nothing is sent). This node's own operations that the server
     has not acknowledged stay, and the record is refolded from them; the server refuses them (the record
     is no longer in scope) and they are dropped then. Returns the ids of the records forgotten.

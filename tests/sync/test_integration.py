@@ -694,6 +694,89 @@ def test_a_record_moved_to_another_scope_reaches_its_new_owner_whole(
     asyncio.run(scenario())
 
 
+async def _watch(ws: Any, texts: list[str], done: Callable[[p.Message], bool]) -> None:
+    """Receive into ``texts`` (every frame as sent) until a message satisfies ``done``."""
+    deadline = time.monotonic() + TIMEOUT
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise AssertionError(f"timed out; received {texts}")
+        text = await asyncio.wait_for(ws.recv(), remaining)
+        texts.append(text)
+        if done(p.decode(text)):
+            return
+
+
+def _carries(record_id: str) -> Callable[[p.Message], bool]:
+    """A message carrying an operation or a state of ``record_id``."""
+
+    def check(message: p.Message) -> bool:
+        if isinstance(message, p.OperationBatch):
+            return any(o["recordId"] == record_id for o in message.operations)
+        return isinstance(message, p.RecordStates) and any(s["recordId"] == record_id for s in message.states)
+
+    return check
+
+
+def test_a_session_a_record_leaves_learns_where_it_went_and_nothing_else_written_with_the_move(
+    backend: Backend, tmp_path: Path
+) -> None:
+    """One write gives A's record to B and sets a field B alone may read. Sessions of A, live or catching up
+    by operations, learn the record left (its scope fields) and drop it, and receive nothing of that field."""
+    from offline.core.scopes import build_scope_map
+
+    server = backend.server(SCOPED_SOURCE, "moved-with-a-secret")
+
+    async def handshake(ws: Any, texts: list[str]) -> None:
+        hello = p.Handshake(
+            p.new_message_id(),
+            generate_uuid_v7(),
+            {},
+            1,
+            0,
+            sync_scope=build_scope_map(SCOPED, {"userId": "a"}),
+        )
+        await ws.send(p.encode(hello))
+        await _watch(ws, texts, lambda m: isinstance(m, p.OperationBatch) and m.is_final)
+
+    async def scenario() -> None:
+        admin = client(tmp_path, "admin", server.sync_url, schema=SCOPED)
+        a = client(tmp_path, "a", server.sync_url, schema=SCOPED, scope={"userId": "a"})
+        async with clients(admin, a), ws_connect(server.sync_url) as live:
+            for app in (admin, a):
+                await app.sync.connect()
+            live_texts: list[str] = []
+            await handshake(live, live_texts)
+            moving = admin.todos.insert({"ownerId": "a", "title": "a's draft"})
+            await _watch(live, live_texts, _carries(moving["id"]))
+            await wait_for(lambda: a.todos.find_by_id(moving["id"]) is not None, "A has it")
+
+            admin.todos.update(moving["id"], {"ownerId": "b", "title": "b's secret"})  # one operation
+            marker = admin.todos.insert({"ownerId": "a", "title": "marker for a"})
+            await admin.sync.wait_until_synced(TIMEOUT)
+            await _watch(live, live_texts, _carries(marker["id"]))
+            await wait_for(lambda: a.todos.find_by_id(moving["id"]) is None, "A drops the record")
+            assert a.todos.find_by_id(marker["id"]) is not None
+
+            # A session catching up by operations (from delivery 0) is judged the same way.
+            async with ws_connect(server.sync_url) as later:
+                later_texts: list[str] = []
+                await handshake(later, later_texts)
+            for texts in (live_texts, later_texts):
+                assert not any("secret" in text for text in texts), texts
+                # It was told where the record went.
+                told = [
+                    s["state"]
+                    for m in map(p.decode, texts)
+                    if isinstance(m, p.RecordStates)
+                    for s in m.states
+                    if s["recordId"] == moving["id"]
+                ]
+                assert told and all('"b"' in state for state in told), texts
+
+    asyncio.run(scenario())
+
+
 def test_large_operations_reach_a_client_catching_up(memory_backend: Backend, tmp_path: Path) -> None:
     """Operations near the size limit (256 KiB each; two thirds of them non-ASCII, two bytes a character) add up
     to more than a client's 4 MiB frame limit within one relay batch: the server splits the batch into frames
@@ -725,10 +808,10 @@ def test_large_operations_reach_a_client_catching_up(memory_backend: Backend, tm
 def test_frames_split_by_size_still_drop_records_that_left_the_scope(
     memory_backend: Backend, tmp_path: Path, held: int
 ) -> None:
-    """One batch that moves A's record away and writes more of A's records, relayed in frames of ~600 bytes: the
-    move is in an early frame, but A drops the record when the frame that ends the batch arrives. A holds the
-    early frames and applies the batch at once; or, past ``max_held_operations``, applies each as it comes and
-    judges them all at the end."""
+    """One batch that moves A's record away and writes more of A's records, relayed in frames of ~600 bytes: A
+    is told of the move before the frames (the record's state, scope fields only) and drops the record; A
+    holds the early frames and applies the batch at once; or, past ``max_held_operations``, applies each as it
+    comes and judges them all at the end."""
     server = memory_backend.server(SCOPED_SOURCE, "small-frames", env={"OFFLINE_RELAY_FRAME_BYTES": "600"})
 
     async def scenario() -> None:
@@ -752,10 +835,11 @@ def test_frames_split_by_size_still_drop_records_that_left_the_scope(
                 lambda: all(a.todos.find_by_id(r["id"]) is not None for r in added), "A gets its new records"
             )
             await wait_for(lambda: a.todos.find_by_id(moving["id"]) is None, "A drops the moved record")
+            # (The move itself comes as the record's state: the operation may carry what B alone may read.)
             if held > 1:
-                assert frames == [9], frames  # applied together
+                assert frames == [8], frames  # applied together
             else:
-                assert len(frames) >= 3 and sum(frames) == 9, frames
+                assert len(frames) >= 3 and sum(frames) == 8, frames
 
     asyncio.run(scenario())
 
