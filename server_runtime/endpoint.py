@@ -24,7 +24,7 @@ from typing import Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from offline.core.errors import OfflineError
+from offline.core.errors import STORAGE_ERROR, OfflineError
 from offline.sync import protocol as p
 
 from .client_address import client_address
@@ -181,6 +181,19 @@ def _abrupt(conn: Connection, node_id: str | None) -> None:
     )
 
 
+async def _store_failed(refuse: Callable[..., Awaitable[None]], doing: str, exc: BaseException) -> None:
+    """Refuse a handshake the server's store failed during: INTERNAL_ERROR, retriable (the client tries again
+    with backoff; nothing is wrong with its credentials), the cause in the server's log only."""
+    cause = f"[{exc.code}] {exc.message}" if isinstance(exc, OfflineError) else f"{type(exc).__name__}: {exc}"
+    log.error("sync handshake failed: the server store failed while %s: %s", doing, cause)
+    await refuse(
+        p.INTERNAL_ERROR,
+        f"the server's store failed while {doing}; try again shortly (the server's log says why)",
+        True,
+        TRY_AGAIN,
+    )
+
+
 async def _refuse(
     websocket: WebSocket,
     send: Send | None,
@@ -270,10 +283,17 @@ async def _session(
             await refuse(exc.code, _clean(exc.message), False)
         elif exc.code == p.OVERLOADED:  # the token could not be checked now (an identity provider is down)
             await refuse(p.OVERLOADED, _clean(exc.message), True, TRY_AGAIN)
+        elif exc.code == STORAGE_ERROR:
+            await _store_failed(refuse, "checking the sign-in", exc)
         else:
             await refuse(p.AUTH_FAILED, "authentication failed", False)
         return
-    if not await service.bind_node(hello.node_id, claims):
+    try:
+        bound = await service.bind_node(hello.node_id, claims)
+    except Exception as exc:  # the store failed reading or registering the device: not the client's fault
+        await _store_failed(refuse, "reading the device's registration", exc)
+        return
+    if not bound:
         await refuse(p.AUTH_FAILED, "this node id belongs to another principal", False)
         return
     schema = service.schema
@@ -308,7 +328,11 @@ async def _session(
         cursor=cursor,
         wants_states=hello.initial_sync == "states",
     )
-    vector = await service.store.version_vector()
+    try:
+        vector = await service.store.version_vector()
+    except Exception as exc:
+        await _store_failed(refuse, "reading what it holds", exc)
+        return
     response = p.HandshakeResponse(
         message_id=p.new_message_id(),
         accepted=True,

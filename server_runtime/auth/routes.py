@@ -23,7 +23,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route, Router
 
-from offline.core.errors import OfflineError
+from offline.core.errors import STORAGE_ERROR, OfflineError
 from offline.core.uuid7 import generate_uuid_v7
 from offline.sync.protocol import OVERLOADED, USER_DISABLED
 
@@ -1023,6 +1023,10 @@ class SyncAuthProvider:
             if exc.code == EMAIL_NOT_VERIFIED:
                 log.info("sync handshake refused: email not verified")
                 raise  # the endpoint tells the client why (not a token problem: no refresh helps)
+            if exc.code == STORAGE_ERROR:
+                # The store failed, not the token: the endpoint tells the client to try again later (refused
+                # as AUTH_FAILED, it would stop syncing for good and its user be sent to sign in again).
+                raise
             log.error(
                 "sync handshake refused: the token could not be checked: [%s] %s", exc.code, exc.message
             )

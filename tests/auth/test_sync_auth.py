@@ -255,6 +255,56 @@ def test_bad_tokens_are_refused_with_auth_failed(tmp_path: Path) -> None:
     asyncio.run(scenario())
 
 
+def test_a_store_failing_during_the_handshake_is_a_retriable_server_error(
+    stores: StoreFactory, tmp_path: Path
+) -> None:
+    """The server's store fails while a handshake reads it (the sign-in's auth session, or the device's
+    registration): the token is not known to be bad, so the client is told the server failed (INTERNAL_ERROR,
+    retriable, close 1013: it tries again later) and not AUTH_FAILED (which stops it for good); sessions
+    already connected, and the handshakes after the store recovers, are served."""
+    from offline.core.errors import STORAGE_ERROR
+
+    def failing(what: str) -> Callable[..., Any]:
+        def fail(*args: Any, **kwargs: Any) -> Any:
+            raise OfflineError(
+                f"{stores.kind} store: {what} failed: OperationalError: disk I/O error", STORAGE_ERROR, {}
+            )
+
+        return fail
+
+    async def scenario() -> None:
+        store = await stores.open()
+        async with serve(store, make_routes()) as server, http(server) as client:
+            url = sync_url(server)
+            alice = await sign_up(client, "alice@example.com")
+            bob = await sign_up(client, "bob@example.com")
+            connected = app_for(tmp_path, "bob", url, bob["accessToken"])
+            try:
+                await connected.sync.connect()
+                await connected.sync.wait_until_synced(TIMEOUT)
+                auth = store.auth_store()
+                for target, name in ((auth, "reader"), (store, "node_principals")):
+                    original = getattr(target, name)
+                    setattr(target, name, failing(name))
+                    try:
+                        reply, close_code = await handshake(url, alice["accessToken"])
+                    finally:
+                        setattr(target, name, original)
+                    assert isinstance(reply, p.ErrorMessage), (name, reply)
+                    assert reply.code == p.INTERNAL_ERROR and reply.retriable, (name, reply)
+                    assert "store" in reply.message and "try again" in reply.message, reply.message
+                    assert close_code == 1013, name
+                    # The session already connected goes on syncing.
+                    connected.todos.insert({"ownerId": bob["user"]["id"], "title": f"while {name} failed"})
+                    await connected.sync.wait_until_synced(TIMEOUT)
+                reply, _ = await handshake(url, alice["accessToken"])
+                assert isinstance(reply, p.HandshakeResponse) and reply.accepted, reply
+            finally:
+                await close_all(connected)
+
+    asyncio.run(scenario())
+
+
 # -- without a provider ---------------------------------------------------------------------------------------------
 
 
