@@ -1,6 +1,7 @@
 """The last word on every path under ``/__offline``: a method the path does not take gets 405 with ``Allow``,
 and a path no operational route knows gets 404, instead of falling through to the static page's SPA fallback
-(which would answer a ``GET /__offline/compact`` with the app's ``index.html`` and 200).
+(which would answer a ``GET /__offline/compact`` with the app's ``index.html`` and 200). A route's path with a
+trailing slash is redirected (308) to the path without it.
 
 Starlette lets a later route that matches the path and the method (the static ``Mount("/")``) win over an
 earlier one that matches only the path, so the wrong-method answer has to come from a route placed between the
@@ -14,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.routing import BaseRoute, Match, NoMatchFound, Route
 from starlette.types import Receive, Scope, Send
 
@@ -58,6 +59,14 @@ class OperationalFallback(BaseRoute):
 
     def answer(self, request: Request) -> Response:
         path = request.scope["path"]
+        if path.endswith("/") and path != PREFIX + "/":
+            # ``/__offline/status/``: the route without the slash, as a web server would (308 keeps the
+            # method and body, so a POST is redirected as a POST). Relative: right behind a proxy too.
+            bare = path.rstrip("/")
+            if under_prefix(bare) and allowed_methods(self.routes, bare) != set():
+                query = request.scope.get("query_string", b"").decode("latin-1")
+                location = bare + ("?" + query if query else "")
+                return RedirectResponse(location, status_code=308, headers={"Cache-Control": "no-store"})
         allowed = allowed_methods(self.routes, path)
         if allowed:
             methods = ", ".join(sorted(allowed))

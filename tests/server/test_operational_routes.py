@@ -79,6 +79,20 @@ def test_every_operational_route_refuses_other_methods_and_unknown_paths_are_404
                         answer = await http.request(method, unknown)
                         assert answer.status_code == 404, (method, unknown, answer.status_code)
                         assert answer.json()["error"] == "NOT_FOUND" and unknown in answer.json()["message"]
+                # A trailing slash on a route's path: redirected to the path without it (308 keeps the method
+                # and body), whatever the method, the query string kept; the dashboard answers at both.
+                for path, taken in sorted(paths.items()):
+                    if path in ("/__offline", "/__offline/"):
+                        continue
+                    for method in sorted(taken | {"GET"}):
+                        answer = await http.request(method, path + "/?q=1")
+                        assert answer.status_code == 308, (method, path, answer.status_code, answer.text)
+                        assert answer.headers["location"] == path + "?q=1", (method, path)
+                        assert INDEX not in answer.text
+                login = await http.get("/__offline/login/", follow_redirects=True)
+                assert login.status_code == 200 and str(login.url).endswith("/__offline/login")
+                for unknown in ("/__offline/nope/", "/__offline/users/u-1/nothing/"):
+                    assert (await http.get(unknown)).status_code == 404, unknown
                 # Outside /__offline the page still answers client-side routes.
                 if with_page:
                     shell = await http.get("/__offline-lookalike/route")
