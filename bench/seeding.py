@@ -16,7 +16,9 @@ def insert_operations(
     collection: str, count: int, data: Callable[[int], dict[str, Any]], schema_version: int
 ) -> Iterator[Operation]:
     """``count`` inserts into ``collection`` by one new node, numbered from 1 (the i-th holding ``data(i)``),
-    made as they are asked for."""
+    made as they are asked for. Each carries the causal context an app's insert carries (its node's first
+    write to the record): the engine puts one on every write, and the fold and compaction paths differ for
+    operations without one."""
     from offline import HybridLogicalClock, create_operation, generate_uuid_v7
 
     node = generate_uuid_v7()
@@ -32,6 +34,7 @@ def insert_operations(
                 "timestamp": clock.now(),
                 "sequence_number": i + 1,
                 "schema_version": schema_version,
+                "causal_context": {node: 1},
             }
         )
 

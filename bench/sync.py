@@ -255,6 +255,7 @@ def _build_wires(node: str, clock: Any, first: int, count: int) -> list[dict[str
                 "timestamp": clock.now(),
                 "sequence_number": i + 1,
                 "schema_version": SCHEMA.version,
+                "causal_context": {node: 1},  # as an app's insert carries (bench.seeding)
             }
         ).to_wire()
         for i in range(first, first + count)
@@ -850,6 +851,7 @@ def _sample_frames() -> tuple[str, str]:
                 "timestamp": clock.now(),
                 "sequence_number": i + 1,
                 "schema_version": 1,
+                "causal_context": {node: 1},
             }
         ).to_wire()
         for i in range(WRITE_BATCH)
