@@ -432,6 +432,26 @@ class WorkerBridge:
             return False, self._error_reply(request_id, exc)
         return method in self.WRITES and self.take_persist(), self._reply(request_id, result)
 
+    def serve_now(self, text: str) -> str | None:
+        """`handle_now` for a caller that wraps the request in its own transaction (another tab's write,
+        `offline.worker_tabs`): the reply text, or None when the request waits on the loop; a request the
+        bridge refuses or that fails raises (so the caller's transaction rolls back), and nothing counts as
+        saved (the caller asks `take_persist` once its transaction committed)."""
+        request_id, method, request = self._parse(text)
+        if self._needs_loop(method, request):
+            return None
+        return self._reply(request_id, getattr(self, f"_do_{method}")(request))
+
+    def refusal_reply(self, text: str, exc: BaseException) -> str:
+        """The error reply to the request ``text`` for ``exc`` raised by `serve_now`."""
+        if isinstance(exc, _Refused):
+            return self._error_reply(exc.request_id, exc.error)
+        try:
+            request = json.loads(text)
+        except ValueError:
+            request = None
+        return self._error_reply(request.get("id") if isinstance(request, dict) else None, exc)
+
     async def handle(self, text: str) -> None:
         """Serve one request (JSON text) and post its reply, persisting the database first after writes."""
         served = self.handle_now(text)

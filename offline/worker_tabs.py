@@ -8,17 +8,18 @@ When the owner closes, another tab takes the lock, opens the database from the b
 the requests it had sent and not seen answered. A replayed write may already be in that storage (the old
 owner saved it, then closed before its reply got out): `TabRequests` makes the replay harmless. Each write
 request from another tab carries a key (the tab's id and the request's id); the key and the reply are
-written to the database in the same synchronous turn as the write itself, so every copy of the database
-that holds the write holds its key too (the worker copies the file to storage only between two JavaScript
+written to the database in the same SQLite transaction as the write itself, so every copy of the database
+that holds the write holds its key too, and a write whose key could not be stored is not stored either (the worker copies the file to storage only between two JavaScript
 turns). A replayed key is answered with the stored reply instead of being applied again.
 """
 
 from __future__ import annotations
 
 import json
+import sqlite3
 import time
 
-from offline.core.errors import OfflineError
+from offline.core.errors import STORAGE_ERROR, OfflineError
 from offline.store import App
 from offline.worker import Post, WorkerBridge
 
@@ -75,11 +76,27 @@ class TabRequests:
             return False, stored  # it is in storage already: this database was loaded from there
         if not self._is_write(text):
             return bridge.handle_now(text)
-        served = bridge.handle_now(text)
-        if served is None:
-            return None
-        _, reply = served
-        self._record(key, reply)
+        # The write and its key in one transaction: were the key stored apart and its write failed (a full
+        # disk), the write would stay without it and the other tab's retry would apply it twice. A write that
+        # fails is undone whole, the action's writes before the failure included (for another tab's request
+        # an action is all or nothing), and answered with its error, no key stored: sent again, it is new.
+        # (An action that catches the failure of a nested `app.batch()` itself keeps that batch's writes
+        # here: a nested batch joins this one.)
+        try:
+            with self.app.batch():
+                reply = bridge.serve_now(text)
+                if reply is None:
+                    return None  # an `async def` action: it waits on the loop (`handle`)
+                self._record(key, reply)
+        except Exception as exc:
+            if isinstance(exc, sqlite3.Error):
+                exc = OfflineError(
+                    f"the local database could not store another tab's write, so it was not applied: {exc}",
+                    STORAGE_ERROR,
+                    {"path": self.app.path, "key": key},
+                )
+            return False, bridge.refusal_reply(text, exc)
+        bridge.take_persist()  # (it changed the database: the save below stores it)
         return True, reply  # the key changed the database: the reply waits for the save
 
     async def handle(self, bridge: WorkerBridge, key: str | None, text: str) -> None:

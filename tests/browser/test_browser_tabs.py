@@ -172,9 +172,17 @@ BREAKING_FUNCTION = """
 
 
 def break_tab_requests(app: App) -> bool:
-    \"\"\"Drops the owner's table of other tabs' requests: recording a call another tab sent (this one) then
-    raises in Python, past the bridge, as a failing storage would.\"\"\"
-    app.db.conn.execute("DROP TABLE offline_tab_requests")
+    \"\"\"Makes the owner's table of other tabs' requests unreadable from the next request on: serving one
+    then raises in Python, past the bridge, as a failing storage would. (Dropping the table in this call
+    would be undone with it: another tab's write and its key share one transaction.)\"\"\"
+    import sqlite3
+
+    from offline import worker_tabs
+
+    def unreadable(self: object, key: str) -> str | None:
+        raise sqlite3.OperationalError("no such table: offline_tab_requests")
+
+    worker_tabs.TabRequests.stored_reply = unreadable  # type: ignore[method-assign, assignment]
     return True
 
 
@@ -215,7 +223,8 @@ def test_a_request_the_owner_fails_to_serve_fails_at_once_in_the_other_tab(
             follower = await open_app(context, live.url)
             assert await owns(owner) and not await owns(follower)
 
-            error = await follower.evaluate(CALL_ERROR, "break_tab_requests")
+            assert await follower.evaluate(CALL_ERROR, "break_tab_requests") is None
+            error = await follower.evaluate(CALL_ERROR, "clear_completed")
             assert error is not None, "the call succeeded"
             assert error["code"] == "STORAGE_ERROR", error
             assert error["context"]["reason"] == "owner-failed", error

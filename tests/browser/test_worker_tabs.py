@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import sqlite3
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -57,6 +58,50 @@ def test_a_write_sent_again_is_applied_once_even_by_a_new_owner(tmp_path: Path, 
     assert TabRequests(successor.app).handle_now(successor, "tab-b:4", add) == (False, reply)
     assert titles(successor) == ["milk", "milk"]
     successor.app.close()
+
+
+def test_a_write_whose_key_could_not_be_stored_is_not_applied_and_a_retry_applies_it_once(
+    tmp_path: Path, todos: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The key goes in the write's own transaction: when storing it fails (a full disk, a locked file), the
+    write is undone with it and the other tab is told; sent again, it is applied once. (Stored apart, the
+    write stayed without its key and the retry applied it a second time.)"""
+    page = Page()
+    owner = WorkerBridge(
+        create_app(SCHEMA, path=str(tmp_path / "tabs.db")),
+        post=page.post,
+        persist=page.persist,
+        actions=todos,
+    )
+    requests = TabRequests(owner.app)
+    record = TabRequests._record
+    failures = [sqlite3.OperationalError("database or disk is full")]
+
+    def failing_record(self: TabRequests, key: str, reply: str) -> None:
+        record(self, key, reply)
+        if failures:
+            raise failures.pop()
+
+    monkeypatch.setattr(TabRequests, "_record", failing_record)
+    changes: list[Any] = []
+    owner.app.todos.where({}).subscribe(changes.append)
+    add = request(5, "call", name="add_todo", args=["bread"])
+    served = requests.handle_now(owner, "tab-b:5", add)
+    assert served is not None
+    failed = json.loads(served[1])
+    assert failed["ok"] is False and failed["id"] == 5
+    assert failed["error"]["code"] == "STORAGE_ERROR" and "disk is full" in failed["error"]["message"]
+    assert titles(owner) == [] and requests.stored_reply("tab-b:5") is None
+    assert owner.app.todos.count() == 0
+    assert "bread" not in json.dumps(changes, default=str)  # no live query saw the undone write
+
+    served = requests.handle_now(owner, "tab-b:5", add)  # the other tab sends it again
+    assert served is not None and json.loads(served[1])["ok"] is True
+    assert requests.handle_now(owner, "tab-b:5", add) == (False, served[1])
+    assert titles(owner) == ["bread"]
+    (own,) = [row for row in owner.app.operations() if row.node_id == owner.app.node_id]
+    assert own.sequence_number == 1  # the undone write's number was not used up
+    owner.app.close()
 
 
 def test_reads_and_failures_are_answered_as_usual(tmp_path: Path, todos: Any) -> None:
