@@ -454,26 +454,45 @@ class WorkerBridge:
 
     async def handle(self, text: str) -> None:
         """Serve one request (JSON text) and post its reply, persisting the database first after writes."""
+        self._post(await self.serve(text))
+
+    async def serve(self, text: str, *, before_save: Callable[[str], None] | None = None) -> str:
+        """`handle` without the posting: the reply text. ``before_save`` (another tab's request, see
+        `offline.worker_tabs`) is given the reply of a request that waited on the loop once it ran, before
+        the save that stores its writes, so that it goes into the same save."""
         served = self.handle_now(text)
         if served is not None:
-            persist, reply = served
-            if persist and self._persist is not None:
-                try:
-                    await self._persist()
-                except Exception as exc:
-                    reply = self.storage_failure(reply, str(exc))
-            self._post(reply)
-            return
+            return await self.settle(served)
         request_id: Any = None
         try:
             request_id, method, request = self._parse(text)
-            result = await getattr(self, "_do_call_async" if method == "call" else f"_do_{method}")(request)
+            try:
+                result = await getattr(self, "_do_call_async" if method == "call" else f"_do_{method}")(
+                    request
+                )
+                reply = self._reply(request_id, result)
+            except Exception as exc:
+                if before_save is None:
+                    raise
+                reply = self._error_reply(request_id, exc)  # (its writes before the failure stay)
+            if before_save is not None:
+                before_save(reply)
             if method in self.WRITES:
                 await self.persist_now()
         except Exception as exc:
-            self._post(self._error_reply(request_id, exc))
-            return
-        self._post(self._reply(request_id, result))
+            return self._error_reply(request_id, exc)
+        return reply
+
+    async def settle(self, served: tuple[bool, str]) -> str:
+        """The reply to post for what `handle_now` served: saved first when it asks for it (else the
+        storage error instead)."""
+        persist, reply = served
+        if persist and self._persist is not None:
+            try:
+                await self._persist()
+            except Exception as exc:
+                reply = self.storage_failure(reply, str(exc))
+        return reply
 
     def take_persist(self) -> bool:
         """Whether the database changed since the last save; if so it counts as saved from now on."""

@@ -30,6 +30,8 @@ KEEP_SECONDS = 3600.0
 PRUNE_EVERY = 200
 
 _TABLE = "offline_tab_requests"
+#: The stored reply of an `async def` action's key while it runs (a reply is JSON: never this text).
+_RUNNING = "running"
 
 
 class TabRequests:
@@ -38,6 +40,7 @@ class TabRequests:
     def __init__(self, app: App) -> None:
         self.app = app
         self._added = 0
+        self._running: set[str] = set()  # keys of `async def` actions running here
         with app.db.lock:
             app.db.conn.execute(
                 f"CREATE TABLE IF NOT EXISTS {_TABLE} (key TEXT PRIMARY KEY, reply TEXT NOT NULL, at REAL NOT NULL)"
@@ -49,7 +52,7 @@ class TabRequests:
 
     def _record(self, key: str, reply: str) -> None:
         conn = self.app.db.conn
-        with self.app.db.lock:
+        with self.app.db.lock, self.app.db.transaction():  # (joins the write's, when there is one)
             conn.execute(
                 f"INSERT OR REPLACE INTO {_TABLE} (key, reply, at) VALUES (?, ?, ?)",
                 (key, reply, time.time()),
@@ -59,12 +62,20 @@ class TabRequests:
                 conn.execute(f"DELETE FROM {_TABLE} WHERE at < ?", (time.time() - KEEP_SECONDS,))
 
     @staticmethod
-    def _is_write(text: str) -> bool:
+    def _method(text: str) -> object:
         try:
             request = json.loads(text)
         except ValueError:
-            return False
-        return isinstance(request, dict) and request.get("method") in WorkerBridge.WRITES
+            return None
+        return request.get("method") if isinstance(request, dict) else None
+
+    @classmethod
+    def _is_write(cls, text: str) -> bool:
+        return cls._method(text) in WorkerBridge.WRITES
+
+    @classmethod
+    def _is_action(cls, text: str) -> bool:
+        return cls._method(text) == "call"
 
     def handle_now(self, bridge: WorkerBridge, key: str | None, text: str) -> tuple[bool, str] | None:
         """`WorkerBridge.handle_now` for a request another tab sent under ``key``: a write already applied
@@ -72,6 +83,9 @@ class TabRequests:
         if key is None:
             return bridge.handle_now(text)
         stored = self.stored_reply(key)
+        if stored == _RUNNING:
+            # An `async def` action under this key: running here (its run answers), or cut by a takeover.
+            return None if key in self._running else (False, self._interrupted(bridge, text))
         if stored is not None:
             return False, stored  # it is in storage already: this database was loaded from there
         if not self._is_write(text):
@@ -102,15 +116,53 @@ class TabRequests:
     async def handle(self, bridge: WorkerBridge, key: str | None, text: str) -> None:
         """`WorkerBridge.handle` (requests that wait on the loop) for a request sent under ``key``.
 
-        These are not recorded: connect, disconnect, network and persist are harmless to repeat, but an
-        `async def` action writes across several turns, between which a save may store some of its writes,
-        so a replay after a takeover can run such an action again (a plain function's cannot).
+        Connect, disconnect, network and persist are harmless to repeat and are not recorded. An `async def`
+        action is run at most once: it writes across several turns, between which a save may store some of
+        its writes, and nothing can undo those if the owner tab closes before it ends. So its key is stored,
+        marked as running, before it starts (every copy of the database holding any of its writes holds the
+        mark: saves copy the whole database), and its reply replaces the mark in the save that stores its
+        last writes. Sent again to this owner while it runs, the request is left to that run's reply;
+        replayed to a new owner, a finished run is answered with its reply, and a run the takeover cut with
+        an error saying it may have been applied in part (`_interrupted`), never run again.
         """
-        stored = self.stored_reply(key) if key is not None else None
-        if stored is not None:
-            bridge._post(stored)
+        if key is None:
+            await bridge.handle(text)
             return
-        await bridge.handle(text)
+        served = self.handle_now(bridge, key, text)
+        if served is not None:  # (a stored reply, or a request that does not wait after all)
+            bridge._post(await bridge.settle(served))
+            return
+        if key in self._running:
+            return  # the run under way answers it
+        if not self._is_action(text):  # (connect, disconnect, network, persist: harmless to repeat)
+            await bridge.handle(text)
+            return
+        self._running.add(key)
+        try:
+            self._record(key, _RUNNING)
+            bridge._post(await bridge.serve(text, before_save=lambda reply: self._record(key, reply)))
+        finally:
+            self._running.discard(key)
+
+    def _interrupted(self, bridge: WorkerBridge, text: str) -> str:
+        """The reply to an `async def` action whose run the tab that owned the database began and never
+        finished (it closed: this owner's database, loaded from storage, holds the mark of the run and
+        perhaps some of its writes)."""
+        try:
+            request = json.loads(text)
+        except ValueError:
+            request = {}
+        name = request.get("name") if isinstance(request, dict) else None
+        return bridge.refusal_reply(
+            text,
+            OfflineError(
+                f"the action {name!r} began in the tab that owned the local database, which closed before it "
+                "ended; it may have been applied in part and was not run again (an async action writes over "
+                "several steps and cannot be undone): check what it writes, then call it again if needed",
+                STORAGE_ERROR,
+                {"reason": "interrupted", "action": str(name)},
+            ),
+        )
 
 
 class DurableSync:

@@ -18,7 +18,7 @@ from offline import create_app, worker_tabs
 from offline.worker import WorkerBridge
 from offline.worker_tabs import DurableSync, TabRequests, attach
 
-from .support import FAST_SYNC, live_server
+from .support import FAST_SYNC, live_server, load_module
 from .test_worker_bridge import SCHEMA, Page
 
 
@@ -102,6 +102,92 @@ def test_a_write_whose_key_could_not_be_stored_is_not_applied_and_a_retry_applie
     (own,) = [row for row in owner.app.operations() if row.node_id == owner.app.node_id]
     assert own.sequence_number == 1  # the undone write's number was not used up
     owner.app.close()
+
+
+ASYNC_ACTIONS = """
+import asyncio
+
+gate = asyncio.Event()
+
+
+async def add_two(app, title):
+    app.todos.insert({"title": title + " 1"})
+    await gate.wait()  # (a fetch, a timer: the worker's JavaScript may save the database meanwhile)
+    app.todos.insert({"title": title + " 2"})
+    return "added"
+"""
+
+
+def saved_copy(app: Any, path: Path) -> str:
+    """The database as the worker's JavaScript stores it between two turns (a consistent copy)."""
+    target = sqlite3.connect(path)
+    with app.db.lock:
+        app.db.conn.backup(target)
+    target.close()
+    return str(path)
+
+
+def test_an_async_action_cut_by_a_takeover_is_not_run_again_and_a_finished_one_is_answered(
+    tmp_path: Path,
+) -> None:
+    """An `async def` action writes across turns, and a save between two of them may store part of its
+    writes: the next owner, given the request again, must not run it a second time. Its key is stored
+    before it starts (so every copy holding any of its writes holds the key) and its reply when it ends:
+    replayed after it ended, it is answered with that reply; after a takeover cut it, with STORAGE_ERROR
+    (reason ``interrupted``) saying it may have been applied in part, never run again."""
+    (tmp_path / "async_actions.py").write_text(ASYNC_ACTIONS)
+    actions = load_module(tmp_path / "async_actions.py", "tabs_async_actions")
+    text = request(9, "call", name="add_two", args=["x"])
+
+    async def scenario() -> None:
+        page = Page()
+        owner = WorkerBridge(
+            create_app(SCHEMA, path=str(tmp_path / "a.db")),
+            post=page.post,
+            persist=page.persist,
+            actions=actions,
+        )
+        requests = TabRequests(owner.app)
+        assert requests.handle_now(owner, "tab-b:9", text) is None  # it waits on the loop
+        running = asyncio.create_task(requests.handle(owner, "tab-b:9", text))
+        while owner.app.todos.count() == 0:
+            await asyncio.sleep(0)
+        cut = saved_copy(owner.app, tmp_path / "cut.db")
+        # Sent again to the same owner while it runs (the tab's retry): not a second run either.
+        # (Answered at once: the first run answers when it ends. The limit only keeps a failure from hanging.)
+        await asyncio.wait_for(requests.handle(owner, "tab-b:9", text), 30)
+        actions.gate.set()
+        await running
+        assert titles(owner) == ["x 1", "x 2"]
+        assert [m["result"] for m in page.of_type("reply")] == ["added"]
+        finished = saved_copy(owner.app, tmp_path / "finished.db")
+        owner.app.close()
+
+        # The next owner opened the copy saved mid-action: the request is refused, not run again.
+        for path, expected in ((cut, ["x 1"]), (finished, ["x 1", "x 2"])):
+            page = Page()
+            successor = WorkerBridge(
+                create_app(SCHEMA, path=path), post=page.post, persist=page.persist, actions=actions
+            )
+            again = TabRequests(successor.app)
+            served = again.handle_now(successor, "tab-b:9", text)
+            if served is None:
+                await again.handle(successor, "tab-b:9", text)
+                (reply,) = page.of_type("reply")
+            else:
+                reply = json.loads(served[1])
+            assert titles(successor) == expected
+            assert reply["id"] == 9
+            if path == finished:
+                assert reply["ok"] is True and reply["result"] == "added"
+            else:
+                assert reply["ok"] is False and reply["error"]["code"] == "STORAGE_ERROR"
+                assert reply["error"]["context"]["reason"] == "interrupted"
+                assert "add_two" in reply["error"]["message"]
+                assert "may have been applied in part" in reply["error"]["message"]
+            successor.app.close()
+
+    asyncio.run(scenario())
 
 
 def test_reads_and_failures_are_answered_as_usual(tmp_path: Path, todos: Any) -> None:
