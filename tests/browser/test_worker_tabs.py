@@ -367,3 +367,20 @@ def test_a_request_the_owner_fails_to_serve_is_answered_at_once() -> None:
             "Error: PythonError: attach failed",
         ]
     )
+
+
+def test_a_tab_whose_worker_failed_hands_the_database_on() -> None:
+    """web/tabs.js in Node.js (tests/js/tabs_resign.mjs): a tab whose worker fails after taking the database's
+    lock (Python did not load, the database did not open) resigns: the next tab owns the database, serving
+    both pages, instead of every tab waiting until the failed one is closed; a worker that fails while it
+    still waits for the lock passes it on once granted."""
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not on PATH")
+    script = Path(__file__).resolve().parents[1] / "js" / "tabs_resign.mjs"
+    done = subprocess.run([node, str(script)], capture_output=True, text=True, timeout=60, check=True)
+    seen = json.loads(done.stdout)
+    assert seen["owners"] == ["next", "late"]  # not "early": it failed while waiting
+    assert seen["ownedWhileFailingHeldIt"] is False
+    assert seen["next"] == [{"type": "reply", "id": 1, "ok": True, "result": "next"}]
+    assert seen["failing"] == [{"type": "reply", "id": 2, "ok": True, "result": "next"}]

@@ -96,17 +96,39 @@ export class Tabs {
     this.channel.postMessage({ ...message, from: this.id });
   }
 
-  // Waits until this tab may own the database (the previous owner, if any, has closed).
+  // Waits until this tab may own the database (the previous owner, if any, has closed or resigned).
   lock() {
     if (this.solo) return Promise.resolve();
     return new Promise((resolve, reject) => {
       self.navigator.locks
         .request(`offline-db:${this.name}`, () => {
+          if (this.resigned) return undefined; // this worker failed while it waited: pass the lock on at once
           resolve();
-          return new Promise(() => {}); // held for the life of this worker
+          // Held for the life of this worker, unless it fails to serve (resign).
+          return new Promise((release) => {
+            this.release = release;
+          });
         })
         .catch(reject);
     });
+  }
+
+  // This tab's worker cannot own the database (Python did not load, the database did not open): it lets
+  // the lock go, so that another tab opens the database instead of every tab waiting until this one is
+  // closed, and from then on sends this page's requests to that tab like any other tab does. Called again,
+  // or before the lock was granted, it does no harm (a lock granted later is passed on at once).
+  resign() {
+    this.resigned = true;
+    if (this.local) {
+      this.local = null;
+      this.owner = null;
+      this.followers.clear(); // (their tabs attach again to the next owner)
+    }
+    if (this.release) {
+      const release = this.release;
+      this.release = null;
+      release();
+    }
   }
 
   // A message from this tab's page.

@@ -431,7 +431,10 @@ async function main() {
   };
   bridge = await worker.start(options, post, persist, progress);
   options.destroy();
-  if (!bridge) return; // the app could not open: Python told the page why (a "fatal" message)
+  if (!bridge) {
+    tabs.resign(); // another tab may open it (else every tab waits for this one to close)
+    return; // the app could not open: Python told the page why (a "fatal" message)
+  }
   durable = tabsModule.DurableSync(bridge.app);
   tabRequests = tabsModule.open_requests(bridge);
   progress("ready");
@@ -450,6 +453,8 @@ async function main() {
   });
 }
 
-main().catch((error) =>
-  tell({ type: "fatal", message: String((error && error.message) || error), code: error && error.code, context: error && error.context }),
-);
+main().catch((error) => {
+  // This worker holds (or waits for) the database's lock and will never serve it: hand it on.
+  tabs.resign();
+  tell({ type: "fatal", message: String((error && error.message) || error), code: error && error.code, context: error && error.context });
+});
