@@ -40,7 +40,7 @@ import logging
 import sqlite3
 import sys
 import traceback
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
@@ -52,6 +52,7 @@ from offline.platform import IS_BROWSER, page_webauthn, set_page_webauthn, unava
 from offline.store import App, create_app, op
 from offline.store.collection import Query
 from offline.store.database import is_damaged
+from offline.store.live_results import LiveResults
 from offline.store.ops import AtomicOp
 from offline.store.replication import pending_count
 
@@ -91,6 +92,11 @@ def _ceremony_error(name: str, message: str) -> dict[str, Any]:
     return {"ok": False, "error": {"name": name, "message": message}}
 
 
+def _pages(records: list[dict[str, Any]], size: int) -> Iterator[list[dict[str, Any]]]:
+    for start in range(0, len(records), size):
+        yield records[start : start + size]
+
+
 def _dumps(value: Any) -> str:
     # Records hold JSON values already; `default=str` only guards against an app function's odd result.
     return json.dumps(value, separators=(",", ":"), default=str)
@@ -123,15 +129,19 @@ class _Forward(logging.Handler):
 class _LiveQuery:
     """A page's live query and what the page holds of its results.
 
-    Without a limit, a commit is answered from the records it touched alone (`Query.among`): the query is
-    not run again, and its cost does not grow with the collection. With a limit, a touched record can push
-    another in or out of the results: the (bounded) query runs again and is compared with ``last``.
+    A commit is answered from the records it touched alone (`Query.among`): the query is not run again, and
+    its cost does not grow with the collection. Only a record whose text changed is sent as updated (a
+    received operation that lost to a newer write touches its record and leaves it as it was). Without a
+    limit the results may be large, so only each record's id and the hash of its text are kept. With a
+    limit, `LiveResults` keeps the (bounded) window and puts touched records in place: a record can push
+    another in or out, and the query runs again only when the window lost records the rest must refill.
     """
 
     query: Query
     collection: str
-    ids: set[str] = field(default_factory=set)  # the ids of the records the page holds
-    last: dict[str, str] | None = None  # with a limit: each result's JSON, by id
+    # Without a limit: the ids of the records the page holds, each to the hash of its text.
+    ids: dict[str, int] = field(default_factory=dict)
+    window: LiveResults | None = None  # with a limit
 
 
 class WorkerBridge:
@@ -656,8 +666,8 @@ class WorkerBridge:
             if live.collection not in stale:
                 continue
             try:
-                if live.last is not None:
-                    self._send_difference(sub, live)
+                if live.window is not None:
+                    self._send_difference(sub, live, stale[live.collection])
                 else:
                     self._send_changes(sub, live, stale[live.collection])
             except Exception as exc:  # a query that stopped working must be visible, not silent
@@ -671,49 +681,51 @@ class WorkerBridge:
         of the worker's memory (WebAssembly memory never shrinks). Kept: the ids, to tell later changes
         apart (and with a limit, each record's text).
         """
-        limited = live.query._limit is not None
-        ids: set[str] = set()
-        last: dict[str, str] = {}
+        if live.query._limit is not None:  # a bounded window, held whole (`LiveResults`)
+            live.window = LiveResults(live.query)
+            pages: Iterable[list[dict[str, Any]]] = _pages(live.window.reset().inserted, SNAPSHOT_PAGE)
+        else:
+            pages = live.query.fetch_pages(SNAPSHOT_PAGE)
+        ids: dict[str, int] = {}
         ready: str | None = None  # a part, posted once it is known not to be the last
-        for page in live.query.fetch_pages(SNAPSHOT_PAGE):
+        for page in pages:
             if ready is not None:
                 self._post(f'{{"type":"snapshot","sub":{sub},"records":[{ready}],"more":true}}')
-            ids.update(record["id"] for record in page)
-            if limited:  # (a bounded result: each record's text is kept to compare with the next run)
-                texts = [_dumps(record) for record in page]
-                last.update(zip((record["id"] for record in page), texts, strict=True))
-                ready = ",".join(texts)
-            else:
-                ready = _dumps(page)[1:-1]
+            texts = [_dumps(record) for record in page]
+            if live.window is None:
+                ids.update(zip((record["id"] for record in page), map(hash, texts), strict=True))
+            ready = ",".join(texts)
         live.ids = ids
-        live.last = last if limited else None
         self._post(f'{{"type":"snapshot","sub":{sub},"records":[{ready or ""}]}}')
 
     def _send_changes(self, sub: int, live: _LiveQuery, touched: set[str]) -> None:
         """What the touched records change in the results of a query without a limit."""
         inserted: list[dict[str, Any]] = []
         updated: list[dict[str, Any]] = []
+        held = live.ids
         matching = set()
         for record in live.query.among(touched):
-            matching.add(record["id"])
-            (updated if record["id"] in live.ids else inserted).append(record)
-        removed = [record_id for record_id in touched if record_id in live.ids and record_id not in matching]
-        live.ids.difference_update(removed)
-        live.ids.update(record["id"] for record in inserted)
+            record_id = record["id"]
+            matching.add(record_id)
+            text_hash = hash(_dumps(record))
+            before = held.get(record_id)
+            if before is None:
+                inserted.append(record)
+            elif before != text_hash:
+                updated.append(record)
+            held[record_id] = text_hash
+        removed = [record_id for record_id in touched if record_id in held and record_id not in matching]
+        for record_id in removed:
+            del held[record_id]
         self._post_changes(sub, inserted, updated, removed)
 
-    def _send_difference(self, sub: int, live: _LiveQuery) -> None:
-        """A query with a limit runs again; the page gets how its results differ from the last ones."""
-        assert live.last is not None
-        results = live.query.fetch()
-        now = {record["id"]: _dumps(record) for record in results}
-        before = live.last
-        inserted = [record for record in results if record["id"] not in before]
-        updated = [r for r in results if r["id"] in before and before[r["id"]] != now[r["id"]]]
-        removed = [record_id for record_id in before if record_id not in now]
-        live.last = now
-        live.ids = set(now)
-        self._post_changes(sub, inserted, updated, removed)
+    def _send_difference(self, sub: int, live: _LiveQuery, touched: set[str]) -> None:
+        """What the touched records change in a limited query's window (`LiveResults.refresh`)."""
+        assert live.window is not None
+        changes = live.window.refresh(touched)
+        if changes is not None:
+            removed = [record["id"] for record in changes.removed]
+            self._post_changes(sub, changes.inserted, changes.updated, removed)
 
     def _post_changes(
         self, sub: int, inserted: list[dict[str, Any]], updated: list[dict[str, Any]], removed: list[str]

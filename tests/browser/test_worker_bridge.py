@@ -550,3 +550,49 @@ def test_records_forgotten_without_an_operation_leave_the_live_query(app: App) -
         assert [r["id"] for r in app.todos.where({}).fetch()] == [kept["id"]]
 
     asyncio.run(scenario())
+
+
+def test_live_queries_send_only_real_changes_and_keep_a_full_window_without_running_it(
+    app: App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A record touched without changing (a received operation that lost to a newer write, or one held
+    already) is not sent as updated, with or without a limit; and a limited query whose window stays full is
+    brought up to date from the touched records alone (`LiveResults`), not run again."""
+    from offline.store.collection import Query
+
+    page = Page()
+    bridge = WorkerBridge(app, post=page.post, persist=page.persist)
+    with app.batch():
+        records = [app.todos.insert({"title": f"t{i}"}) for i in range(10)]
+
+    async def scenario() -> None:
+        ordered = {"orderBy": [["title", False]]}
+        await page.request(bridge, "subscribe", collection="todos", query=ordered, sub=1)
+        await page.request(bridge, "subscribe", collection="todos", query={**ordered, "limit": 3}, sub=2)
+        runs: list[Query] = []
+        fetch = Query.fetch
+
+        def counted(self: Query, *args: Any, **kwargs: Any) -> Any:
+            runs.append(self)
+            return fetch(self, *args, **kwargs)
+
+        monkeypatch.setattr(Query, "fetch", counted)
+        # Touched, unchanged: in both results, in neither window, in the whole results only.
+        bridge._mark_records([("todos", records[0]["id"]), ("todos", records[5]["id"])])
+        await asyncio.sleep(0)
+        assert page.of_type("changes") == []
+        app.todos.update(records[1]["id"], {"votes": 4})
+        app.todos.update(records[7]["id"], {"votes": 2})  # outside the window
+        await asyncio.sleep(0)
+        changes = {m["sub"]: m for m in page.of_type("changes")}
+        assert sorted(r["title"] for r in changes[1]["updated"]) == ["t1", "t7"]
+        assert [r["title"] for r in changes[2]["updated"]] == ["t1"]
+        assert (changes[2]["inserted"], changes[2]["removed"]) == ([], [])
+        app.todos.update(records[8]["id"], {"title": "a"})  # enters the window, pushes t2 out
+        await asyncio.sleep(0)
+        last = page.of_type("changes")[-1]
+        assert last["sub"] == 2 and [r["title"] for r in last["inserted"]] == ["a"]
+        assert last["removed"] == [records[2]["id"]]
+        assert runs == []  # the window stayed full: never run again
+
+    asyncio.run(scenario())
