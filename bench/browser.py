@@ -53,8 +53,9 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 SEQUENTIAL = """async (n) => {
     const todos = window.offlineClient.collection("todos");
@@ -224,19 +225,27 @@ async def _ready(page: Any) -> None:
     await expect(page.locator("body")).to_have_attribute("data-ready", "true", timeout=120_000)
 
 
-async def _at_size(executable: str, base: str, sizes: tuple[int, ...] = SIZES) -> dict[str, Any]:
-    """Inserts, persist and reload at 0 / 10,000 / 50,000 local records; memory at the largest."""
+@contextlib.asynccontextmanager
+async def _new_page(executable: str, timeout_ms: int) -> AsyncIterator[tuple[Any, Any]]:
+    """(browser, page): a fresh guarded Chromium and a page in a new context, closed at the end."""
     from tests.browser.support import guarded_browser, new_context
 
+    async with guarded_browser(executable) as (browser, guard):
+        context = await new_context(browser, guard)
+        page = await context.new_page()
+        page.set_default_timeout(timeout_ms)
+        yield browser, page
+        await context.close()
+
+
+async def _at_size(executable: str, base: str, sizes: tuple[int, ...] = SIZES) -> dict[str, Any]:
+    """Inserts, persist and reload at 0 / 10,000 / 50,000 local records; memory at the largest."""
     figures: dict[str, Any] = {"insert_ms": {}, "insert_cpu_ms": {}, "persist_unchanged_ms": {}}
     figures["ready_after_warm_reload_ms"] = {}
     figures["warm_stages_ms"] = {}
     figures["warm_reload_cpu_ms"] = {}
     figures["list_shown_after_reload_ms"] = {}
-    async with guarded_browser(executable) as (browser, guard):
-        context = await new_context(browser, guard)
-        page = await context.new_page()
-        page.set_default_timeout(600_000)
+    async with _new_page(executable, 600_000) as (browser, page):
         await page.goto(base + "/")
         await _ready(page)
         size = 0
@@ -276,17 +285,11 @@ async def _at_size(executable: str, base: str, sizes: tuple[int, ...] = SIZES) -
         figures[f"renderer_rss_mb_by_process_at_{size - 40}"] = renderers
         await _collect_garbage(browser)
         figures[f"renderer_rss_mb_after_gc_at_{size - 40}"] = _renderer_rss_mb()
-        await context.close()
     return figures
 
 
 async def _first_sync(executable: str, base: str, count: int) -> dict[str, Any]:
-    from tests.browser.support import guarded_browser, new_context
-
-    async with guarded_browser(executable) as (browser, guard):
-        context = await new_context(browser, guard)
-        page = await context.new_page()
-        page.set_default_timeout(600_000)
+    async with _new_page(executable, 600_000) as (_, page):
         started = time.perf_counter()
         await page.goto(base + "/")
         await _ready(page)
@@ -299,7 +302,6 @@ async def _first_sync(executable: str, base: str, count: int) -> dict[str, Any]:
             "shown_after_ready_ms": round((done - ready) * 1000),
             "shown_after_ready_cpu_ms": round(_chromium_cpu_ms() - cpu_before),
         }
-        await context.close()
     return figures
 
 
@@ -311,13 +313,8 @@ def _stages(timings: dict[str, float]) -> dict[str, int]:
 async def _measure(executable: str, base: str, count: int) -> dict[str, Any]:
     from playwright.async_api import expect
 
-    from tests.browser.support import guarded_browser, new_context
-
     figures: dict[str, Any] = {}
-    async with guarded_browser(executable) as (browser, guard):
-        context = await new_context(browser, guard)
-        page = await context.new_page()
-        page.set_default_timeout(120_000)
+    async with _new_page(executable, 120_000) as (_, page):
         await page.goto(base + "/")
         await expect(page.locator("body")).to_have_attribute("data-ready", "true", timeout=120_000)
         timings = await page.evaluate("window.offlineClient.timings")
@@ -343,17 +340,31 @@ async def _measure(executable: str, base: str, count: int) -> dict[str, Any]:
         await expect(badge).to_have_attribute("data-status", "connected")
         figures["synced_3000_s"] = round(time.perf_counter() - start, 3)
         assert await page.evaluate("window.offlineClient.collection('todos').count()") == 3 * count
-        await context.close()
     return figures
 
 
-def run(count: int = 1000, *, at_size: bool = True) -> dict[str, Any]:
-    from tests.browser.support import init_project, live_server, load_module, missing_tools
+class _Project(NamedTuple):
+    """Chromium and a project made by ``offline init`` and built, in a temporary folder."""
+
+    executable: str
+    schema: Any
+    dist: Path
+    folder: Path
+    build_s: float
+
+
+def _missing() -> dict[str, Any] | None:
+    """The figures of a run that cannot measure (what is missing), or None."""
+    from tests.browser.support import missing_tools
 
     problems = missing_tools()
-    if problems:
-        return {"skipped": "; ".join(problems)}
-    from tests.browser.support import chromium_path
+    return {"skipped": "; ".join(problems)} if problems else None
+
+
+@contextlib.contextmanager
+def _project() -> Iterator[_Project]:
+    """A `_Project`, removed at the end (call `_missing` first)."""
+    from tests.browser.support import chromium_path, init_project, load_module
 
     executable = chromium_path()
     assert executable is not None
@@ -362,15 +373,24 @@ def run(count: int = 1000, *, at_size: bool = True) -> dict[str, Any]:
         project = init_project(Path(folder))
         build_s = time.perf_counter() - started
         schema = load_module(project / "schema.py", "bench_browser_schema").schema
-        dist = project / "dist"
+        yield _Project(executable, schema, project / "dist", Path(folder), build_s)
+
+
+def run(count: int = 1000, *, at_size: bool = True) -> dict[str, Any]:
+    from tests.browser.support import live_server
+
+    skipped = _missing()
+    if skipped:
+        return skipped
+    with _project() as (executable, schema, dist, folder, build_s):
         size = sum(p.stat().st_size for p in dist.rglob("*") if p.is_file())
-        with live_server(schema, dist, Path(folder) / "server.db") as live:
+        with live_server(schema, dist, folder / "server.db") as live:
             figures = asyncio.run(_measure(executable, live.url, count))
         if at_size:
-            with live_server(schema, dist, Path(folder) / "size-server.db") as live:
+            with live_server(schema, dist, folder / "size-server.db") as live:
                 figures["at_size"] = asyncio.run(_at_size(executable, live.url))
             _note("at size", figures["at_size"])
-            figures["first_sync"] = _first_syncs(executable, schema, dist, Path(folder), FIRST_SYNC)
+            figures["first_sync"] = _first_syncs(executable, schema, dist, folder, FIRST_SYNC)
     figures["init_and_build_s"] = round(build_s, 2)
     figures["dist_mb"] = round(size / 1e6, 1)
     return figures
@@ -400,35 +420,27 @@ def _first_syncs(
 
 def run_first_sync(sizes: tuple[int, ...] = FIRST_SYNC) -> dict[str, Any]:
     """Only the first-sync figures, at ``sizes`` (``python -m bench.browser first-sync 20000``)."""
-    from tests.browser.support import chromium_path, init_project, load_module, missing_tools
-
-    problems = missing_tools()
-    if problems:
-        return {"skipped": "; ".join(problems)}
-    executable = chromium_path()
-    assert executable is not None
-    with tempfile.TemporaryDirectory() as folder:
-        project = init_project(Path(folder))
-        schema = load_module(project / "schema.py", "bench_browser_schema").schema
-        figures = _first_syncs(executable, schema, project / "dist", Path(folder), sizes)
+    skipped = _missing()
+    if skipped:
+        return skipped
+    with _project() as project:
+        figures = _first_syncs(project.executable, project.schema, project.dist, project.folder, sizes)
     figures["load_average"] = [round(x, 2) for x in os.getloadavg()]
     return figures
 
 
 def run_at_size(sizes: tuple[int, ...] = SIZES) -> dict[str, Any]:
     """Only the at-size figures, at ``sizes`` (``python -m bench.browser at-size 50000``)."""
-    from tests.browser.support import chromium_path, init_project, live_server, load_module, missing_tools
+    from tests.browser.support import live_server
 
-    problems = missing_tools()
-    if problems:
-        return {"skipped": "; ".join(problems)}
-    executable = chromium_path()
-    assert executable is not None
-    with tempfile.TemporaryDirectory() as folder:
-        project = init_project(Path(folder))
-        schema = load_module(project / "schema.py", "bench_browser_schema").schema
-        with live_server(schema, project / "dist", Path(folder) / "size-server.db") as live:
-            return asyncio.run(_at_size(executable, live.url, sizes))
+    skipped = _missing()
+    if skipped:
+        return skipped
+    with (
+        _project() as project,
+        live_server(project.schema, project.dist, project.folder / "size-server.db") as live,
+    ):
+        return asyncio.run(_at_size(project.executable, live.url, sizes))
 
 
 if __name__ == "__main__":
