@@ -112,7 +112,17 @@ def test_init_writes_a_project_that_pins_pyodide(tmp_path: Path) -> None:
         ".gitignore",
     ):
         assert (project / name).is_file(), name
-    for name in ("index.html", "app.js", "offline-client.js", "worker.js", "tabs.js", "sw.js", "style.css"):
+    for name in (
+        "index.html",
+        "app.js",
+        "list-window.js",
+        "page-status.js",
+        "offline-client.js",
+        "worker.js",
+        "tabs.js",
+        "sw.js",
+        "style.css",
+    ):
         assert (project / "web" / name).is_file(), name
     manifest = json.loads((project / "package.json").read_text())
     assert manifest["name"] == "my-todos"

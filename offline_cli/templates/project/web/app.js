@@ -1,69 +1,18 @@
 // The to-do page. All data work happens in Python (todos.py and the offline library) inside the worker;
 // this file only renders what the worker reports and forwards clicks as calls.
 import { isDesktop, OfflineClient } from "./offline-client.js";
+import { ListWindow } from "./list-window.js";
+import { notice, showError, showStatus } from "./page-status.js";
 
 const $ = (selector) => document.querySelector(selector);
 const client = new OfflineClient();
 window.offlineClient = client; // for the browser console (and tests)
 
-const STATUS_TEXT = {
-  starting: () => "Starting Python…",
-  connecting: () => "Connecting…",
-  syncing: () => "Syncing…",
-  connected: (s) => (s.pending ? `Syncing ${s.pending} change${s.pending === 1 ? "" : "s"}…` : "Synced"),
-  offline: (s) =>
-    s.pending
-      ? `Offline · ${s.pending} change${s.pending === 1 ? "" : "s"} saved on this device`
-      : "Offline · changes are saved on this device",
-  disconnected: () => "Sync paused",
-  disabled: () => (isDesktop() ? "This computer only (no sync server set)" : "This device only (built without a sync URL)"),
-  error: (s) => `Sync stopped: ${s.error ? s.error.message : "unknown error"}`,
-};
-
-function showStatus(status) {
-  const element = $("#sync-status");
-  element.dataset.status = status.status;
-  element.dataset.pending = String(status.pending);
-  element.textContent = (STATUS_TEXT[status.status] || (() => status.status))(status);
-  // A first sync (or a long catch-up) shows how far it is: changes received of the server's total.
-  const progress = $("#sync-progress");
-  progress.dataset.received = String(status.received);
-  progress.dataset.total = String(status.serverTotal);
-  progress.hidden = !(status.status === "syncing" && status.received < status.serverTotal);
-  if (!progress.hidden) {
-    const bar = progress.querySelector("progress");
-    bar.max = status.serverTotal;
-    bar.value = status.received;
-    progress.querySelector("span").textContent =
-      `Received ${status.received.toLocaleString("en")} of ${status.serverTotal.toLocaleString("en")} changes from the server`;
-  }
-}
-
-function notice(text, { kind = "warning", key = null } = {}) {
-  if (key && document.querySelector(`#notices [data-key="${key}"]`)) return;
-  const element = document.createElement("p");
-  element.className = `notice ${kind}`;
-  if (key) element.dataset.key = key;
-  element.textContent = text;
-  $("#notices").append(element);
-}
-
-function showError(error) {
-  const element = $("#error");
-  element.hidden = false;
-  element.textContent = error.code ? `${error.message} (${error.code})` : String(error.message || error);
-}
-
-// The list is windowed: only the rows in view (and a few around them) exist in the page, each placed at
-// its index times a fixed row height, so a list of 50,000 to-dos costs about what one screenful does. A
-// live change re-draws only the rows in view whose record changed.
+// The list is windowed (list-window.js): a list of 50,000 to-dos costs about what one screenful does.
 const ROW_HEIGHT = 40; // px, as li's height in style.css
-const OVERSCAN = 8; // rows drawn above and below the visible ones
-const items = new Map(); // record id -> its row, for the rows drawn
-let todos = []; // the whole list, in order (kept by the client from the worker's changes)
 let openCount = 0;
 
-function createItem(id) {
+function createRow(id) {
   const item = document.createElement("li");
   item.dataset.id = id;
   const toggle = document.createElement("input");
@@ -78,67 +27,37 @@ function createItem(id) {
   remove.textContent = "×";
   remove.addEventListener("click", () => client.call("remove_todo", id).catch(showError));
   item.append(toggle, title, remove);
-  return { item, toggle, title, remove, shown: null, top: -1 };
+  return { item, toggle, title, remove };
 }
 
-function draw() {
-  const list = $("#todos");
-  const viewport = $("#list");
-  list.style.height = `${todos.length * ROW_HEIGHT}px`;
-  const first = Math.max(0, Math.floor(viewport.scrollTop / ROW_HEIGHT) - OVERSCAN);
-  const last = Math.min(todos.length, Math.ceil((viewport.scrollTop + viewport.clientHeight) / ROW_HEIGHT) + OVERSCAN);
-  const alive = new Set();
-  let cursor = list.firstElementChild;
-  for (let index = first; index < last; index++) {
-    const todo = todos[index];
-    alive.add(todo.id);
-    let entry = items.get(todo.id);
-    if (!entry) items.set(todo.id, (entry = createItem(todo.id)));
-    if (entry.shown !== todo) {
-      entry.shown = todo; // records are replaced, never changed in place: a new object is a change
-      entry.item.classList.toggle("done", Boolean(todo.done));
-      entry.toggle.checked = Boolean(todo.done);
-      entry.toggle.setAttribute("aria-label", `Done: ${todo.title}`);
-      entry.title.textContent = todo.title;
-      entry.remove.setAttribute("aria-label", `Delete ${todo.title}`);
-    }
-    if (entry.top !== index) {
-      entry.top = index;
-      entry.item.style.top = `${index * ROW_HEIGHT}px`;
-    }
-    // Rows stay in list order in the document too (for assistive technology and the tests).
-    if (entry.item === cursor) cursor = cursor.nextElementSibling;
-    else list.insertBefore(entry.item, cursor);
-  }
-  for (const [id, entry] of items) {
-    if (!alive.has(id)) {
-      entry.item.remove();
-      items.delete(id);
-    }
-  }
-  $("#count").textContent = `${openCount} left · ${todos.length} in total`;
-  $("#clear-completed").hidden = openCount === todos.length;
+function updateRow(row, todo) {
+  const done = Boolean(todo.done);
+  row.item.classList.toggle("done", done);
+  row.toggle.checked = done;
+  row.toggle.setAttribute("aria-label", `Done: ${todo.title}`);
+  row.title.textContent = todo.title;
+  row.remove.setAttribute("aria-label", `Delete ${todo.title}`);
 }
 
-// Many changes can arrive between two frames (a sync batch, a burst of writes): draw once per frame.
-let drawScheduled = false;
-function drawSoon() {
-  if (drawScheduled) return;
-  drawScheduled = true;
-  requestAnimationFrame(() => {
-    drawScheduled = false;
-    draw();
-  });
-}
+const rows = new ListWindow({
+  list: $("#todos"),
+  viewport: $("#list"),
+  rowHeight: ROW_HEIGHT,
+  createRow,
+  updateRow,
+  afterDraw: () => {
+    $("#count").textContent = `${openCount} left · ${rows.records.length} in total`;
+    $("#clear-completed").hidden = openCount === rows.records.length;
+  },
+});
 
 // The "left" count follows the changes too: no pass over the whole list per write.
 const open = (list) => list.reduce((count, todo) => count + (todo.done ? 0 : 1), 0);
 
 function changed(records, changes) {
-  todos = records;
   if (changes.reset) openCount = open(records);
   else openCount += open(changes.inserted) + open(changes.updated) - open(changes.previous) - open(changes.removed);
-  drawSoon();
+  rows.show(records);
 }
 
 client.on("status", showStatus);
@@ -152,7 +71,7 @@ client.ready.then(
       notice(field.reason, { key: `unavailable-${field.collection}-${field.field}` });
     }
     client.collection("todos").orderBy("createdAt").subscribe(changed);
-    $("#list").addEventListener("scroll", drawSoon, { passive: true });
+    $("#list").addEventListener("scroll", () => rows.drawSoon(), { passive: true });
     for (const element of [$("#title"), $("#add")]) element.disabled = false;
     document.body.dataset.ready = "true";
     $("#title").focus();
