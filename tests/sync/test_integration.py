@@ -312,12 +312,19 @@ def test_offline_client_catches_up_after_1000_writes(backend: Backend, tmp_path:
 # -- 3. restart in the middle of the initial catch-up ---------------------------------------------------------------
 
 
-class StallingTransport:
-    """Delivers the first ``batches`` non-empty operation batches from the server, then no frame ever again."""
+def _non_empty_batch(message: dict[str, Any]) -> bool:
+    return message.get("type") == "operation-batch" and bool(message.get("operations"))
 
-    def __init__(self, batches: int) -> None:
+
+class StallingTransport:
+    """Delivers the server's first ``batches`` messages that ``counts`` (by default: operation batches with
+    operations), and every other message until then, then no frame ever again (the device is cut off: a
+    closed tab, a lost network). ``delivered``: the counted messages delivered; ``stalled``: it stopped."""
+
+    def __init__(self, batches: int, counts: Callable[[dict[str, Any]], bool] = _non_empty_batch) -> None:
         self.limit = batches
-        self.delivered = 0
+        self.counts = counts
+        self.delivered: list[dict[str, Any]] = []
         self.stalled = False
         self.inner = WebSocketTransport()
 
@@ -336,11 +343,11 @@ class _StallingConnection:
     async def recv(self) -> str:
         frame: str = await self.inner.recv()
         message = json.loads(frame)
-        if message.get("type") == "operation-batch" and message.get("operations"):
-            if self.owner.delivered >= self.owner.limit:
+        if self.owner.counts(message):
+            if len(self.owner.delivered) >= self.owner.limit:
                 self.owner.stalled = True
                 await asyncio.Event().wait()  # until cancelled
-            self.owner.delivered += 1
+            self.owner.delivered.append(message)
         return frame
 
     async def close(self, code: int = 1000, reason: str = "") -> None:

@@ -12,7 +12,6 @@ sync included.
 from __future__ import annotations
 
 import asyncio
-import json
 from pathlib import Path
 from typing import Any
 
@@ -22,13 +21,13 @@ from hypothesis import strategies as st
 from offline import op
 from offline.store import App
 from offline.store.replication import delivery_watermark
-from offline.sync.transport import WebSocketTransport
 from tests.merge._support import SCHEMA
 from tests.sync.test_integration import (
     SCOPED,
     SCOPED_SOURCE,
     TIMEOUT,
     Backend,
+    StallingTransport,
     client,
     clients,
     collect,
@@ -240,41 +239,10 @@ def test_the_threshold_counts_what_a_scoped_device_may_see_not_the_whole_log(
     asyncio.run(scenario())
 
 
-class CuttingTransport:
-    """Delivers the server's first ``keep`` ``record-states`` messages of a session, then no frame ever again
-    (the device is cut off mid first sync: a closed tab, a lost network). Records the ``through`` of each
-    message delivered."""
-
-    def __init__(self, keep: int) -> None:
-        self.keep = keep
-        self.delivered: list[dict[str, Any]] = []
-        self.cut = False
-        self.inner = WebSocketTransport()
-
-    async def connect(self, url: str) -> Any:
-        return _CuttingConnection(await self.inner.connect(url), self)
-
-
-class _CuttingConnection:
-    def __init__(self, inner: Any, owner: CuttingTransport) -> None:
-        self.inner = inner
-        self.owner = owner
-
-    async def send(self, text: str) -> None:
-        await self.inner.send(text)
-
-    async def recv(self) -> str:
-        frame: str = await self.inner.recv()
-        message = json.loads(frame)
-        if message.get("type") == "record-states":
-            if len(self.owner.delivered) >= self.owner.keep:
-                self.owner.cut = True
-                await asyncio.Event().wait()  # until cancelled
-            self.owner.delivered.append(message)
-        return frame
-
-    async def close(self, code: int = 1000, reason: str = "") -> None:
-        await self.inner.close(code, reason)
+def cut_after(keep: int) -> StallingTransport:
+    """A transport that delivers the server's first ``keep`` ``record-states`` messages of a session, then no frame ever again
+    (the device is cut off mid first sync). ``delivered`` holds the messages delivered (their ``through``)."""
+    return StallingTransport(keep, lambda message: message.get("type") == "record-states")
 
 
 def test_a_first_sync_by_states_cut_anywhere_resumes_where_it_was_and_converges(
@@ -302,7 +270,7 @@ def test_a_first_sync_by_states_cut_anywhere_resumes_where_it_was_and_converges(
             writer.items.update(ids[1], {"title": "late"})
             await writer.sync.wait_until_synced(TIMEOUT)
             whole = client(tmp_path, "uncut-0", server.sync_url, SCHEMA)
-            cutter = CuttingTransport(keep=10**6)
+            cutter = cut_after(10**6)
             whole.sync.transport = cutter
             async with clients(whole):
                 await whole.sync.connect()
@@ -316,12 +284,12 @@ def test_a_first_sync_by_states_cut_anywhere_resumes_where_it_was_and_converges(
     async def scenario(keep: int, writes: int) -> None:
         run = next(runs)
         writer = client(tmp_path, "writer", server.sync_url, SCHEMA)
-        cutter = CuttingTransport(keep)
+        cutter = cut_after(keep)
         device = client(tmp_path, f"cut-{run}", server.sync_url, SCHEMA, transport=cutter)
         async with clients(writer, device):
             await writer.sync.connect()
             await device.sync.connect()
-            await wait_for(lambda: cutter.cut, "the cut")
+            await wait_for(lambda: cutter.stalled, "the cut")
             watermark = delivery_watermark(device)  # (the reader applied each message before the next)
             await shutdown(device)
             # How far the applied messages went: the device resumes from there.
