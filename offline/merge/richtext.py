@@ -81,9 +81,14 @@ class _Documents:
         # The bytes of recent states by their base64 text (merge state keeps the text; decoding a long
         # document's text costs more than folding a keystroke into it).
         self.raw: OrderedDict[str, bytes] = OrderedDict()
-        # Documents an edit left holding its update, by that update, until the fold of the update says
-        # whether one is exactly the folded state's document (`adopt`).
-        self.edited: OrderedDict[bytes, Any] = OrderedDict()
+        # Documents an edit left holding its update, by that update (with the state the edit started
+        # from), until the fold of the update says whether one is exactly the folded state's document
+        # (`adopt`).
+        self.edited: OrderedDict[bytes, tuple[bytes, Any]] = OrderedDict()
+        # The canonical encodings of complete states (nothing pending), decoded once and kept so that a
+        # fold costs the update folded, not the document (`yupdate.Incremental`); None: known complete,
+        # not decoded yet.
+        self.models: OrderedDict[bytes, yupdate.Incremental | None] = OrderedDict()
         # Apps on several threads share the cache; a document is only used by whoever took it out.
         self.lock = threading.Lock()
 
@@ -130,10 +135,44 @@ class _Documents:
         """``state`` (base64 text) is ``raw``: a decode of it need not run."""
         self._put(self.raw, state, raw)
 
-    def edited_into(self, update: bytes, doc: Any) -> None:
-        """An edit made ``update`` in ``doc`` (its state's document before): ``doc`` may be the document of
-        the state the fold of ``update`` makes (`adopt`)."""
-        self._put(self.edited, update, doc)
+    def edited_into(self, update: bytes, doc: Any, state: bytes) -> None:
+        """An edit made ``update`` in ``doc`` (the document of ``state`` before): ``doc`` may be the
+        document of the state the fold of ``update`` makes (`adopt`)."""
+        self._put(self.edited, update, (state, doc))
+
+    def complete(self, state: bytes) -> None:
+        """``state`` is a canonical encoding with nothing pending: a fold into it may take `fold_into`."""
+        with self.lock:
+            if state in self.models:
+                self.models.move_to_end(state)
+                return
+        self._put(self.models, state, None)
+
+    def fold_into(self, state: bytes, update: bytes) -> bytes | None:
+        """The state folding ``update`` into the complete ``state`` makes, from its kept decoded model
+        (`yupdate.Incremental`); None when ``state`` is not known complete or the update needs the general
+        path. The edit's document, when one made ``update`` from ``state``, is the new state's."""
+        with self.lock:
+            if state not in self.models:
+                return None
+            model = self.models.pop(state)
+        if model is None:
+            try:
+                model = yupdate.Incremental(state)
+            except (IndexError, ValueError, UnicodeError):  # pragma: no cover - marked complete, canonical
+                return None
+        stored = model.fold(update)
+        if stored is None:
+            self._put(self.models, state, model)  # unchanged
+            return None
+        self._put(self.models, stored, model)
+        with self.lock:
+            edited = self.edited.pop(update, None)
+        # The document held exactly ``state`` and made ``update``, which integrates whole: it holds exactly
+        # ``stored`` now.
+        if edited is not None and edited[0] == state:
+            self.keep(stored, edited[1])
+        return stored
 
     def adopt(self, update: bytes, encoded: bytes, state: bytes) -> bool:
         """Keep the document an edit made ``update`` in as ``state``'s document, when it encodes as exactly
@@ -141,16 +180,21 @@ class _Documents:
         document holds: the same structs, deletes and client, and nothing pending); the next edit of this
         node then continues in it."""
         with self.lock:
-            doc = self.edited.pop(update, None)
-        if doc is None or doc.get_update() != encoded:
+            edited = self.edited.pop(update, None)
+        if edited is None or edited[1].get_update() != encoded:
             return False
-        self.keep(state, doc)
+        self.keep(state, edited[1])
         return True
 
-    def keep(self, state: bytes, doc: Any, text: str | None = None) -> None:
+    def keep(self, state: bytes, doc: Any, *, replace: bool = True) -> None:
+        """Keep ``doc`` as the document of ``state``; with ``replace`` False, only if none is kept (a fold's
+        fresh document is no better than one kept, which may be an editing node's)."""
+        if not replace:
+            with self.lock:
+                if state in self.docs:
+                    self.docs.move_to_end(state)
+                    return
         self._put(self.docs, state, doc)
-        if text is not None:
-            self._put(self.texts, state, text)
 
     def text(self, state: bytes) -> str:
         with self.lock:
@@ -215,6 +259,12 @@ def fold_update(state: str | None, update: Any) -> str:
     if raw is None:
         return state or ""
     current = decode_state(state) or b""
+    if current:
+        folded = _DOCUMENTS.fold_into(current, raw)
+        if folded is not None:
+            text = _encode(folded)
+            _DOCUMENTS.encoded(text, folded)
+            return text
     backend = _yjs()
     merged = backend.merge_updates(current, raw) if current else raw
     doc = backend.new_doc()
@@ -229,8 +279,10 @@ def fold_update(state: str | None, update: Any) -> str:
     except ValueError:  # pragma: no cover - a Yjs encoding this decoder does not read (a newer Yjs?)
         # Kept as Yjs gave it rather than lost: the text still converges, only the bytes may differ.
         stored, complete = backend.merge_updates(encoded, merged), False
-    if complete and not _DOCUMENTS.adopt(raw, encoded, stored):
-        _DOCUMENTS.keep(stored, doc)  # nothing pending: the document is the state's
+    if complete:
+        _DOCUMENTS.complete(stored)
+        if not _DOCUMENTS.adopt(raw, encoded, stored):
+            _DOCUMENTS.keep(stored, doc, replace=False)  # nothing pending: the document is the state's
     text = _encode(stored)
     _DOCUMENTS.encoded(text, stored)
     return text
@@ -322,5 +374,5 @@ def edit_update(state: str | None, edit: Any, *, client_id: int | None = None) -
         if clean:
             _DOCUMENTS.keep(current, doc)  # unchanged: still the document of ``current``
     elif clean:
-        _DOCUMENTS.edited_into(update, doc)  # the fold of ``update`` may adopt it
+        _DOCUMENTS.edited_into(update, doc, current)  # the fold of ``update`` may adopt it
     return update, text

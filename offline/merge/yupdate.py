@@ -477,4 +477,254 @@ def _delete_ranges(deletes: dict[int, list[tuple[int, int]]]) -> dict[int, list[
     return merged
 
 
-__all__ = ["canonical", "canonical_union"]
+#: The root a text's structs name as their parent when they have neither origin: ``text`` (a root type).
+_TEXT_ROOT = b"\x01\x04text"
+
+
+def _encoded(struct: _Struct) -> bytes:
+    if not struct.raw:
+        out = bytearray()
+        _write_struct(out, struct)
+        struct.raw = bytes(out)
+    return struct.raw
+
+
+class Incremental:
+    """The canonical encoding of a complete document (nothing pending), kept decoded so that folding one
+    more update costs that update, not the document: `fold` integrates the update's structs and deletes as
+    a Yjs document does and writes the encoding again from per-client parts it keeps encoded.
+
+    `fold` gives the bytes `canonical` gives for the document holding both (the encoding of a fresh
+    document made from them, canonicalised), or None, leaving the model unchanged, for any update it does
+    not integrate exactly as a document would: one with clocks it already holds or after a gap, origins or
+    deletes it does not hold, content other than text, parents other than the text, or garbage-collected
+    neighbours. Those take the general path.
+    """
+
+    __slots__ = ("_clients", "_delete_sections", "_deletes", "_ends", "_sections")
+
+    def __init__(self, state: bytes) -> None:
+        structs: dict[int, list[_Struct]] = {}
+        deletes: dict[int, list[tuple[int, int]]] = {}
+        _decode(state, structs, deletes)
+        self._clients: dict[int, list[_Struct]] = {}
+        self._ends: dict[int, int] = {}
+        for client, given in structs.items():
+            if not given:
+                continue
+            if given[0].clock != 0:
+                raise ValueError("a client's structs do not start at clock 0")
+            for a, b in pairwise(given):
+                if b.clock != a.clock + a.length:
+                    raise ValueError("a gap in a client's clocks (something pending)")
+            self._clients[client] = given
+            self._ends[client] = given[-1].clock + given[-1].length
+        self._deletes = _delete_ranges(deletes)
+        for client, ranges in self._deletes.items():
+            if ranges[-1][0] + ranges[-1][1] > self._ends.get(client, 0):
+                raise ValueError("a delete of clocks no struct holds (something pending)")
+        self._sections: dict[int, bytes] = {}
+        self._delete_sections: dict[int, bytes] = {}
+        if self.encode() != state:
+            raise ValueError("not a canonical encoding")
+
+    def _holds(self, client: int, clock: int, added: dict[int, int]) -> _Struct | None:
+        """The struct holding ``(client, clock)`` in the model, or None (added structs: a stand-in)."""
+        structs = self._clients.get(client)
+        if structs is not None and clock < self._ends[client]:
+            index = bisect_right(structs, clock, key=lambda s: s.clock) - 1
+            return structs[index]
+        if added.get(client, -1) > clock >= self._ends.get(client, 0):
+            return _NEW
+        return None
+
+    def fold(self, update: bytes) -> bytes | None:
+        structs: dict[int, list[_Struct]] = {}
+        deletes: dict[int, list[tuple[int, int]]] = {}
+        try:
+            _decode(update, structs, deletes)
+        except (IndexError, ValueError, UnicodeError):
+            return None
+        # Check everything before changing anything.
+        added: dict[int, int] = {}
+        for client, given in structs.items():
+            clock = self._ends.get(client, 0)
+            for struct in given:
+                if struct.clock != clock or struct.kind not in (_STRING, _DELETED) or struct.info & 0x20:
+                    return None
+                clock += struct.length
+            if given:
+                added[client] = clock
+        for given in structs.values():
+            for struct in given:
+                for ref in (struct.origin, struct.right):
+                    if ref is not None:
+                        target = self._holds(ref[0], ref[1], added)
+                        if target is None or target.kind == _GC:
+                            return None
+                if struct.origin is None and struct.right is None and struct.parent != _TEXT_ROOT:
+                    return None
+        # An update encoded by a document carries its whole delete set: only what the model does not hold
+        # deleted yet changes anything.
+        fresh: dict[int, list[tuple[int, int]]] = {}
+        for client, deleted in deletes.items():
+            ranges = _uncovered(deleted, self._deletes.get(client, []))
+            if ranges:
+                fresh[client] = ranges
+            end = max(self._ends.get(client, 0), added.get(client, 0))
+            for clock, length in ranges:
+                if clock + length > end:
+                    return None  # deletes an item not held: it would be pending
+                if clock + length > self._ends.get(client, 0):
+                    return None  # deletes an item of this update (rare: the general path)
+                mine = self._clients[client]
+                index = bisect_right(mine, clock, key=lambda s: s.clock) - 1
+                while index < len(mine) and mine[index].clock < clock + length:
+                    if mine[index].kind not in (_STRING, _DELETED, _GC):
+                        return None  # content a document garbage-collects in other ways
+                    index += 1
+        # Integrate: the new structs after each client's, then the deletes.
+        for client, given in structs.items():
+            if not given:
+                continue
+            held = self._clients.setdefault(client, [])
+            for struct in given:
+                if not (held and _joined(held[-1], struct, client)):
+                    held.append(struct)
+            self._ends[client] = added[client]
+            self._sections.pop(client, None)
+        for client, ranges in fresh.items():
+            for clock, length in ranges:
+                self._delete(client, clock, clock + length)
+            known = [(clock, length) for clock, length in self._deletes.get(client, [])]
+            self._deletes[client] = _delete_ranges({client: known + ranges})[client]
+            self._delete_sections.pop(client, None)
+        return self.encode()
+
+    def _delete(self, client: int, start: int, stop: int) -> None:
+        """Items ``start`` to ``stop`` of ``client`` deleted: their text becomes deleted content."""
+        held = self._clients[client]
+        first = bisect_right(held, start, key=lambda s: s.clock) - 1
+        last = first
+        while last < len(held) and held[last].clock < stop:
+            last += 1
+        pieces: list[_Struct] = []
+        changed = False
+        for struct in held[first:last]:
+            lo, hi = (
+                max(start, struct.clock) - struct.clock,
+                min(stop, struct.clock + struct.length) - struct.clock,
+            )
+            if struct.kind in (_GC, _DELETED) or lo >= hi:
+                pieces.append(struct)
+                continue
+            changed = True
+            if lo > 0:
+                pieces.append(_slice(struct, client, 0, lo))
+            part = _slice(struct, client, lo, hi)
+            pieces.append(
+                _Struct(
+                    part.clock, part.length, _DELETED, part.info, part.origin, part.right, part.parent, []
+                )
+            )
+            if hi < struct.length:
+                pieces.append(_slice(struct, client, hi, struct.length))
+        if not changed:
+            return
+        # Join again around what changed: a piece may continue its neighbour (a deleted run's neighbour).
+        begin = max(0, first - 1)
+        around = held[begin:first] + pieces + held[last : last + 1]
+        out: list[_Struct] = []
+        for struct in around:
+            if out and _joined_copy(out, struct, client):
+                continue
+            out.append(struct)
+        held[begin : min(len(held), last + 1)] = out
+        self._sections.pop(client, None)
+
+    def encode(self) -> bytes:
+        parts: list[bytes] = []
+        out = bytearray()
+        clients = sorted(self._clients, reverse=True)
+        _uint(out, len(clients))
+        parts.append(bytes(out))
+        for client in clients:
+            section = self._sections.get(client)
+            if section is None:
+                structs = self._clients[client]
+                head = bytearray()
+                _uint(head, len(structs))
+                _uint(head, client)
+                _uint(head, structs[0].clock)
+                section = bytes(head) + b"".join([_encoded(s) for s in structs])
+                self._sections[client] = section
+            parts.append(section)
+        out = bytearray()
+        _uint(out, len(self._deletes))
+        parts.append(bytes(out))
+        for client in sorted(self._deletes, reverse=True):
+            section = self._delete_sections.get(client)
+            if section is None:
+                head = bytearray()
+                _uint(head, client)
+                _uint(head, len(self._deletes[client]))
+                for clock, length in self._deletes[client]:
+                    _uint(head, clock)
+                    _uint(head, length)
+                section = self._delete_sections[client] = bytes(head)
+            parts.append(section)
+        return b"".join(parts)
+
+
+def _uncovered(given: list[tuple[int, int]], held: list[list[int]]) -> list[tuple[int, int]]:
+    """The parts of the [clock, length] ranges ``given`` that ``held`` (sorted, disjoint) does not cover."""
+    out: list[tuple[int, int]] = []
+    index, size = 0, len(held)
+    for clock, length in sorted(given):
+        start, stop = clock, clock + length
+        while index < size and held[index][0] + held[index][1] <= start:
+            index += 1
+        probe = index
+        while start < stop and probe < size and held[probe][0] < stop:
+            lo, hi = held[probe][0], held[probe][0] + held[probe][1]
+            if lo > start:
+                out.append((start, lo - start))
+            start = max(start, hi)
+            probe += 1
+        if start < stop:
+            out.append((start, stop - start))
+    return out
+
+
+#: Stands in for a struct an update being folded adds (a reference to it is held, and not garbage).
+_NEW = _Struct(0, 0, _STRING, 0, None, None, b"", [])
+
+
+def _joined_copy(out: list[_Struct], struct: _Struct, client: int) -> bool:
+    """`_joined` into ``out[-1]`` without changing a struct the model may share: a copy takes the join."""
+    last = out[-1]
+    copy = _Struct(
+        last.clock,
+        last.length,
+        last.kind,
+        last.info,
+        last.origin,
+        last.right,
+        last.parent,
+        last.content,
+        last.raw,
+    )
+    if not _joined(copy, struct, client):
+        return False
+    out[-1] = copy
+    return True
+
+
+def struct_count(update: bytes) -> int:
+    """How many structs (garbage-collected ranges included, Skips not) ``update`` encodes."""
+    structs: dict[int, list[_Struct]] = {}
+    _decode(update, structs, {})
+    return sum(len(s) for s in structs.values())
+
+
+__all__ = ["Incremental", "canonical", "canonical_union", "struct_count"]
