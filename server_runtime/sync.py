@@ -1352,9 +1352,9 @@ class SyncService:
         it went, and hear no more of it; not the operation, which may write what only the new scope may read),
         and none of the record's operations before it in ``batch``: the state goes before the batch's frames
         (an operation applied after it would bring the record back). The sessions it entered first get the
-        record's earlier operations, which they were never sent: without them they would hold only the
-        fields written since the move. Both kinds of record are added to ``moved_in``, whose states the
-        caller sends before the frames.
+        record's state (without it they would hold only the fields written since the move; its earlier
+        operations would hand them what it held in other scopes). Both kinds of record are added to
+        ``moved_in``, whose states the caller sends before the frames.
         """
         node_id = session.node_id
         visible: list[tuple[str, str, str]] = []  # (collection, record id, wire text)
@@ -1365,17 +1365,9 @@ class SyncService:
                 continue
             if session.matches(r.collection, r.scope):
                 if r.moved_from is not None and not session.matches(r.collection, r.moved_from):
-                    history = getattr(self.store, "record_operations", _no_history)
-                    earlier = await history(r.collection, r.record_id, r.delivery)
-                    # A record moved has a history before the move, so none found was compacted (here or
-                    # through another process: the horizon read after the history).
-                    if not earlier or earlier[0].delivery <= await self._read_horizon():
-                        # Part of its history may be compacted: its state instead, sent before this frame.
-                        moved_in.append((r.collection, r.record_id))
-                    else:
-                        visible.extend(
-                            (r.collection, r.record_id, Relayed.of(item).wire_json()) for item in earlier
-                        )
+                    # Its state, sent before the frames (the operation then counts as held): not its earlier
+                    # operations, which hold what it was given in other scopes, overwritten values included.
+                    moved_in.append((r.collection, r.record_id))
                     self.counters["history_sent"] += 1
                 visible.append((r.collection, r.record_id, r.wire_json()))
             elif r.moved_from is not None and session.matches(r.collection, r.moved_from):
@@ -1528,10 +1520,6 @@ def _frames(texts: list[str], count: int, budget: int) -> list[list[str]]:
     if current:
         frames.append(current)
     return frames
-
-
-async def _no_history(collection: str, record_id: str, before: int) -> list[StoredOperation]:
-    return []
 
 
 def _bindings(schema: SchemaDefinition) -> dict[str, dict[str, Any]]:

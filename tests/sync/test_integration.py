@@ -784,6 +784,52 @@ def test_a_session_a_record_leaves_learns_where_it_went_and_nothing_else_written
     asyncio.run(scenario())
 
 
+def test_a_record_moving_into_a_scope_brings_its_state_not_what_it_held_elsewhere(
+    backend: Backend, tmp_path: Path
+) -> None:
+    """B's record once held a value B overwrote; given to A, A's sessions (live, or catching up by operations)
+    get the record as it is, not the writes of its time in B's scope (the overwritten value among them)."""
+    from offline.core.scopes import build_scope_map
+
+    server = backend.server(SCOPED_SOURCE, "moved-in-with-a-past")
+
+    async def handshake(ws: Any, texts: list[str]) -> None:
+        hello = p.Handshake(
+            p.new_message_id(),
+            generate_uuid_v7(),
+            {},
+            1,
+            0,
+            sync_scope=build_scope_map(SCOPED, {"userId": "a"}),
+        )
+        await ws.send(p.encode(hello))
+        await _watch(ws, texts, lambda m: isinstance(m, p.OperationBatch) and m.is_final)
+
+    async def scenario() -> None:
+        admin = client(tmp_path, "admin", server.sync_url, schema=SCOPED)
+        a = client(tmp_path, "a", server.sync_url, schema=SCOPED, scope={"userId": "a"})
+        async with clients(admin, a), ws_connect(server.sync_url) as live:
+            for app in (admin, a):
+                await app.sync.connect()
+            live_texts: list[str] = []
+            await handshake(live, live_texts)
+            moving = admin.todos.insert({"ownerId": "b", "title": "b's secret"})
+            admin.todos.update(moving["id"], {"title": "for a"})
+            admin.todos.update(moving["id"], {"ownerId": "a"})
+            await admin.sync.wait_until_synced(TIMEOUT)
+            await _watch(live, live_texts, _carries(moving["id"]))
+            whole = {**moving, "title": "for a", "ownerId": "a"}
+            await wait_for(lambda: a.todos.find_by_id(moving["id"]) == whole, "A has it as it is")
+            async with ws_connect(server.sync_url) as later:
+                later_texts: list[str] = []
+                await handshake(later, later_texts)
+            for texts in (live_texts, later_texts):
+                assert not any("secret" in text for text in texts), texts
+                assert any("for a" in text for text in texts), texts
+
+    asyncio.run(scenario())
+
+
 def test_large_operations_reach_a_client_catching_up(memory_backend: Backend, tmp_path: Path) -> None:
     """Operations near the size limit (256 KiB each; two thirds of them non-ASCII, two bytes a character) add up
     to more than a client's 4 MiB frame limit within one relay batch: the server splits the batch into frames
