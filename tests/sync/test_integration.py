@@ -725,26 +725,21 @@ def _carries(record_id: str) -> Callable[[p.Message], bool]:
     return check
 
 
+async def _as_a(ws: Any, texts: list[str]) -> None:
+    """Open a raw session of user A's scope (a new node, from delivery 0) through its first final batch."""
+    from offline.core.scopes import build_scope_map
+
+    scope = build_scope_map(SCOPED, {"userId": "a"})
+    await ws.send(p.encode(p.Handshake(p.new_message_id(), generate_uuid_v7(), {}, 1, 0, sync_scope=scope)))
+    await _watch(ws, texts, lambda m: isinstance(m, p.OperationBatch) and m.is_final)
+
+
 def test_a_session_a_record_leaves_learns_where_it_went_and_nothing_else_written_with_the_move(
     backend: Backend, tmp_path: Path
 ) -> None:
     """One write gives A's record to B and sets a field B alone may read. Sessions of A, live or catching up
     by operations, learn the record left (its scope fields) and drop it, and receive nothing of that field."""
-    from offline.core.scopes import build_scope_map
-
     server = backend.server(SCOPED_SOURCE, "moved-with-a-secret")
-
-    async def handshake(ws: Any, texts: list[str]) -> None:
-        hello = p.Handshake(
-            p.new_message_id(),
-            generate_uuid_v7(),
-            {},
-            1,
-            0,
-            sync_scope=build_scope_map(SCOPED, {"userId": "a"}),
-        )
-        await ws.send(p.encode(hello))
-        await _watch(ws, texts, lambda m: isinstance(m, p.OperationBatch) and m.is_final)
 
     async def scenario() -> None:
         admin = client(tmp_path, "admin", server.sync_url, schema=SCOPED)
@@ -753,7 +748,7 @@ def test_a_session_a_record_leaves_learns_where_it_went_and_nothing_else_written
             for app in (admin, a):
                 await app.sync.connect()
             live_texts: list[str] = []
-            await handshake(live, live_texts)
+            await _as_a(live, live_texts)
             moving = admin.todos.insert({"ownerId": "a", "title": "a's draft"})
             await _watch(live, live_texts, _carries(moving["id"]))
             await wait_for(lambda: a.todos.find_by_id(moving["id"]) is not None, "A has it")
@@ -768,7 +763,7 @@ def test_a_session_a_record_leaves_learns_where_it_went_and_nothing_else_written
             # A session catching up by operations (from delivery 0) is judged the same way.
             async with ws_connect(server.sync_url) as later:
                 later_texts: list[str] = []
-                await handshake(later, later_texts)
+                await _as_a(later, later_texts)
             for texts in (live_texts, later_texts):
                 assert not any("secret" in text for text in texts), texts
                 # It was told where the record went.
@@ -789,21 +784,7 @@ def test_a_record_moving_into_a_scope_brings_its_state_not_what_it_held_elsewher
 ) -> None:
     """B's record once held a value B overwrote; given to A, A's sessions (live, or catching up by operations)
     get the record as it is, not the writes of its time in B's scope (the overwritten value among them)."""
-    from offline.core.scopes import build_scope_map
-
     server = backend.server(SCOPED_SOURCE, "moved-in-with-a-past")
-
-    async def handshake(ws: Any, texts: list[str]) -> None:
-        hello = p.Handshake(
-            p.new_message_id(),
-            generate_uuid_v7(),
-            {},
-            1,
-            0,
-            sync_scope=build_scope_map(SCOPED, {"userId": "a"}),
-        )
-        await ws.send(p.encode(hello))
-        await _watch(ws, texts, lambda m: isinstance(m, p.OperationBatch) and m.is_final)
 
     async def scenario() -> None:
         admin = client(tmp_path, "admin", server.sync_url, schema=SCOPED)
@@ -812,7 +793,7 @@ def test_a_record_moving_into_a_scope_brings_its_state_not_what_it_held_elsewher
             for app in (admin, a):
                 await app.sync.connect()
             live_texts: list[str] = []
-            await handshake(live, live_texts)
+            await _as_a(live, live_texts)
             moving = admin.todos.insert({"ownerId": "b", "title": "b's secret"})
             admin.todos.update(moving["id"], {"title": "for a"})
             admin.todos.update(moving["id"], {"ownerId": "a"})
@@ -822,7 +803,7 @@ def test_a_record_moving_into_a_scope_brings_its_state_not_what_it_held_elsewher
             await wait_for(lambda: a.todos.find_by_id(moving["id"]) == whole, "A has it as it is")
             async with ws_connect(server.sync_url) as later:
                 later_texts: list[str] = []
-                await handshake(later, later_texts)
+                await _as_a(later, later_texts)
             for texts in (live_texts, later_texts):
                 assert not any("secret" in text for text in texts), texts
                 assert any("for a" in text for text in texts), texts
