@@ -219,8 +219,13 @@ def _read_struct_fields(reader: _Reader, client: int, clock: int) -> _Struct | i
 
 
 def _decode(
-    update: bytes, structs: dict[int, list[_Struct]], deletes: dict[int, list[tuple[int, int]]]
+    update: bytes,
+    structs: dict[int, list[_Struct]],
+    deletes: dict[int, list[tuple[int, int]]],
+    known: dict[int, bytes] | None = None,
 ) -> None:
+    """Read ``update`` into ``structs`` and ``deletes``; a client's delete ranges encoded exactly as
+    ``known`` has them (its encoded part of a delete set) are stepped over, not read."""
     reader = _Reader(update)
     data = update
     for _ in range(reader.uint()):
@@ -273,7 +278,13 @@ def _decode(
             into.append(struct)
             clock += struct.length
     for _ in range(reader.uint()):
+        begin = reader.pos
         client = reader.uint()
+        if known:
+            section = known.get(client)
+            if section is not None and data.startswith(section, begin):
+                reader.pos = begin + len(section)
+                continue
         ranges = deletes.setdefault(client, [])
         for _ in range(reader.uint()):
             ranges.append((reader.uint(), reader.uint()))
@@ -501,7 +512,7 @@ class Incremental:
     neighbours. Those take the general path.
     """
 
-    __slots__ = ("_clients", "_delete_sections", "_deletes", "_ends", "_sections")
+    __slots__ = ("_clients", "_delete_sections", "_deletes", "_ends", "_heads", "_sections")
 
     def __init__(self, state: bytes) -> None:
         structs: dict[int, list[_Struct]] = {}
@@ -523,7 +534,10 @@ class Incremental:
         for client, ranges in self._deletes.items():
             if ranges[-1][0] + ranges[-1][1] > self._ends.get(client, 0):
                 raise ValueError("a delete of clocks no struct holds (something pending)")
+        # Encoded parts: each client's structs (its count, id and first clock before them), and the encoding
+        # of a client's first structs (how many) that a fold has not changed since; each client's deletes.
         self._sections: dict[int, bytes] = {}
+        self._heads: dict[int, tuple[int, bytes]] = {}
         self._delete_sections: dict[int, bytes] = {}
         if self.encode() != state:
             raise ValueError("not a canonical encoding")
@@ -542,7 +556,7 @@ class Incremental:
         structs: dict[int, list[_Struct]] = {}
         deletes: dict[int, list[tuple[int, int]]] = {}
         try:
-            _decode(update, structs, deletes)
+            _decode(update, structs, deletes, self._delete_sections)
         except (IndexError, ValueError, UnicodeError):
             return None
         # Check everything before changing anything.
@@ -588,6 +602,9 @@ class Incremental:
             if not given:
                 continue
             held = self._clients.setdefault(client, [])
+            head = self._heads.get(client)
+            if head is not None and head[0] >= len(held):  # the last struct may take the first new one
+                del self._heads[client]
             for struct in given:
                 if not (held and _joined(held[-1], struct, client)):
                     held.append(struct)
@@ -641,6 +658,9 @@ class Incremental:
             out.append(struct)
         held[begin : min(len(held), last + 1)] = out
         self._sections.pop(client, None)
+        head = self._heads.get(client)
+        if head is not None and head[0] > begin:
+            del self._heads[client]
 
     def encode(self) -> bytes:
         parts: list[bytes] = []
@@ -656,7 +676,13 @@ class Incremental:
                 _uint(head, len(structs))
                 _uint(head, client)
                 _uint(head, structs[0].clock)
-                section = bytes(head) + b"".join([_encoded(s) for s in structs])
+                # The structs before the last are kept encoded: typing changes the last, or adds after it.
+                count, done = self._heads.get(client, (0, b""))
+                if count < len(structs) - 1:
+                    done += b"".join([_encoded(s) for s in structs[count:-1]])
+                    count = len(structs) - 1
+                    self._heads[client] = (count, done)
+                section = bytes(head) + done + b"".join([_encoded(s) for s in structs[count:]])
                 self._sections[client] = section
             parts.append(section)
         out = bytearray()
