@@ -37,11 +37,21 @@ At size (``at_size``, the table of issue 28; a fresh server and browser, the pag
 - ``warm_stages_ms``: what ``cold_stages_ms`` is for a first visit, for the fastest warm reload at each
   size (the stages run side by side: Python loading, the stored database read, then the app opening).
 - ``first_sync``: a fresh browser opening the page of a server whose log holds 20,000 or 50,000 to-dos:
-  from navigation until the list says it shows all of them (``shown_ms``), and from ready until then; the
-  CPU time Chromium's processes used from ready until then (``shown_after_ready_cpu_ms``). The server sends
-  a fresh device its records' states (the default for a log this long); ``by_operations``: the same with a
-  server that streams every operation instead (``state_sync_after`` above the log's length), for comparison.
-  ``python -m bench.browser first-sync N...`` runs these figures alone.
+  from navigation until the list says it shows all of them (``shown_ms``, read on the page when it drew
+  them), and from ready until then; the CPU time Chromium's processes used until then (``shown_cpu_ms``)
+  and from ready (``shown_after_ready_cpu_ms``). ``cold_path``: each stage, in order, with when it was
+  reached from navigation and the CPU time Chromium had used by then (``cpu_ms``; of it ``worker_cpu_ms``:
+  the worker's thread, Python; ``page_cpu_ms``: the renderers' main threads; ``v8_background_cpu_ms``: V8's
+  threads compiling WebAssembly and JavaScript); the stages: ``created`` (the page's script ran),
+  ``starting`` (the worker's), ``fetched <file>`` (Pyodide's files and the code archive arrived),
+  ``python-loaded``, ``code-loaded``, ``python-imported``, ``storage-opened``, ``app-opened``, ``ready``,
+  ``sync-connected`` (the first handshake accepted), ``first-states`` (the first records stored),
+  ``first-records-shown``, ``shown``. ``cpu_by_thread_ms``: Chromium's CPU time until shown by process
+  type and thread. On a shared machine the CPU times are the figures to compare; wall times say how busy
+  the others were. The server sends a fresh device its records' states (the default for a log this long);
+  ``by_operations``: the same with a server that streams every operation instead (``state_sync_after``
+  above the log's length), for comparison. ``python -m bench.browser first-sync N... [--states-only]`` runs
+  these figures alone (``--states-only``: without ``by_operations``), with the load average.
 """
 
 from __future__ import annotations
@@ -288,19 +298,182 @@ async def _at_size(executable: str, base: str, sizes: tuple[int, ...] = SIZES) -
     return figures
 
 
+#: Records, on the page, when the list first showed records and when it showed each count (performance.now(),
+#: ms from navigation): the moment the page drew them, not when the bench next polled.
+SHOWN_WATCH = """(() => {
+    const shown = (window.__benchShown = {});
+    const watch = () => {
+        const count = document.querySelector("#count");
+        if (!count) return; // (not the app's page: the blank one a new tab starts with)
+        const note = () => {
+            const match = / (\\d+) in total/.exec(count.textContent);
+            if (!match || Number(match[1]) === 0) return;
+            shown.first = shown.first || performance.now();
+            shown[match[1]] = shown[match[1]] || performance.now();
+        };
+        new MutationObserver(note).observe(count, { childList: true, characterData: true, subtree: true });
+    };
+    if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", watch);
+    else watch();
+})()"""
+#: The files of a cold start whose arrival is a stage of its own (the first response for each, by the worker).
+FETCHED = ("pyodide/pyodide.asm.mjs", "pyodide/pyodide.asm.wasm", "pyodide/python_stdlib.zip", "py/app.")
+
+
+class _CpuSampler:
+    """Samples the CPU time of Chromium's threads every 20 ms while a page loads, so each stage of a cold start
+    can be given the CPU time spent until it: on a shared machine, what a start costs whatever the others do
+    (wall time says how busy they were). Kept per thread kind: the page's worker (Python), the renderers'
+    main threads (the page), and everything Chromium ran (V8's compiler threads, the network, storage)."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.samples: list[tuple[float, dict[str, float]]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="bench-cpu-sampler", daemon=True)
+
+    def __enter__(self) -> _CpuSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    @staticmethod
+    def _chromium_pids() -> list[int]:
+        parents: dict[int, int] = {}
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                with contextlib.suppress(OSError, IndexError):
+                    fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                    parents[int(entry.name)] = int(fields[1])
+        me = os.getpid()
+
+        def mine(pid: int) -> bool:
+            pid = parents.get(pid, 0)
+            while pid > 1:
+                if pid == me:
+                    return True
+                pid = parents.get(pid, 0)
+            return False
+
+        return [pid for pid in parents if mine(pid)]
+
+    def _read(self, pids: list[int]) -> dict[str, float]:
+        ms_per_tick = 1000 / os.sysconf("SC_CLK_TCK")
+        used = {"worker": 0.0, "page": 0.0, "v8": 0.0, "chromium": 0.0}
+        for pid in pids:
+            try:
+                tasks = list(Path(f"/proc/{pid}/task").iterdir())
+                command = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"chrom" not in command:
+                continue  # (Playwright's driver, also started by this process: the bench's, not the app's)
+            kind = "browser"
+            if b"--type=" in command:
+                kind = command.split(b"--type=", 1)[1].split(b" ")[0].split(b"\0")[0].decode()
+            for task in tasks:
+                try:
+                    text = (task / "stat").read_text()
+                except OSError:
+                    continue
+                name = text[text.index("(") + 1 : text.rindex(")")]
+                fields = text.rsplit(")", 1)[1].split()
+                ms = (int(fields[11]) + int(fields[12])) * ms_per_tick
+                used["chromium"] += ms
+                key = f"{kind}/{name}"  # (every thread by process type and name: to see where CPU went)
+                used[key] = used.get(key, 0.0) + ms
+                if name == "DedicatedWorker":
+                    used["worker"] += ms
+                elif kind == "renderer" and task.name == str(pid):
+                    used["page"] += ms  # (a renderer's main thread: the page's, or its service worker's)
+                elif kind == "renderer" and name.startswith("ThreadPool"):
+                    used["v8"] += ms  # (V8's background work: compiling JavaScript and WebAssembly, GC)
+        return used
+
+    def _run(self) -> None:
+        pids: list[int] = []
+        found_at = 0.0
+        while not self._stop.is_set():
+            now = time.time()
+            if now - found_at > 0.5:
+                pids, found_at = self._chromium_pids(), now
+            self.samples.append((now * 1000, self._read(pids)))
+            self._stop.wait(0.02)
+
+    def at(self, epoch_ms: float) -> dict[str, float]:
+        """The CPU time used by then (the last sample before it)."""
+        before = [used for at, used in self.samples if at <= epoch_ms]
+        return before[-1] if before else self.samples[0][1]
+
+
 async def _first_sync(executable: str, base: str, count: int) -> dict[str, Any]:
+    """A fresh browser opening the page until it shows ``count`` records, split into the stages of its cold
+    path (`cold_path`: when each was reached, from navigation, and the CPU time Chromium had used by then:
+    all of it, the worker's thread, the page's)."""
     async with _new_page(executable, 600_000) as (_, page):
-        started = time.perf_counter()
-        await page.goto(base + "/")
-        await _ready(page)
-        ready = time.perf_counter()
-        cpu_before = _chromium_cpu_ms()
-        await _shown(page, count)
-        done = time.perf_counter()
+        context = page.context
+        await context.add_init_script(SHOWN_WATCH)
+        arrived: dict[str, float] = {}
+
+        def finished(request: Any) -> None:
+            for name in FETCHED:
+                path = request.url.removeprefix(base + "/")
+                if path.startswith(name) and path not in arrived and request.timing["responseEnd"] >= 0:
+                    arrived[path] = request.timing["startTime"] + request.timing["responseEnd"]
+
+        context.on("requestfinished", finished)
+        with _CpuSampler() as sampler:
+            cpu_before = _chromium_cpu_ms()
+            await page.goto(base + "/")
+            await _ready(page)
+            await page.wait_for_function(
+                f"() => window.__benchShown && window.__benchShown[{count}]", polling=50, timeout=600_000
+            )
+            cpu_all = _chromium_cpu_ms() - cpu_before
+            origin = await page.evaluate("performance.timeOrigin")
+            timings = await page.evaluate("window.offlineClient.timings")
+            shown = await page.evaluate("window.__benchShown")
+        stages = {name: at for name, at in timings.items() if name != "bytecode-saved"}
+        stages["first-records-shown"] = shown["first"]
+        stages["shown"] = shown[str(count)]
+        for path, at in arrived.items():
+            stages[f"fetched {path}"] = at - origin
+        start = sampler.at(origin)
+        cold_path = []
+        for name, at in sorted(stages.items(), key=lambda item: item[1]):
+            used = sampler.at(origin + at)
+            cold_path.append(
+                {
+                    "stage": name,
+                    "ms": round(at),
+                    "cpu_ms": round(used["chromium"] - start["chromium"]),
+                    "worker_cpu_ms": round(used["worker"] - start["worker"]),
+                    "page_cpu_ms": round(used["page"] - start["page"]),
+                    "v8_background_cpu_ms": round(used["v8"] - start["v8"]),
+                }
+            )
+        after_ready = (
+            sampler.at(origin + stages["shown"])["chromium"]
+            - sampler.at(origin + stages["ready"])["chromium"]
+        )
         figures = {
-            "shown_ms": round((done - started) * 1000),
-            "shown_after_ready_ms": round((done - ready) * 1000),
-            "shown_after_ready_cpu_ms": round(_chromium_cpu_ms() - cpu_before),
+            "shown_ms": round(stages["shown"]),
+            "shown_after_ready_ms": round(stages["shown"] - stages["ready"]),
+            "shown_cpu_ms": round(cpu_all),
+            "shown_after_ready_cpu_ms": round(after_ready),
+            "cold_path": cold_path,
+        }
+        # Where Chromium's CPU time went until the list showed every record, by process type and thread
+        # (renderer/DedicatedWorker: Python; renderer/ThreadPoolForeg: V8 compiling; the others: pages,
+        # network, storage), the largest first.
+        end = sampler.at(origin + stages["shown"])
+        spent = {key: end[key] - start.get(key, 0.0) for key in end if "/" in key}
+        figures["cpu_by_thread_ms"] = {
+            key: round(ms) for key, ms in sorted(spent.items(), key=lambda item: -item[1])[:10] if ms > 0
         }
     return figures
 
@@ -397,7 +570,13 @@ def run(count: int = 1000, *, at_size: bool = True) -> dict[str, Any]:
 
 
 def _first_syncs(
-    executable: str, schema: Any, dist: Path, folder: Path, sizes: tuple[int, ...]
+    executable: str,
+    schema: Any,
+    dist: Path,
+    folder: Path,
+    sizes: tuple[int, ...],
+    *,
+    by_operations: bool = True,
 ) -> dict[str, Any]:
     """`_first_sync` at each size, by record states (the default) and by operations."""
     from tests.browser.support import live_server
@@ -405,7 +584,8 @@ def _first_syncs(
     out: dict[str, Any] = {}
     for n in sizes:
         figures: dict[str, Any] = {}
-        for mode, limits in (("states", None), ("by_operations", {"state_sync_after": 10 * n})):
+        modes = [("states", None), ("by_operations", {"state_sync_after": 10 * n})]
+        for mode, limits in modes if by_operations else modes[:1]:
             db = folder / f"seeded-{n}-{mode}.db"
             with live_server(schema, dist, db, seed_count=n, limits=limits) as live:
                 measured = asyncio.run(_first_sync(executable, live.url, n))
@@ -418,13 +598,21 @@ def _first_syncs(
     return out
 
 
-def run_first_sync(sizes: tuple[int, ...] = FIRST_SYNC) -> dict[str, Any]:
-    """Only the first-sync figures, at ``sizes`` (``python -m bench.browser first-sync 20000``)."""
+def run_first_sync(sizes: tuple[int, ...] = FIRST_SYNC, *, by_operations: bool = True) -> dict[str, Any]:
+    """Only the first-sync figures, at ``sizes`` (``python -m bench.browser first-sync 20000``; with
+    ``--states-only``, without the by-operations comparison)."""
     skipped = _missing()
     if skipped:
         return skipped
     with _project() as project:
-        figures = _first_syncs(project.executable, project.schema, project.dist, project.folder, sizes)
+        figures = _first_syncs(
+            project.executable,
+            project.schema,
+            project.dist,
+            project.folder,
+            sizes,
+            by_operations=by_operations,
+        )
     figures["load_average"] = [round(x, 2) for x in os.getloadavg()]
     return figures
 
@@ -449,7 +637,9 @@ if __name__ == "__main__":
     if sys.argv[1:2] == ["at-size"]:
         figures = run_at_size(tuple(int(n) for n in sys.argv[2:]) or SIZES)
     elif sys.argv[1:2] == ["first-sync"]:
-        figures = run_first_sync(tuple(int(n) for n in sys.argv[2:]) or FIRST_SYNC)
+        args = sys.argv[2:]
+        sizes = tuple(int(n) for n in args if n != "--states-only") or FIRST_SYNC
+        figures = run_first_sync(sizes, by_operations="--states-only" not in args)
     else:
         figures = run()
     json.dump(figures, sys.stdout, indent=2)

@@ -942,6 +942,19 @@ def _startup_error(exc: BaseException) -> OfflineError:
     )
 
 
+def _report_first(app: App, event: str, stage: str, progress: Callable[[str], Any]) -> None:
+    """Report ``stage`` the first time ``event`` fires (the first handshake accepted, the first states of a
+    first sync stored): where a first visit's time goes after the app is ready."""
+    off: Callable[[], None] | None = None
+
+    def once(_event: Any) -> None:
+        if off is not None:
+            off()
+        progress(stage)
+
+    off = app.events.on(event, once)
+
+
 async def start(
     config: Any, post: Post, persist: Persist | None = None, progress: Callable[[str], Any] | None = None
 ) -> WorkerBridge | None:
@@ -969,6 +982,8 @@ async def start(
         return None
     if progress is not None:
         progress("app-opened")
+        _report_first(app, "sync:connected", "sync-connected", progress)
+        _report_first(app, "sync:states", "first-states", progress)
     bridge = WorkerBridge(app, post=post, persist=persist, actions=actions)
     await bridge.start()
     return bridge

@@ -7,6 +7,9 @@ The output is self-contained, so a page never fetches anything from another site
   its core includes CPython's ``sqlite3`` module, SQLite compiled to WebAssembly);
 - ``py/app.<hash>.zip``: the Python the worker imports: the ``offline`` library and its pure-Python
   dependencies, taken from the Python running this build, plus the project's own modules;
+- bytecode: the standard library (``pyodide/python_stdlib.zip``) and the app's code compiled by Pyodide's own
+  CPython under Node.js (``web_precompile.mjs``), so a first visit compiles nothing in the browser; without
+  Node.js (or when that fails) the build ships the sources and says so;
 - ``vendor/``: the npm package ``yjs`` (rich text in the browser: pycrdt has no WebAssembly build) and the
   packages it imports, as the browser's ES modules, their bare imports rewritten to relative paths (a module
   worker has no import maps); only when the project has yjs installed (the template pins it);
@@ -29,7 +32,9 @@ import json
 import os
 import re
 import shutil
+import subprocess
 import sys
+import tempfile
 import zipfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -90,6 +95,8 @@ class WebBuild:
     pyodide_version: str
     files: tuple[str, ...]
     size: int
+    #: Whether the Python ships as bytecode (see `precompile`); False: as source, compiled by each browser.
+    bytecode: bool = False
 
 
 def _string_list(value: Any, field: str, manifest: Path) -> tuple[str, ...]:
@@ -263,6 +270,70 @@ def python_bundle(project: WebProject) -> bytes:
     return buffer.getvalue()
 
 
+#: Where a project keeps its compiled standard library between builds (npm's folder for tools' caches): the
+#: compile takes seconds, and the standard library changes only with Pyodide.
+_STDLIB_CACHE = Path("node_modules") / ".cache" / "offline-web-build"
+_PRECOMPILE_TIMEOUT_S = 600
+
+
+def precompile(root: Path, pyodide: Path, stdlib: Path, bundle: bytes) -> bytes | None:
+    """Compile the standard library (``stdlib``, replaced in place) and ``bundle`` (returned with its bytecode)
+    with the CPython of ``pyodide`` (the npm package) under Node.js; None when that cannot be done (no Node.js,
+    or it failed), after saying why on stderr: the build then ships the sources."""
+    node = shutil.which("node")
+    if node is None:
+        print(
+            "note: Node.js was not found, so the Python code ships as source (each browser compiles it on "
+            "its first visit, seconds slower); install Node.js and build again to ship bytecode",
+            file=sys.stderr,
+        )
+        return None
+    source_hash = hashlib.sha256(stdlib.read_bytes()).hexdigest()[:16]
+    cached = root / _STDLIB_CACHE / f"python_stdlib.{source_hash}.pyc.zip"
+    with tempfile.TemporaryDirectory(prefix="offline-precompile-") as folder:
+        work = Path(folder)
+        (work / "app.zip").write_bytes(bundle)
+        # (prefix: where the browser has the files, "/app/" where the worker unpacks the app's code, "" for
+        # the standard library's place in Pyodide)
+        app = {"source": str(work / "app.zip"), "target": str(work / "app.pyc.zip"), "prefix": "/app/"}
+        jobs: list[dict[str, Any]] = [{**app, "sourceless": False}]
+        if not cached.is_file():
+            jobs.append(
+                {"source": str(stdlib), "target": str(work / "stdlib.zip"), "sourceless": True, "prefix": ""}
+            )
+        (work / "jobs.json").write_text(json.dumps(jobs), encoding="utf-8")
+        script = Path(__file__).with_name("web_precompile.mjs")
+        try:
+            done = subprocess.run(
+                [node, str(script), str(pyodide.resolve()), str(work / "jobs.json")]
+                + ([str(cached)] if cached.is_file() else []),
+                capture_output=True,
+                text=True,
+                timeout=_PRECOMPILE_TIMEOUT_S,
+                check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            failure = str(exc)
+        else:
+            lines = done.stderr.strip().splitlines()
+            errors = [line.strip() for line in lines if "Error" in line] or lines[-1:] or ["no output"]
+            failure = "" if done.returncode == 0 else errors[0]
+        if failure:
+            print(
+                f"note: compiling the Python code with Pyodide under Node.js failed ({failure}), so it ships "
+                "as source (each browser compiles it on its first visit, seconds slower)",
+                file=sys.stderr,
+            )
+            return None
+        if not cached.is_file():
+            cached.parent.mkdir(parents=True, exist_ok=True)
+            partial = cached.with_name(cached.name + ".partial")
+            shutil.copyfile(work / "stdlib.zip", partial)
+            partial.replace(cached)  # (whole or not at all: another build may read it)
+        shutil.copyfile(cached, stdlib)
+        return (work / "app.pyc.zip").read_bytes()
+
+
 def _exported(target: Any) -> str | None:
     """The file a package.json "exports" target names for a browser's module import."""
     if isinstance(target, str):
@@ -368,9 +439,15 @@ def _write_service_worker(source: Path, target: Path, build_id: str, files: Sequ
 
 
 def build_web_client(
-    root: Path, out: Path | None = None, *, sync_url: str | None = None, env: Mapping[str, str] | None = None
+    root: Path,
+    out: Path | None = None,
+    *,
+    sync_url: str | None = None,
+    env: Mapping[str, str] | None = None,
+    bytecode: bool = True,
 ) -> WebBuild:
-    """Build ``root``'s web client into ``out`` (default ``root/dist``), replacing what was there."""
+    """Build ``root``'s web client into ``out`` (default ``root/dist``), replacing what was there; with
+    ``bytecode`` false, the Python ships as source (see `precompile`: as a build without Node.js)."""
     root = root.resolve()
     env = os.environ if env is None else env
     project = load_web_project(root)
@@ -389,6 +466,9 @@ def build_web_client(
         for name in PYODIDE_FILES:
             shutil.copy2(pyodide / name, staging / "pyodide" / name)
         bundle = python_bundle(project)
+        stdlib = staging / "pyodide" / "python_stdlib.zip"
+        compiled = precompile(root, pyodide, stdlib, bundle) if bytecode else None
+        bundle = compiled or bundle
         bundle_name = f"py/app.{hashlib.sha256(bundle).hexdigest()[:12]}.zip"
         (staging / "py").mkdir()
         (staging / bundle_name).write_bytes(bundle)
@@ -405,6 +485,8 @@ def build_web_client(
             "python": bundle_name,
             "pyodideVersion": version,
             "richtext": richtext,
+            # The app's code has its bytecode beside it: the worker keeps none of its own (see worker.js).
+            "bytecode": compiled is not None,
         }
         digest = hashlib.sha256(json.dumps(config, sort_keys=True).encode())
         for path in sorted(p for p in staging.rglob("*") if p.is_file()):
@@ -426,7 +508,15 @@ def build_web_client(
         shutil.rmtree(staging, ignore_errors=True)
         raise
     size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
-    return WebBuild(out=out, build_id=build_id, sync_url=url, pyodide_version=version, files=files, size=size)
+    return WebBuild(
+        out=out,
+        build_id=build_id,
+        sync_url=url,
+        pyodide_version=version,
+        files=files,
+        size=size,
+        bytecode=compiled is not None,
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -449,6 +539,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(
         f"built {built.out} ({len(built.files) + 1} files, {built.size / 1e6:.1f} MB) · "
         f"sync {built.sync_url} · pyodide {built.pyodide_version} · build {built.build_id}"
+        + ("" if built.bytecode else " · Python as source")
     )
     return 0
 

@@ -435,7 +435,8 @@ export class OfflineClient {
         this._resolveReady(message);
         return;
       case "progress":
-        this.timings[message.stage] = performance.now();
+        // (On this page's clock, from navigation: the worker says when it reached the stage.)
+        this.timings[message.stage] = message.at ? message.at - performance.timeOrigin : performance.now();
         this._emit("progress", message);
         return;
       case "log":

@@ -15,7 +15,10 @@ let tabRequests = null; // offline.worker_tabs.TabRequests: other tabs' writes, 
 
 const post = (text) => self.postMessage(text);
 const tell = (message) => post(JSON.stringify(message));
-const progress = (stage) => tell({ type: "progress", stage, ms: Math.round(performance.now() - started) });
+// `at`: when, on the clock both the page and this worker read (ms since the epoch): the page places each
+// stage on its own timeline, from navigation, however long the message waited for the page's thread.
+const progress = (stage) =>
+  tell({ type: "progress", stage, ms: Math.round(performance.now() - started), at: performance.timeOrigin + performance.now() });
 
 const failed = (error) => tell({ type: "log", level: "error", message: String(error) });
 
@@ -317,14 +320,16 @@ function syncUrl(value) {
 const loadYjs = () => (config.richtext ? import(new URL(config.richtext, import.meta.url).href) : Promise.resolve(null));
 
 // The app's modules compiled to bytecode by an earlier start of this build (see offline/worker_bytecode.py),
-// kept in the Cache Storage: without it, CPython compiles every module from source on every load. The key
+// kept in the Cache Storage: without it, CPython compiles every module from source on every load. Only for a
+// build that ships the code as source (config.bytecode false: it was built without Node.js); otherwise the
+// build compiled it (offline_cli/web_precompile.mjs) and the code archive holds the bytecode. The key
 // is the code archive's name, which carries its hash, plus the Pyodide version: a new build never finds
 // another build's bytecode (and its .pyc files are hash-checked against the sources anyway).
 const BYTECODE_CACHE = "offline-bytecode";
 const bytecodeKey = new URL(`${config.python}.pyodide-${config.pyodideVersion}.pyc.zip`, import.meta.url).href;
 
 async function loadBytecode() {
-  if (typeof caches === "undefined") return null; // (not a secure context: no Cache Storage)
+  if (config.bytecode || typeof caches === "undefined") return null; // (no Cache Storage: not a secure context)
   try {
     const response = await (await caches.open(BYTECODE_CACHE)).match(bytecodeKey);
     return response ? await response.arrayBuffer() : null;
@@ -438,7 +443,7 @@ async function main() {
   durable = tabsModule.DurableSync(bridge.app);
   tabRequests = tabsModule.open_requests(bridge);
   progress("ready");
-  if (!compiled) {
+  if (!compiled && !config.bytecode) {
     setTimeout(() => saveBytecode(pyodide).catch((error) => console.warn(`bytecode not cached: ${error}`)), 0);
   }
   tabs.becomeOwner({
