@@ -184,18 +184,48 @@ def canonical_json(value: Any) -> bytes:
 _quote: Final = json.encoder.encode_basestring
 
 
-def canonical_operation_payload(
-    type_: str, collection: str, record_id: str, data: Any, timestamp: str, node_id: str
-) -> bytes:
-    """``canonical_json`` of an operation id's payload (the six hashed fields), byte for byte.
+def _context_text(context: Any) -> str | None:
+    """The canonical text of a causal context (node id -> whole number), or None when only
+    ``canonical_json`` can vouch for it. Sorting by code point is RFC 8785's order for keys without a
+    supplementary character (see above); numbers are exact ints within the safe range."""
+    if type(context) is not _DICT:
+        return None
+    for key, number in context.items():
+        if (
+            type(key) is not _STR
+            or type(number) is not _INT
+            or not -_MAX_SAFE_INTEGER <= number <= _MAX_SAFE_INTEGER
+            or (not key.isascii() and max(key) >= _SUPPLEMENTARY)
+        ):
+            return None
+    text: str = _encode(context)
+    return text
 
-    Every operation hashes an object with these same six keys, so their RFC 8785 order is fixed
-    (collection, data, nodeId, recordId, timestamp, type: all ASCII, so code point and UTF-16 order agree)
+
+def canonical_operation_payload(
+    type_: str,
+    collection: str,
+    record_id: str,
+    data: Any,
+    timestamp: str,
+    node_id: str,
+    context: Any = None,
+) -> bytes:
+    """``canonical_json`` of an operation id's payload (the six hashed fields, and the causal context when
+    ``context`` is not None), byte for byte.
+
+    Every operation hashes an object with these same keys, so their RFC 8785 order is fixed (causalContext,
+    collection, data, nodeId, recordId, timestamp, type: all ASCII, so code point and UTF-16 order agree)
     and the object need not be built and sorted each time. Anything the fast form cannot vouch for (a str
     subclass, a value ``_prepare`` refuses, a lone surrogate) takes ``canonical_json`` of the whole object.
     """
+    head: str | None = "{"
+    if context is not None:
+        text = _context_text(context)
+        head = None if text is None else '{"causalContext":' + text + ","
     if (
-        type(type_) is _STR
+        head is not None
+        and type(type_) is _STR
         and type(collection) is _STR
         and type(record_id) is _STR
         and type(timestamp) is _STR
@@ -204,19 +234,20 @@ def canonical_operation_payload(
         try:
             body = "null" if data is None else _encode(_prepare(data))
             text = (
-                f'{{"collection":{_quote(collection)},"data":{body},"nodeId":{_quote(node_id)},'
+                f'{head}"collection":{_quote(collection)},"data":{body},"nodeId":{_quote(node_id)},'
                 f'"recordId":{_quote(record_id)},"timestamp":{_quote(timestamp)},"type":{_quote(type_)}}}'
             )
             return text.encode("utf-8")
         except (_NeedsFallback, RecursionError, ValueError, TypeError):
             pass
-    return canonical_json(
-        {
-            "type": type_,
-            "collection": collection,
-            "recordId": record_id,
-            "data": data,
-            "timestamp": timestamp,
-            "nodeId": node_id,
-        }
-    )
+    payload = {
+        "type": type_,
+        "collection": collection,
+        "recordId": record_id,
+        "data": data,
+        "timestamp": timestamp,
+        "nodeId": node_id,
+    }
+    if context is not None:
+        payload["causalContext"] = context
+    return canonical_json(payload)

@@ -6,11 +6,12 @@ FrozenDict/tuple/frozenset and `thaw` turns them back into plain, JSON-friendly 
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from typing import Any, TypeVar
+from collections.abc import ItemsView, Iterator, KeysView, Mapping, ValuesView
+from typing import Any, TypeVar, overload
 
 K = TypeVar("K")
 V = TypeVar("V")
+T = TypeVar("T")
 
 
 class FrozenDict(Mapping[K, V]):
@@ -32,6 +33,28 @@ class FrozenDict(Mapping[K, V]):
 
     def __len__(self) -> int:
         return len(self._data)
+
+    # The Mapping mixins would go through __iter__ and __getitem__ per key; operations carry FrozenDicts
+    # (data, previous data, causal context) read on every write and every fold, so these ask the dict. Its
+    # views are read-only, so nothing here hands out a way to change the mapping.
+    def __contains__(self, key: object) -> bool:
+        return key in self._data
+
+    @overload
+    def get(self, key: K, /) -> V | None: ...
+    @overload
+    def get(self, key: K, /, default: V | T) -> V | T: ...
+    def get(self, key: K, /, default: Any = None) -> Any:
+        return self._data.get(key, default)
+
+    def keys(self) -> KeysView[K]:
+        return self._data.keys()
+
+    def items(self) -> ItemsView[K, V]:
+        return self._data.items()
+
+    def values(self) -> ValuesView[V]:
+        return self._data.values()
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise TypeError("FrozenDict is immutable")

@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
-from .canonical import canonical_json, canonical_operation_payload
+from .canonical import canonical_operation_payload
 from .errors import INVALID_OPERATION, OfflineError
 from .frozen import FrozenDict, freeze
 from .hlc import MAX_LOGICAL, MAX_WALL_TIME, HLCTimestamp, serialize_timestamp
@@ -458,10 +458,15 @@ def _text_content_id(
 ) -> str:
     """`_content_id` of a timestamp already serialized."""
     try:
-        canonical = canonical_operation_payload(type_, collection, record_id, data, timestamp, node_id)
-        if context is not None:
-            # "causalContext" sorts before "collection": the payload's first key (RFC 8785 order).
-            canonical = b'{"causalContext":' + canonical_json(dict(context)) + b"," + canonical[1:]
+        canonical = canonical_operation_payload(
+            type_,
+            collection,
+            record_id,
+            data,
+            timestamp,
+            node_id,
+            None if context is None else context if type(context) is dict else dict(context),
+        )
     except ValueError as exc:
         # Only reachable for an Operation built directly, bypassing validation (e.g. holding NaN).
         raise _error("data", f"cannot be canonicalized: {exc}", reason="NOT_CANONICALIZABLE") from None

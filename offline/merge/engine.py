@@ -1510,7 +1510,8 @@ class MergeEngine:
             if past.get(dot[0], 0) >= dot[1]:
                 del tips[tip]
         tips[op.id] = [node, number]
-        raw["h"] = dict(sorted(tips.items()))
+        if len(tips) > 1:  # (one head, the usual case after a node's next write, is in order already)
+            raw["h"] = dict(sorted(tips.items()))
 
         # The fold of `_apply`: a slot taking this operation's key refers to NEW until the table is redone.
         key: list[Any] = [wall, logical, node, op.id, number]

@@ -1189,10 +1189,10 @@ def _local_operation(
     frozen_previous, hashed_previous = (
         (None, None) if previous is None else _check_record("previousData", previous)
     )
-    context: FrozenDict[str, int] | None = (
-        None if causal_context is None else FrozenDict(dict(causal_context))
-    )
-    op_id = _content_id(type_, collection, record_id, hashed, timestamp, node_id, context)
+    # One plain copy of the context (the caller's may change later): hashed, frozen and written from it.
+    plain_context = None if causal_context is None else dict(causal_context)
+    context: FrozenDict[str, int] | None = None if plain_context is None else FrozenDict(plain_context)
+    op_id = _content_id(type_, collection, record_id, hashed, timestamp, node_id, plain_context)
     deps = tuple(causal_deps)
     # Every field is checked and frozen already: what the dataclass __init__ and __post_init__ would store.
     op = _new_operation(Operation)
@@ -1228,8 +1228,8 @@ def _local_operation(
         "causalDeps": list(deps),
         "schemaVersion": schema_version,
     }
-    if context is not None:
-        wire["causalContext"] = dict(context)
+    if plain_context is not None:
+        wire["causalContext"] = plain_context
     return op, compact_json(wire)
 
 

@@ -461,3 +461,39 @@ def test_orjson_and_the_standard_library_write_prepared_values_alike(value: Any)
     except canonical_module._NeedsFallback:
         return
     assert canonical_module._encode(prepared) == canonical_module._stdlib_encode(prepared)
+
+
+_CONTEXT_KEYS = st.one_of(_TEXT, st.sampled_from(["node-1", "\U0001f600", "\ufb33", "a\U00010000", '"\\']))
+_CONTEXT_NUMBERS = st.one_of(
+    st.integers(min_value=0, max_value=10**6),
+    st.sampled_from([MAX_SAFE_INTEGER, -MAX_SAFE_INTEGER, MAX_SAFE_INTEGER + 1, 2.0, True]),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(_CONTEXT_KEYS, _CONTEXT_NUMBERS, max_size=5), _TEXT.filter(bool))
+@example({"node-1": 1}, "r")
+@example({"\U0001f600": 1, "\ufb33": 2}, "r")  # UTF-16 order differs from code point order here
+def test_payload_with_a_causal_context_is_rfc8785(context: dict[str, Any], record_id: str) -> None:
+    """The payload of an operation with a causal context, written directly by canonical_operation_payload,
+    is rfc8785's bytes of the whole object (or fails as rfc8785 does)."""
+    payload = {
+        "type": "update",
+        "collection": "todos",
+        "recordId": record_id,
+        "data": {"title": "x"},
+        "timestamp": serialize_timestamp(TS),
+        "nodeId": "node-1",
+        "causalContext": context,
+    }
+    try:
+        expected: bytes | None = rfc8785.dumps(payload)
+    except Exception:
+        expected = None
+    try:
+        got: bytes | None = canonical_module.canonical_operation_payload(
+            "update", "todos", record_id, {"title": "x"}, serialize_timestamp(TS), "node-1", context
+        )
+    except Exception:
+        got = None
+    assert got == expected
