@@ -22,6 +22,12 @@
 4. ``websocket_echo``: a bare `websockets` echo server process and a client here, with frames the size of one
    operation message and of one 500-operation batch: the loopback/CPU ceiling the figures above compare to.
 
+Each figure also has ``cpu``: the CPU seconds (user + system, every thread, from /proc) that each process
+spent over the measurement (``server_cpu_s``; ``client_process_cpu_s``, ``writer_cpu_s``, ``subscribers_cpu_s``
+(all ten), ``a_cpu_s`` / ``b_cpu_s``, ``counting_sessions_cpu_s``) and per operation (``*_cpu_us_per_op``; the
+subscribers' per subscriber). On a machine shared with other work the wall figures move by several times
+with its load; these move far less, so compare commits by them (``server_pipeline_cpu_us_per_op`` likewise).
+
 Every wait is bounded; a measurement that runs out of time reports what it got (``timed_out``).
 Run: ``python -m bench sync`` (or ``python -m bench.sync`` for this suite alone).
 """
@@ -469,6 +475,11 @@ class Worker:
             raise RuntimeError(f"worker {self.role} exited ({self.proc.returncode}):\n{tail}")
         return json.loads(line)  # type: ignore[no-any-return]
 
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
     def send(self, command: dict[str, Any]) -> None:
         assert self.proc is not None and self.proc.stdin is not None
         self.proc.stdin.write((json.dumps(command) + "\n").encode())
@@ -527,8 +538,9 @@ async def _seed_store(db: Path, n: int) -> dict[str, Any]:
     return {"seed_direct_s": round(total, 2), "seed_build_ops_s": round(build_s, 2)}
 
 
-async def _seed_pipeline_rate(folder: Path, n: int) -> float:
-    """Operations/s the server's write pipeline (`SyncService.commit`, 500 per batch) accepts, in process."""
+async def _seed_pipeline_rate(folder: Path, n: int) -> tuple[float, float]:
+    """Operations/s the server's write pipeline (`SyncService.commit`, 500 per batch) accepts, in process,
+    and its CPU microseconds (every thread of this process) per operation."""
     from bench.seeding import insert_operations
     from server_runtime.stores import create_sqlite_server_store
     from server_runtime.sync import SyncService
@@ -539,12 +551,14 @@ async def _seed_pipeline_rate(folder: Path, n: int) -> float:
     await service.start()
     ops = list(insert_operations("todos", n, lambda i: {"title": f"todo {i}", "n": i}, SCHEMA.version))
     start = time.perf_counter()
+    cpu = time.process_time()
     for first in range(0, n, WRITE_BATCH):
         await service.commit(None, ops[first : first + WRITE_BATCH])
     elapsed = time.perf_counter() - start
+    cpu = time.process_time() - cpu
     await service.stop()
     await store.close()
-    return n / elapsed
+    return n / elapsed, cpu / n * 1e6
 
 
 async def _initial_sync(folder: Path, n: int, timeout: float) -> dict[str, Any]:
@@ -552,7 +566,9 @@ async def _initial_sync(folder: Path, n: int, timeout: float) -> dict[str, Any]:
     _log(f"initial sync: seeding the server store with {n} operations")
     figures: dict[str, Any] = {"operations": n}
     figures.update(await _seed_store(db, n))
-    figures["server_pipeline_ops_per_s"] = round(await _seed_pipeline_rate(folder, 3_000))
+    rate, cpu_us = await _seed_pipeline_rate(folder, 3_000)
+    figures["server_pipeline_ops_per_s"] = round(rate)
+    figures["server_pipeline_cpu_us_per_op"] = round(cpu_us, 1)
     server = _server(folder, db)
     t0 = time.perf_counter()
     server.start(timeout=120)
@@ -593,6 +609,9 @@ async def _fresh_client(folder: Path, server: Any, n: int, mode: str, timeout: f
     _log(f"initial sync: fresh client connecting ({mode})")
     start = time.perf_counter()
     cpu = time.thread_time()  # the client's work: the server is another process
+    assert server.proc is not None
+    groups: dict[str, list[int | None]] = {"server": [server.proc.pid], "client_process": [None]}
+    cpu_before = _cpu_snapshot(groups)
     await app.sync.connect(timeout=30)
     connected = time.perf_counter()
     timed_out = False
@@ -604,6 +623,7 @@ async def _fresh_client(folder: Path, server: Any, n: int, mode: str, timeout: f
     visible = app.todos.count()
     elapsed = time.perf_counter() - start
     cpu = time.thread_time() - cpu
+    cpu_after = _cpu_snapshot(groups)
     ticking.cancel()
     await app.sync.disconnect()
     app.close()
@@ -616,6 +636,8 @@ async def _fresh_client(folder: Path, server: Any, n: int, mode: str, timeout: f
         "ops_per_s": round(visible / elapsed),
         "timed_out": timed_out or visible < n,
         "client_event_loop_max_stall_ms": round(max(stalls, default=0.0) * 1000),
+        # client_cpu_s above is the event loop's thread; client_process_cpu_s every thread of this process.
+        "cpu": _cpu_figures(cpu_before, cpu_after, visible, {}),
     }
     if figures["timed_out"] and visible:
         figures["projected_s"] = round(n * elapsed / visible, 1)
@@ -688,6 +710,37 @@ def _process_cpu_s(pid: int) -> float | None:
         return None
 
 
+def _cpu_snapshot(groups: dict[str, list[int | None]]) -> dict[str, float | None]:
+    """CPU seconds so far of each group of processes (summed; ``None`` in a group is this process, every
+    thread: ``time.process_time``), None for a group with a process that cannot be read."""
+    out: dict[str, float | None] = {}
+    for label, pids in groups.items():
+        total: float | None = 0.0
+        for pid in pids:
+            seconds = time.process_time() if pid is None else _process_cpu_s(pid)
+            total = None if seconds is None or total is None else total + seconds
+        out[label] = total
+    return out
+
+
+def _cpu_figures(
+    before: dict[str, float | None], after: dict[str, float | None], operations: int, per: dict[str, int]
+) -> dict[str, float]:
+    """``<group>_cpu_s`` (CPU spent between the snapshots) and ``<group>_cpu_us_per_op`` (per operation, and
+    per process of the group where ``per`` names how many it holds): the machine's other load stretches
+    wall time, not these, so they are what to compare between commits on a busy machine."""
+    out: dict[str, float] = {}
+    for label, start in before.items():
+        end = after.get(label)
+        if start is None or end is None:
+            continue
+        spent = end - start
+        out[f"{label}_cpu_s"] = round(spent, 3)
+        if operations:
+            out[f"{label}_cpu_us_per_op"] = round(spent / per.get(label, 1) / operations * 1e6, 1)
+    return out
+
+
 def _spread_f(values: list[float]) -> dict[str, float]:
     if not values:
         return {}
@@ -721,7 +774,15 @@ async def _fanout(folder: Path) -> dict[str, Any]:
         }
 
         total = 0
+        assert server.proc is not None
+        groups: dict[str, list[int | None]] = {
+            "server": [server.proc.pid],
+            "writer": [writer.pid],
+            "subscribers": [s.pid for s in subs],
+        }
+        per = {"subscribers": SUBSCRIBERS}
         _log(f"fan-out: app writer floods for {FANOUT_WINDOW_S} s")
+        cpu_at_start = _cpu_snapshot(groups)
         writer.send(
             {
                 "cmd": "go",
@@ -736,12 +797,16 @@ async def _fanout(folder: Path) -> dict[str, Any]:
         for sub in subs:
             sub.send({"cmd": "expect", "total": total, "timeout": FANOUT_DRAIN_S})
         reports = await asyncio.gather(*(s.read(FANOUT_DRAIN_S + 30) for s in subs))
+        cpu_at_end = _cpu_snapshot(groups)
         figures["app_writer"] = _fanout_figures(result, reports, result["written"])
         figures["app_writer"]["writer_pending_at_end"] = result["pending"]
         figures["app_writer"]["writer_ops_sent_incl_resends"] = result["sent"]
+        figures["app_writer"]["cpu"] = _cpu_figures(cpu_at_start, cpu_at_end, result["written"], per)
         await writer.stop()
 
         _log(f"fan-out: raw protocol writer pushes for up to {FANOUT_WINDOW_S} s")
+        groups["writer"] = [raw.pid]
+        cpu_at_start = _cpu_snapshot(groups)
         raw.send(
             {"cmd": "go", "duration": FANOUT_WINDOW_S, "batch": WRITE_BATCH, "window": 4, "after": total}
         )
@@ -750,8 +815,10 @@ async def _fanout(folder: Path) -> dict[str, Any]:
         for sub in subs:
             sub.send({"cmd": "expect", "total": total, "timeout": FANOUT_DRAIN_S})
         reports = await asyncio.gather(*(s.read(FANOUT_DRAIN_S + 30) for s in subs))
+        cpu_at_end = _cpu_snapshot(groups)
         figures["raw_writer"] = _fanout_figures(result, reports, result["written"])
         figures["raw_writer"]["server_acked"] = result["acked"]
+        figures["raw_writer"]["cpu"] = _cpu_figures(cpu_at_start, cpu_at_end, result["written"], per)
 
         # The server alone: the same raw writer, 10 sessions that only count (one process, no store).
         await _stop_all(subs)
@@ -765,6 +832,8 @@ async def _fanout(folder: Path) -> dict[str, Any]:
         counting.send({"cmd": "connect", "after": total})
         await counting.read(60)
         cpu_before = _process_cpu_s(server.proc.pid)
+        groups = {"server": [server.proc.pid], "writer": [raw.pid], "counting_sessions": [counting.pid]}
+        cpu_all_before = _cpu_snapshot(groups)
         raw.send(
             {"cmd": "go", "duration": FANOUT_WINDOW_S, "batch": WRITE_BATCH, "window": 4, "after": total}
         )
@@ -772,9 +841,11 @@ async def _fanout(folder: Path) -> dict[str, Any]:
         counting.send({"cmd": "expect", "total": result["written"], "timeout": FANOUT_DRAIN_S})
         reports = (await counting.read(FANOUT_DRAIN_S + 30))["reports"]
         cpu_after = _process_cpu_s(server.proc.pid)
+        cpu_all_after = _cpu_snapshot(groups)
         counted = figures["raw_writer_counting_sessions"] = _fanout_figures(
             result, reports, result["written"]
         )
+        counted["cpu"] = _cpu_figures(cpu_all_before, cpu_all_after, result["written"], {})
         counted["server_acked"] = result["acked"]
         counted["writer_stock_ran_out"] = result["stock_ran_out"]
         if cpu_before is not None and cpu_after is not None and result["written"]:
@@ -805,6 +876,8 @@ async def _latency(folder: Path) -> dict[str, Any]:
         await asyncio.gather(a.start(), b.start())
         await asyncio.gather(a.read(60), b.read(60))
         figures: dict[str, Any] = {"method": "A and B are client processes; B: time.time() - stamp on apply"}
+        assert server.proc is not None
+        groups: dict[str, list[int | None]] = {"server": [server.proc.pid], "a": [a.pid], "b": [b.pid]}
         total = 0
         # The target's rate, then a light load for reference (latency without queueing in A).
         for key, rate, duration in (
@@ -812,11 +885,13 @@ async def _latency(folder: Path) -> dict[str, Any]:
             ("at_50_ops_per_s", 50, 3.0),
         ):
             _log(f"latency: A writes {rate} op/s for {duration} s; B measures")
+            cpu_before = _cpu_snapshot(groups)
             a.send({"cmd": "go", "mode": "paced", "rate": rate, "duration": duration, "ack_timeout": 10})
             result = await a.read(2 * duration + 40)
             total += result["written"]
             b.send({"cmd": "expect", "total": total, "timeout": 10})
             report = await b.read(40)
+            cpu_after = _cpu_snapshot(groups)
             window = result["end"] - result["start"]
             figures[key] = {
                 "written": result["written"],
@@ -824,6 +899,8 @@ async def _latency(folder: Path) -> dict[str, Any]:
                 "visible_on_b": sum(n for _, n in report["events"]),
                 "batches_b_applied": len(report["events"]),
                 **_stats_ms(report["latencies"]),
+                # Paced writes: the CPU per operation includes each process's idle wake-ups over the window.
+                "cpu": _cpu_figures(cpu_before, cpu_after, result["written"], {}),
             }
         return figures
     finally:
