@@ -915,6 +915,11 @@ def open_app(config: Mapping[str, Any]) -> tuple[App, ModuleType | None]:
         # transactions, is then always a consistent database (a WAL copy could pair an old main file with
         # a newer log). Durability comes from persist(), not from SQLite's fsyncs, which are no-ops here.
         app.db.conn.execute("PRAGMA journal_mode=DELETE")
+        # This worker's connection is the only one to the file (one tab owns the database): holding its lock
+        # spares every transaction re-reading the file's header to learn whether its page cache is still
+        # good, and the journal is emptied at a commit instead of deleted. Where the file is in the browser's
+        # storage (OPFS), each of those is a call into the browser.
+        app.db.conn.execute("PRAGMA locking_mode=EXCLUSIVE")
         # Sync sends only what the browser stored (see offline.worker_tabs.DurableSync): so far, everything.
         if hasattr(app.sync, "durable_sequence"):
             app.sync.durable_sequence = app._seq

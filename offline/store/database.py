@@ -17,6 +17,7 @@ from offline.core.operations import Operation, operation_from_text, timestamp_te
 from offline.core.schema import SchemaDefinition
 from offline.merge.engine import RecordState
 from offline.merge.values import operation_text
+from offline.platform import IS_BROWSER
 
 from .checkpoint import Checkpointer
 from .checkpoint import start as start_checkpoints
@@ -221,8 +222,11 @@ class LocalDatabase:
     def _prepare(self, durability: str) -> str:
         """Set the connection up and create the internal tables; returns the synchronous setting."""
         conn = self.conn
-        if self.path != ":memory:":
+        if self.path != ":memory:" and not IS_BROWSER:
             conn.execute("PRAGMA journal_mode=WAL")
+        # (In a browser the file lives in the browser's storage, which keeps the database and its rollback
+        # journal but not a WAL: a WAL, even for the moment until the worker turns it off, could hold
+        # commits that a closed tab loses while the database file already has part of them.)
         # WAL + NORMAL: a committed write survives the process dying at any point; FULL also survives the
         # machine losing power, at the price of an fsync per write.
         synchronous = "FULL" if durability == "full" else "NORMAL"

@@ -1,6 +1,8 @@
-"""The browser client's storage and live queries at size: what a write leaves in IndexedDB (it survives a
-reload as soon as its promise resolves), live query changes reaching the page row by row, and the first
-sync of a fresh browser showing its progress.
+"""The browser client's storage and live queries at size: what a write leaves in the browser's storage (it
+survives a reload as soon as its promise resolves; the database is kept in the Origin Private File System, or
+in IndexedDB where the worker cannot write OPFS files synchronously, and a database kept in IndexedDB by an
+earlier version moves to OPFS), live query changes reaching the page row by row, and the first sync of a
+fresh browser showing its progress.
 
 Same setup as test_browser_client.py: the `offline init` template served by a live server, headless
 Chromium, every request checked to stay on loopback.
@@ -9,6 +11,7 @@ Chromium, every request checked to stay on loopback.
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +54,44 @@ async def call(page: Any, script: str, *args: Any) -> Any:
     return await page.evaluate(
         f"async (args) => {{ const todos = window.offlineClient.collection('todos'); {script} }}", list(args)
     )
+
+
+#: Where the database `args` is kept: {"opfs": its file is in OPFS, "indexeddb": IndexedDB has its database}.
+WHERE_STORED = """async (name) => {
+  const indexeddb = (await indexedDB.databases()).some((db) => db.name === `offline:${name}`);
+  let opfs = false;
+  try {
+    const root = await navigator.storage.getDirectory();
+    const folder = await (await root.getDirectoryHandle("offline")).getDirectoryHandle(name);
+    opfs = (await folder.getFileHandle(`${name}.db`)) !== null;
+  } catch (error) {
+    if (error.name !== "NotFoundError") throw error;
+  }
+  return { opfs, indexeddb };
+}"""
+
+# The worker of a browser without OPFS sync access handles (older browsers): an init script runs in pages
+# only, so it wraps the page's Worker, which first loses them, then runs the app's worker.js.
+WITHOUT_OPFS = """
+(() => {
+  const Real = window.Worker;
+  window.Worker = class extends Real {
+    constructor(url, options) {
+      const script = new URL(url, location.href).href;
+      const source =
+        "delete FileSystemFileHandle.prototype.createSyncAccessHandle;\\n" +
+        // (worker.js resolves the sync URL against its location: the app's, not this blob's)
+        `Object.defineProperty(self, "location", { value: new URL(${JSON.stringify(script)}) });\\n` +
+        `await import(${JSON.stringify(script)});`;
+      super(URL.createObjectURL(new Blob([source], { type: "text/javascript" })), options);
+    }
+  };
+})();
+"""
+
+
+def database_name(project: Path) -> str:
+    return str(json.loads((project / "package.json").read_text())["offline"]["database"])
 
 
 def test_every_write_survives_a_reload_as_soon_as_it_resolves(
@@ -103,6 +144,58 @@ def test_every_write_survives_a_reload_as_soon_as_it_resolves(
             await reload(page)
             assert await call(page, "return await todos.where({ title: 'burst 49' }).count();") == 1
             assert await call(page, "return await todos.count();") == MANY + 51
+            # All of it in OPFS: nothing of the database is kept in IndexedDB.
+            where = await page.evaluate(WHERE_STORED, database_name(web_project))
+            assert where == {"opfs": True, "indexeddb": False}
+
+    with live_server(schema, web_project / "dist", tmp_path / "server.db") as live:
+        asyncio.run(scenario(live.url))
+
+
+def test_a_database_kept_in_indexeddb_moves_to_opfs_with_every_write(
+    chromium: str, web_project: Path, tmp_path: Path
+) -> None:
+    """A browser without OPFS sync access handles keeps the database in IndexedDB (its writes survive a
+    reload too); once the worker has them (an updated browser, or a database an earlier version of the app
+    kept in IndexedDB), the database moves to OPFS at the next start with every write, and IndexedDB's copy
+    is deleted."""
+    schema, _ = project_modules(web_project)
+    name = database_name(web_project)
+
+    async def scenario(base: str) -> None:
+        from playwright.async_api import expect
+
+        async with guarded_browser(chromium) as (browser, guard):
+            context = await new_context(browser, guard)
+            old = await context.new_page()
+            await old.add_init_script(WITHOUT_OPFS)
+            await old.goto(base + "/")
+            await expect(old.locator("body")).to_have_attribute(
+                "data-ready", "true", timeout=START_TIMEOUT_MS
+            )
+            await call(
+                old, "await todos.insertMany(Array.from({ length: 300 }, (_, i) => ({ title: `r${i}` })));"
+            )
+            first = await call(old, "return await todos.insert({ title: 'first' });")
+            await reload(old)
+            await call(old, "await todos.update(args[0], { title: 'renamed' });", first["id"])
+            assert await old.evaluate(WHERE_STORED, name) == {"opfs": False, "indexeddb": True}
+            await old.close()
+
+            page = await open_app(context, base)
+            assert await call(page, "return await todos.count();") == 301
+            assert (await call(page, "return await todos.findById(args[0]);", first["id"]))[
+                "title"
+            ] == "renamed"
+            for _ in range(100):  # (IndexedDB's copy is deleted once the app opened the moved one)
+                where = await page.evaluate(WHERE_STORED, name)
+                if not where["indexeddb"]:
+                    break
+                await asyncio.sleep(0.1)
+            assert where == {"opfs": True, "indexeddb": False}
+            await call(page, "await todos.insert({ title: 'after' });")
+            await reload(page)
+            assert await call(page, "return await todos.count();") == 302
 
     with live_server(schema, web_project / "dist", tmp_path / "server.db") as live:
         asyncio.run(scenario(live.url))

@@ -1,9 +1,10 @@
 """When the browser client cannot open its database: the page says what happened, with an error code and what
 to do next, instead of a Python traceback, and nothing stored is deleted.
 
-Two failures: the browser refuses IndexedDB (a private window, blocked site data: `indexedDB.open` is made to
-fail in the worker), and the stored copy of the database is damaged (garbage chunks written to IndexedDB
-before the app starts). The same reporting is checked on CPython through `offline.worker.start`.
+Two failures: the browser refuses storage (a private window, blocked site data: `indexedDB.open` and OPFS are
+made to fail in the worker), and the stored copy of the database is damaged (garbage written to the OPFS file,
+or garbage chunks to IndexedDB, where an earlier version kept it, before the app starts). The same reporting is
+checked on CPython through `offline.worker.start`.
 """
 
 from __future__ import annotations
@@ -65,7 +66,8 @@ def test_the_worker_reports_a_damaged_database_to_the_page_as_a_fatal_message(
 # -- in Chromium --------------------------------------------------------------------------------------------
 
 # The worker is a module worker the page creates; an init script runs in pages only, so it wraps the page's
-# Worker: the worker first loses IndexedDB, then runs the app's worker.js.
+# Worker: the worker first loses the browser's storage (IndexedDB and OPFS, as blocked site data does), then
+# runs the app's worker.js.
 REFUSE_INDEXEDDB = """
 (() => {
   const Real = window.Worker;
@@ -74,6 +76,7 @@ REFUSE_INDEXEDDB = """
       const script = new URL(url, location.href).href;
       const source =
         "self.indexedDB.open = () => { throw new DOMException('The user denied permission to access the database.', 'UnknownError'); };\\n" +
+        "navigator.storage.getDirectory = () => Promise.reject(new DOMException('Storage directory access is denied.', 'SecurityError'));\\n" +
         `await import(${JSON.stringify(script)});`;
       super(URL.createObjectURL(new Blob([source], { type: "text/javascript" })), options);
     }
@@ -182,6 +185,58 @@ def test_a_damaged_stored_database_gets_a_clear_message_and_is_kept(
             assert shown["status"]["error"]["context"]["reason"] == "corrupt"
             # Nothing stored was deleted or overwritten.
             assert await setup.evaluate(READ_CHUNK, name) == garbage
+
+    with live_server(schema, web_project / "dist", tmp_path / "server.db") as live:
+        asyncio.run(scenario(live.url))
+
+
+WRITE_OPFS_GARBAGE = """
+async ([name, bytes]) => {
+  const root = await navigator.storage.getDirectory();
+  const folder = await (await root.getDirectoryHandle("offline", { create: true })).getDirectoryHandle(name, { create: true });
+  const writable = await (await folder.getFileHandle(`${name}.db`, { create: true })).createWritable();
+  await writable.write(new Uint8Array(bytes));
+  await writable.close();
+}
+"""
+
+READ_OPFS = """
+async (name) => {
+  const root = await navigator.storage.getDirectory();
+  const folder = await (await root.getDirectoryHandle("offline")).getDirectoryHandle(name);
+  const handle = await folder.getFileHandle(`${name}.db`);
+  for (let attempt = 0; ; attempt++) {
+    try {
+      return Array.from(new Uint8Array(await (await handle.getFile()).arrayBuffer()));
+    } catch (error) {  // (the closed page's worker may still hold the file a moment)
+      if (attempt > 100) throw error;
+      await new Promise((resolve) => setTimeout(resolve, 100));
+    }
+  }
+}
+"""
+
+
+def test_a_damaged_database_in_opfs_gets_a_clear_message_and_is_kept(
+    chromium: str, web_project: Path, tmp_path: Path
+) -> None:
+    schema, _ = project_modules(web_project)
+    name = json.loads((web_project / "package.json").read_text())["offline"]["database"]
+    garbage = list(GARBAGE[:16384])
+
+    async def scenario(base: str) -> None:
+        async with guarded_browser(chromium) as (browser, guard):
+            context = await new_context(browser, guard)
+            setup = await context.new_page()
+            await setup.goto(base + "/config.js")
+            await setup.evaluate(WRITE_OPFS_GARBAGE, [name, garbage])
+            page = await context.new_page()
+            await page.goto(base + "/")
+            shown = await _failed_start(page)
+            _assert_clear(shown, "damaged", "site's data")
+            assert shown["status"]["error"]["context"]["reason"] == "corrupt"
+            await page.close()  # (its worker lets go of the file)
+            assert await setup.evaluate(READ_OPFS, name) == garbage
 
     with live_server(schema, web_project / "dist", tmp_path / "server.db") as live:
         asyncio.run(scenario(live.url))

@@ -1,9 +1,10 @@
 // The browser client's Web Worker: CPython compiled to WebAssembly (Pyodide, served from this site's
 // pyodide/ folder, never a CDN) runs the `offline` library and this project's Python modules against a
-// SQLite database kept in the browser's IndexedDB. The page talks to it with JSON messages (see
+// SQLite database kept in the browser's storage (storage.js). The page talks to it with JSON messages (see
 // offline/worker.py for their shapes); this file only boots Python and owns the browser storage.
 import config from "./config.js";
 import { loadPyodide } from "./pyodide/pyodide.mjs";
+import { openStorage } from "./storage.js";
 import { Tabs } from "./tabs.js";
 
 const started = performance.now();
@@ -11,6 +12,7 @@ const folder = `/offline/${config.database}`;
 const dbPath = `${folder}/${config.database}.db`;
 let bridge = null;
 let persist = null;
+let stored = null; // the database's storage, once this tab holds the database (see main)
 let tabRequests = null; // offline.worker_tabs.TabRequests: other tabs' writes, applied once
 
 const post = (text) => self.postMessage(text);
@@ -50,240 +52,15 @@ const tabs = new Tabs(config.database, post);
 self.onmessage = (event) => tabs.fromPage(event.data);
 
 // -- persistence ----------------------------------------------------------------------------------------
-// SQLite works on a file in Pyodide's in-memory file system (MEMFS), kept in IndexedDB in fixed-size
-// chunks. The database file's node keeps its contents as those chunks (`StoredFile` replaces the node's
-// read, write and resize functions): the chunks read from IndexedDB at startup become the file itself (no
-// whole-file buffer, nothing copied), the file grows a chunk at a time (MEMFS would copy the whole file
-// into a larger buffer), and every write notes the chunks it touched. After a commit only those chunks are
-// stored, in one IndexedDB transaction together with the file's size, so a write costs the pages it
-// touched whatever the size of the database, and the stored copy is always one whole committed state
-// (SQLite runs without a WAL here, and no transaction stays open between two JS turns).
-const CHUNK = 16384;
-const LOAD_BATCH = 256; // chunks per IndexedDB request at startup
-
-const done = (request) =>
-  new Promise((resolve, reject) => {
-    request.onsuccess = () => resolve(request.result);
-    request.onerror = () => reject(request.error);
-  });
-
-const committed = (tx) =>
-  new Promise((resolve, reject) => {
-    tx.oncomplete = resolve;
-    tx.onerror = tx.onabort = () => reject(tx.error || new Error("the IndexedDB transaction was aborted"));
-  });
-
-// A failure of the browser's storage, as the page shows it: a code, what happened and what to do next.
-function storageFailure(reason, message, error) {
-  const failure = new Error(message);
-  failure.code = "STORAGE_ERROR";
-  failure.context = { reason, cause: String((error && (error.message || error.name)) || error) };
-  return failure;
-}
-
-// A chunk as the file keeps it: CHUNK bytes (a stored last chunk holds only the file's bytes).
-function fullChunk(buffer) {
-  if (buffer.byteLength === CHUNK) return new Uint8Array(buffer);
-  const chunk = new Uint8Array(CHUNK);
-  chunk.set(new Uint8Array(buffer, 0, Math.min(buffer.byteLength, CHUNK)));
-  return chunk;
-}
-
-class StoredFile {
-  static async open(name) {
-    try {
-      const request = indexedDB.open(`offline:${name}`, 1);
-      request.onupgradeneeded = () => {
-        request.result.createObjectStore("chunks");
-        request.result.createObjectStore("meta");
-      };
-      return new StoredFile(await done(request));
-    } catch (error) {
-      const cause = (error && (error.message || error.name)) || error;
-      throw storageFailure(
-        "unavailable",
-        `this browser does not let the app keep its data (IndexedDB could not be opened: ${cause}); ` +
-          "allow this site to store data (a private window or blocked site data prevents it), then reload the page",
-        error,
-      );
-    }
-  }
-
-  constructor(db) {
-    this.db = db;
-    this.savedSize = 0; // the file's size as IndexedDB holds it
-    this.size = 0; // the file's size (before the file system has the node: as loaded)
-    this.chunks = []; // the file's contents; a missing chunk reads as zeros
-    this.dirty = new Set(); // chunks written since the last save
-    this.node = null; // the file system node whose contents these are
-  }
-
-  // Reads the stored chunks (they become the file's contents when `adopt` takes the node). Every request
-  // is made at once, in one transaction: the browser reads them while Python loads, and the worker takes
-  // each answer when it is free (one request after another waited for the worker between two).
-  async load() {
-    const tx = this.db.transaction(["meta", "chunks"]);
-    const size = await done(tx.objectStore("meta").get("size"));
-    if (size === undefined) return;
-    const count = Math.ceil(size / CHUNK);
-    const chunks = new Array(count);
-    const store = tx.objectStore("chunks");
-    const reads = [];
-    for (let first = 0; first < count; first += LOAD_BATCH) {
-      const last = Math.min(first + LOAD_BATCH, count) - 1;
-      const range = IDBKeyRange.bound(first, last);
-      const read = done(store.getAll(range)).then((values) => {
-        if (values.length === last - first + 1) {
-          values.forEach((value, i) => {
-            chunks[first + i] = fullChunk(value);
-          });
-          return undefined;
-        }
-        // Some chunks of this range are missing (they read as zeros): each value goes by its key.
-        return done(store.getAllKeys(range)).then((keys) =>
-          keys.forEach((index, i) => {
-            chunks[index] = fullChunk(values[i]);
-          }),
-        );
-      });
-      reads.push(read);
-    }
-    await Promise.all(reads);
-    this.chunks = chunks;
-    this.size = this.savedSize = size;
-  }
-
-  _mark(from, to) {
-    for (let i = Math.floor(from / CHUNK); i * CHUNK < to; i++) this.dirty.add(i);
-  }
-
-  // Makes the file at `path` keep its contents in this object's chunks. A new file in the place of the
-  // one adopted before (deleted and created again) brings its contents along, all of them to be stored.
-  adopt(FS, path) {
-    const node = FS.lookupPath(path).node;
-    if (node === this.node) return;
-    if (this.node !== null || node.usedBytes) {
-      const contents = node.contents ? node.contents.subarray(0, node.usedBytes) : new Uint8Array(0);
-      this.chunks = [];
-      for (let at = 0; at < contents.length; at += CHUNK) this.chunks.push(fullChunk(contents.slice(at, at + CHUNK).buffer));
-      this.size = contents.length;
-      this._mark(0, Math.max(this.size, this.savedSize));
-    }
-    node.contents = null;
-    node.usedBytes = this.size;
-    const file = this;
-    node.stream_ops = {
-      ...node.stream_ops, // (shared by every MEMFS file: copied, not changed)
-      read: (stream, buffer, offset, length, position) => file._read(buffer, offset, length, position),
-      write: (stream, buffer, offset, length, position) => file._write(buffer, offset, length, position),
-      allocate: (stream, offset, length) => file._resize(Math.max(node.usedBytes, offset + length), true),
-      mmap: () => {
-        throw new FS.ErrnoError(43); // ENODEV (Emscripten's numbering): SQLite does not map this file
-      },
-    };
-    const nodeOps = node.node_ops;
-    node.node_ops = {
-      ...nodeOps,
-      setattr(target, attr) {
-        const { size, ...rest } = attr;
-        nodeOps.setattr(target, rest);
-        if (size !== undefined) file._resize(size, false);
-      },
-    };
-    // (A stream takes its operations when it is opened: one already open on this file gets them too.)
-    for (const stream of FS.streams) if (stream && stream.node === node) stream.stream_ops = node.stream_ops;
-    this.node = node;
-  }
-
-  _read(buffer, offset, length, position) {
-    const size = this.node.usedBytes;
-    if (position >= size) return 0;
-    const total = Math.min(length, size - position);
-    for (let copied = 0; copied < total; ) {
-      const at = position + copied;
-      const i = Math.floor(at / CHUNK);
-      const from = at - i * CHUNK;
-      const n = Math.min(CHUNK - from, total - copied);
-      const chunk = this.chunks[i];
-      if (chunk) buffer.set(chunk.subarray(from, from + n), offset + copied);
-      else buffer.fill(0, offset + copied, offset + copied + n);
-      copied += n;
-    }
-    return total;
-  }
-
-  _write(buffer, offset, length, position) {
-    if (!length) return 0;
-    const node = this.node;
-    if (position > node.usedBytes) this._mark(node.usedBytes, position); // the gap reads (and is stored) as zeros
-    for (let copied = 0; copied < length; ) {
-      const at = position + copied;
-      const i = Math.floor(at / CHUNK);
-      const from = at - i * CHUNK;
-      const n = Math.min(CHUNK - from, length - copied);
-      const chunk = this.chunks[i] || (this.chunks[i] = new Uint8Array(CHUNK));
-      chunk.set(buffer.subarray(offset + copied, offset + copied + n), from);
-      this.dirty.add(i);
-      copied += n;
-    }
-    node.usedBytes = Math.max(node.usedBytes, position + length);
-    node.mtime = node.ctime = Date.now();
-    return length;
-  }
-
-  _resize(size, growOnly) {
-    const node = this.node;
-    const before = node.usedBytes;
-    if (size === before || (growOnly && size < before)) return;
-    if (size < before) {
-      // Bytes past the new end read as zeros if the file grows again: drop whole chunks, zero the rest.
-      const count = Math.ceil(size / CHUNK);
-      if (this.chunks.length > count) this.chunks.length = count;
-      const last = this.chunks[count - 1];
-      if (last && size % CHUNK) last.fill(0, size % CHUNK);
-    }
-    this._mark(Math.min(before, size), Math.max(before, size));
-    node.usedBytes = size;
-    node.mtime = node.ctime = Date.now();
-  }
-
-  // Stores the chunks written since the last save. The chunks are handed over synchronously (IndexedDB
-  // copies a value when it is put, between two SQLite transactions); if the browser refuses them, they are
-  // noted again for the next save.
-  async save(FS, path) {
-    if (!FS.analyzePath(path).exists) return;
-    this.adopt(FS, path);
-    const size = this.node.usedBytes;
-    if (!this.dirty.size && size === this.savedSize) return;
-    const count = Math.ceil(size / CHUNK);
-    const changed = [...this.dirty].filter((i) => i < count);
-    this.dirty.clear();
-    const tx = this.db.transaction(["chunks", "meta"], "readwrite");
-    const chunks = tx.objectStore("chunks");
-    for (const i of changed) {
-      const chunk = this.chunks[i] || new Uint8Array(CHUNK);
-      const length = Math.min(CHUNK, size - i * CHUNK);
-      chunks.put(length === CHUNK ? chunk.buffer : chunk.slice(0, length).buffer, i);
-    }
-    const before = Math.ceil(this.savedSize / CHUNK);
-    if (before > count) chunks.delete(IDBKeyRange.bound(count, before - 1));
-    tx.objectStore("meta").put(size, "size");
-    try {
-      await committed(tx);
-    } catch (error) {
-      for (const i of changed) this.dirty.add(i);
-      throw error;
-    }
-    this.savedSize = size;
-  }
-}
-
+// The database file is kept in the browser's storage by storage.js: in the Origin Private File System
+// where the browser offers it to workers, else in IndexedDB. Either way a commit's writes are durable once
+// the storage's save() resolved, and only what the commit changed is written.
 // Saves run one at a time; a request made while one runs is served by the next save (which must include
 // the newer writes), and every request made meanwhile shares that save.
-function makePersist(FS, file) {
+function makePersist(storage) {
   let running = null;
   let queued = null;
-  const save = () => file.save(FS, dbPath);
+  const save = () => storage.save();
   const next = () => {
     if (queued) return queued;
     if (!running) {
@@ -354,10 +131,10 @@ async function saveBytecode(pyodide) {
 }
 
 // Startup runs three things side by side: Pyodide loads and compiles (CPU in this process), the stored
-// database is read from IndexedDB (the browser's storage process), and the app's Python code is fetched.
-// Reading the database after Pyodide (as one step after another) made a reload wait for both in turn, and
-// the read grows with the database. The read starts once this tab holds the database (tabs.lock), so it
-// never sees another tab's half-saved state.
+// database is opened (in OPFS; from IndexedDB it is read, in the browser's storage process), and the app's
+// Python code is fetched. Opening the database after Pyodide (as one step after another) made a reload wait
+// for both in turn. It starts once this tab holds the database (tabs.lock), so it never sees another tab's
+// half-saved state.
 async function main() {
   progress("starting");
   const yjs = loadYjs();
@@ -369,19 +146,11 @@ async function main() {
     progress("python-loaded");
     return pyodide;
   });
-  const stored = tabs.lock().then(async () => {
+  stored = tabs.lock().then(async () => {
     progress("database-owned");
-    const file = await StoredFile.open(config.database);
-    await file.load().catch((error) => {
-      throw storageFailure(
-        "unreadable",
-        `the data this app keeps in this browser could not be read (${(error && error.message) || error}); ` +
-          "reload the page, and if this keeps happening, clear this site's data in the browser's settings",
-        error,
-      );
-    });
+    const storage = await openStorage(config.database);
     progress("storage-read");
-    return file;
+    return storage;
   });
   const code = fetch(new URL(config.python, import.meta.url)).then((response) => {
     if (!response.ok) throw new Error(`cannot load the Python code ${config.python}: HTTP ${response.status}`);
@@ -409,11 +178,8 @@ async function main() {
 
   const FS = pyodide.FS;
   FS.mkdirTree(folder);
-  const file = await stored;
-  // An empty file whose contents become the loaded chunks (a new database: none, and every write is
-  // stored from the first one).
-  FS.writeFile(dbPath, new Uint8Array(0));
-  file.adopt(FS, dbPath);
+  const storage = await stored;
+  storage.mount(FS, folder, dbPath);
   progress("storage-opened");
 
   const options = pyodide.toPy({
@@ -426,7 +192,7 @@ async function main() {
   // Sync sends an operation only once it is stored (see offline.worker_tabs.DurableSync): a save notes this
   // node's last sequence number as it starts (it copies what is there then), and passes it on once stored.
   const tabsModule = pyodide.pyimport("offline.worker_tabs");
-  const save = makePersist(FS, file);
+  const save = makePersist(storage);
   let durable = null;
   persist = () => {
     const sequence = durable ? durable.saving() : null;
@@ -437,9 +203,11 @@ async function main() {
   bridge = await worker.start(options, post, persist, progress);
   options.destroy();
   if (!bridge) {
+    storage.close(); // (before the lock goes: the next owner opens the files)
     tabs.resign(); // another tab may open it (else every tab waits for this one to close)
     return; // the app could not open: Python told the page why (a "fatal" message)
   }
+  storage.opened();
   durable = tabsModule.DurableSync(bridge.app);
   tabRequests = tabsModule.open_requests(bridge);
   progress("ready");
@@ -459,7 +227,9 @@ async function main() {
 }
 
 main().catch((error) => {
-  // This worker holds (or waits for) the database's lock and will never serve it: hand it on.
+  // This worker holds (or waits for) the database's lock and will never serve it: hand it on, and the
+  // files it opened (the next owner waits for them a while).
   tabs.resign();
+  if (stored) stored.then((storage) => storage.close()).catch(() => {});
   tell({ type: "fatal", message: String((error && error.message) || error), code: error && error.code, context: error && error.context });
 });
