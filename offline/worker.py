@@ -911,9 +911,10 @@ def open_app(config: Mapping[str, Any]) -> tuple[App, ModuleType | None]:
     sync = {"url": sync_url, **(config.get("syncOptions") or {})} if sync_url else None
     app = create_app(schema, sync=sync, path=str(config.get("dbPath") or "app.db"))
     if IS_BROWSER:
-        # One database file and no WAL: a copy of the file to browser storage, taken between two
-        # transactions, is then always a consistent database (a WAL copy could pair an old main file with
-        # a newer log). Durability comes from persist(), not from SQLite's fsyncs, which are no-ops here.
+        # A rollback journal, no WAL. Where the file is kept in OPFS (web/storage.js), the journal is there
+        # too and SQLite's fsyncs flush both; where it is kept in IndexedDB, a copy of the file taken between
+        # two transactions is then always a consistent database (a WAL copy could pair an old main file with
+        # a newer log), and durability comes from persist() alone.
         app.db.conn.execute("PRAGMA journal_mode=DELETE")
         # This worker's connection is the only one to the file (one tab owns the database): holding its lock
         # spares every transaction re-reading the file's header to learn whether its page cache is still
