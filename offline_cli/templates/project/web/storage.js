@@ -336,11 +336,16 @@ async function fileIn(folder, name, create) {
   }
 }
 
+// Reads fetch whole blocks of this size, of which the last BLOCKS read are kept (4 MB a file at most).
+const BLOCK = 65536;
+const BLOCKS = 64;
+
 // A file whose contents are an OPFS file, read and written through its sync access handle. Each call on
 // the handle is a call into the browser (where the browser keeps OPFS in memory, as in a private window, a
-// round trip to its storage process), and SQLite writes a journal record as three writes: writes that
-// continue the one before are gathered and written as one, before anything else is done with the file.
-class OpfsFile {
+// round trip to its storage process), and SQLite reads a page at a time and writes a journal record as
+// three writes: writes that continue the one before are gathered and written as one, before anything else
+// is done with the file, and a read fetches the block around it (a query scanning a table reads on in it).
+export class OpfsFile {
   constructor(name, access) {
     this.name = name;
     this.access = access;
@@ -349,6 +354,7 @@ class OpfsFile {
     this.gathered = []; // copies of writes not made yet, one after the other from `gatheredAt`
     this.gatheredAt = 0;
     this.gatheredEnd = 0;
+    this.blocks = new Map(); // block index -> its BLOCK bytes as last read or written, least recent first
   }
 
   // The I/O error SQLite is told of (Emscripten passes only an ErrnoError on to C); the cause is logged.
@@ -394,10 +400,34 @@ class OpfsFile {
     const total = Math.min(length, size - position);
     try {
       this._write();
-      return this.access.read(buffer.subarray(offset, offset + total), { at: position });
+      for (let copied = 0; copied < total; ) {
+        const at = position + copied;
+        const index = Math.floor(at / BLOCK);
+        const from = at - index * BLOCK;
+        const n = Math.min(BLOCK - from, total - copied);
+        buffer.set(this._block(index, size).subarray(from, from + n), offset + copied);
+        copied += n;
+      }
+      return total;
     } catch (error) {
       throw this._failed(FS, "reading", error);
     }
+  }
+
+  // The block `index` of a file of `size` bytes (past the end: zeros), read unless kept.
+  _block(index, size) {
+    let block = this.blocks.get(index);
+    if (block) {
+      this.blocks.delete(index); // (and set again below: now the most recent)
+    } else {
+      block = new Uint8Array(BLOCK);
+      const length = Math.min(BLOCK, size - index * BLOCK);
+      const read = this.access.read(block.subarray(0, length), { at: index * BLOCK });
+      if (read !== length) throw new Error(`${read} of ${length} bytes read`);
+      if (this.blocks.size >= BLOCKS) this.blocks.delete(this.blocks.keys().next().value);
+    }
+    this.blocks.set(index, block);
+    return block;
   }
 
   _gather(FS, node, buffer, offset, length, position) {
@@ -405,8 +435,17 @@ class OpfsFile {
     try {
       if (this.gathered.length && position !== this.gatheredEnd) this._write();
       if (!this.gathered.length) this.gatheredAt = this.gatheredEnd = position;
-      this.gathered.push(buffer.slice(offset, offset + length)); // (a copy: the buffer is WebAssembly's memory)
+      const bytes = buffer.slice(offset, offset + length); // (a copy: the buffer is WebAssembly's memory)
+      this.gathered.push(bytes);
       this.gatheredEnd += length;
+      // The blocks kept take the write too.
+      for (let index = Math.floor(position / BLOCK); index * BLOCK < position + length; index++) {
+        const block = this.blocks.get(index);
+        if (!block) continue;
+        const start = Math.max(position, index * BLOCK);
+        const end = Math.min(position + length, (index + 1) * BLOCK);
+        block.set(bytes.subarray(start - position, end - position), start - index * BLOCK);
+      }
       if (this.gatheredEnd - this.gatheredAt >= 1 << 20) this._write();
     } catch (error) {
       throw this._failed(FS, "writing", error);
@@ -436,6 +475,7 @@ class OpfsFile {
   }
 
   _resize(FS, size) {
+    this.blocks.clear(); // (bytes past a new end read as zeros if the file grows again)
     try {
       this._write();
       this.access.truncate(size);
