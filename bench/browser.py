@@ -34,7 +34,9 @@ At size (``at_size``, the table of issue 28; a fresh server and browser, the pag
   every renderer). ``..._after_gc``: both again after a full garbage collection in the page and its
   workers. ``other_renderers_rss_mb``: Chromium's other renderers, not the app's (the spare renderer it
   keeps started for the next navigation, about 78 MB whatever the page does; its own user interface's
-  renderer is left out).
+  renderer is left out). ``browser_process_rss_mb``: Chromium's browser process, not a renderer: a private
+  context (as Playwright's are) keeps its IndexedDB and OPFS files there, in memory; a profile keeps them on
+  disk.
 - ``warm_reload_cpu_ms``: the CPU time Chromium's processes used from a reload until the list showed
   every record (the least of 2): on a shared machine, what a reload costs whatever the others do.
 - ``warm_stages_ms``: what ``cold_stages_ms`` is for a first visit, for the fastest warm reload at each
@@ -164,7 +166,12 @@ def _renderers() -> list[dict[str, Any]]:
     found = []
     for pid, command in commands.items():
         # (Chromium rewrites its processes' titles: the arguments are one space-separated string there.)
-        if b"--type=renderer" not in command or b"--top-chrome-webui" in command or not mine(pid):
+        browser = b"chrom" in command.split(b"\0")[0] and b"--type=" not in command
+        if (
+            not mine(pid)
+            or not (browser or b"--type=renderer" in command)
+            or b"--top-chrome-webui" in command
+        ):
             continue
         with contextlib.suppress(OSError, ValueError):
             memory = {}
@@ -177,7 +184,9 @@ def _renderers() -> list[dict[str, Any]]:
                 {
                     "rss_mb": round(memory["Rss"] / 1e6, 1),
                     "private_mb": round((memory["Private_Clean"] + memory["Private_Dirty"]) / 1e6, 1),
-                    "app": any(name.startswith(("DedicatedWorker", "ServiceWorker")) for name in threads),
+                    "app": not browser
+                    and any(name.startswith(("DedicatedWorker", "ServiceWorker")) for name in threads),
+                    "browser": browser,
                 }
             )
     return sorted(found, key=lambda renderer: -float(renderer["rss_mb"]))
@@ -321,7 +330,10 @@ async def _at_size(executable: str, base: str, sizes: tuple[int, ...] = SIZES) -
         memory = _app_memory(renderers)
         figures[f"renderer_rss_mb_at_{size - 40}"] = memory["rss_mb"]
         figures[f"renderer_private_mb_at_{size - 40}"] = memory["private_mb"]
-        figures[f"other_renderers_rss_mb_at_{size - 40}"] = [r["rss_mb"] for r in renderers if not r["app"]]
+        figures[f"other_renderers_rss_mb_at_{size - 40}"] = [
+            r["rss_mb"] for r in renderers if not r["app"] and not r["browser"]
+        ]
+        figures[f"browser_process_rss_mb_at_{size - 40}"] = [r["rss_mb"] for r in renderers if r["browser"]]
         await _collect_garbage(browser)
         memory = _app_memory(_renderers())
         figures[f"renderer_rss_mb_after_gc_at_{size - 40}"] = memory["rss_mb"]

@@ -120,6 +120,7 @@ def test_init_writes_a_project_that_pins_pyodide(tmp_path: Path) -> None:
         "offline-client.js",
         "worker.js",
         "tabs.js",
+        "storage.js",
         "sw.js",
         "style.css",
     ):
