@@ -219,7 +219,9 @@ def test_offline_writes_survive_an_offline_reload_and_sync_later(
             await add(page, "written online")
             await sync_status(page, "connected", pending=0)
             # The service worker has cached the page, the worker, Pyodide and the Python code.
-            await expect(page.locator("#cache-status")).to_have_attribute("data-cached", "true")
+            await expect(page.locator("#cache-status")).to_have_attribute(
+                "data-cached", "true", timeout=START_TIMEOUT_MS
+            )  # (registered once the first sync is over, then it downloads the build)
 
             await context.set_offline(True)
             await sync_status(page, "offline")

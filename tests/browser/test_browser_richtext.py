@@ -106,7 +106,9 @@ def test_richtext_edited_in_the_browser_and_in_python_at_once_converges(
                 await eventually(converged)
 
                 # Offline, the browser edits again and reloads: its edit comes from its own storage.
-                await expect(page.locator("#cache-status")).to_have_attribute("data-cached", "true")
+                await expect(page.locator("#cache-status")).to_have_attribute(
+                    "data-cached", "true", timeout=START_TIMEOUT_MS
+                )  # (registered once the first sync is over, then it downloads the build)
                 await context.set_offline(True)
                 offline_edit = await page.evaluate(
                     """(id) => window.offlineClient.collection("notes").richtext(id, "body").delete(0, 5)

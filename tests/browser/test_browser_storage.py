@@ -331,7 +331,9 @@ def test_a_first_sync_shows_its_progress(chromium: str, web_project: Path, tmp_p
             assert any(0 < received < SEEDED for received, _ in seen), seen  # shown on the way
             assert [received for received, _ in seen] == sorted(received for received, _ in seen)
             # Everything received was stored as it came: a reload offline shows it all.
-            await expect(page.locator("#cache-status")).to_have_attribute("data-cached", "true")
+            await expect(page.locator("#cache-status")).to_have_attribute(
+                "data-cached", "true", timeout=START_TIMEOUT_MS
+            )  # (registered once the first sync is over, then it downloads the build)
             await context.set_offline(True)
             await reload(page)
             await expect(page.locator("#count")).to_contain_text(f"{SEEDED} in total")

@@ -106,11 +106,36 @@ $("#new-todo").addEventListener("submit", async (event) => {
 
 $("#clear-completed").addEventListener("click", () => client.call("clear_completed").catch(showError));
 
+// The service worker's install downloads every file of this build again to keep it (Pyodide and the Python,
+// about 17 MB): on a first visit that competed with starting Python and with the first sync for the network
+// and the CPU. It is registered once the first sync is over (the sync status settled: synced, offline,
+// paused, off or stopped), or SETTLE_MS after the app is ready whatever sync does, or at once if the app
+// could not start.
+const SETTLED = new Set(["connected", "offline", "disconnected", "disabled", "error"]);
+const SETTLE_MS = 20000;
+
+function firstSyncOver() {
+  return client.ready.then(
+    () =>
+      new Promise((resolve) => {
+        const settled = () => {
+          stop();
+          clearTimeout(timer);
+          resolve();
+        };
+        const stop = client.on("status", (status) => SETTLED.has(status.status) && settled());
+        const timer = setTimeout(settled, SETTLE_MS);
+        if (SETTLED.has(client.status.status)) settled();
+      }),
+    () => undefined,
+  );
+}
+
 // Offline reloads: a service worker keeps this page, Pyodide and the Python code in the browser's cache.
 const cacheStatus = $("#cache-status");
 if ("serviceWorker" in navigator) {
-  navigator.serviceWorker
-    .register("./sw.js")
+  firstSyncOver()
+    .then(() => navigator.serviceWorker.register("./sw.js"))
     .then(() => navigator.serviceWorker.ready)
     .then(() => {
       cacheStatus.dataset.cached = "true";
