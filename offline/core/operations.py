@@ -447,6 +447,15 @@ def _content_id(
     )
 
 
+def _plain_context(context: Mapping[str, int] | None) -> dict[str, int] | None:
+    """``context`` as a plain dict, for reading only: an operation's own (a FrozenDict) without a copy."""
+    if context is None or type(context) is dict:
+        return context
+    if type(context) is FrozenDict:
+        return context._data  # read only: hashed, never changed nor handed on
+    return dict(context)
+
+
 def _text_content_id(
     type_: str,
     collection: str,
@@ -465,7 +474,7 @@ def _text_content_id(
             data,
             timestamp,
             node_id,
-            None if context is None else context if type(context) is dict else dict(context),
+            _plain_context(context),
         )
     except ValueError as exc:
         # Only reachable for an Operation built directly, bypassing validation (e.g. holding NaN).
