@@ -72,83 +72,98 @@ _CHUNK = 500
 
 
 def compact(app: App) -> int:
-    """Drop the acknowledged operations of the log (see the module docstring); returns how many."""
+    """Drop the acknowledged operations of the log (see the module docstring); returns how many.
+
+    The cost is kept to SQLite's own work per record the dropped operations touch (issue 24: automatic
+    compaction runs every `compact_after` operations, so a fold of many operations pays for it many times):
+    what the dropped operations leave (each record's per-node highest number and highest clock) is aggregated
+    into a temporary table, and every record whose operations all go takes its current state as its base and
+    its merged numbers (old and new, as JSON) in one statement, no row passing through Python. Only the few
+    records that keep operations (this node's pending ones), have no state, or hold their state as a
+    reference to an operation about to go are handled one by one.
+    """
     app._check_open()
     app.flush()
     db = app.db
     engine = app.engine
     with db.lock, db.transaction():
         conn = db.conn
-        # What the dropped operations leave, aggregated by SQLite (a Python object per operation made this
-        # pass, and the garbage collector's passes over them, a large part of a compaction's cost): each
-        # record's per-node highest number and highest clock, and which records keep operations.
-        dropped: dict[tuple[str, str], list[tuple[str, int, str]]] = {}
-        count = 0
-        for collection, record_id, node_id, seq, hlc, n in conn.execute(
-            "SELECT collection, record_id, node_id, max(sequence_number), max(hlc), count(*) FROM _offline_ops "
+        conn.execute(_DROPPING_TABLE)
+        conn.execute("DELETE FROM temp._offline_dropping")
+        conn.execute(
+            "INSERT INTO temp._offline_dropping (collection, record_id, node_id, seq, hlc, special) "
+            "SELECT collection, record_id, node_id, max(sequence_number), max(hlc), 0 FROM _offline_ops "
             "WHERE status = ? GROUP BY collection, record_id, node_id",
             (ACKED,),
-        ):
-            dropped.setdefault((collection, record_id), []).append((str(node_id), int(seq), str(hlc)))
-            count += n
+        )
+        (count,) = conn.execute("SELECT count(*) FROM _offline_ops WHERE status = ?", (ACKED,)).fetchone()
         if not count:
             return 0
-        pending: set[tuple[str, str]] = {
-            (str(c), str(r))
-            for c, r in conn.execute(
-                "SELECT DISTINCT collection, record_id FROM _offline_ops WHERE status NOT IN (?, ?)",
-                (ACKED, REJECTED),
-            )
-        }
-        keys = list(dropped)
-        # Each record's numbers; its old base is read (and decoded) only where operations stay (below).
-        numbers = _versions_rows(app, keys)
-        stay = [key for key in keys if key in pending]
-        old_bases = {(c, r): state for c, r, state, _ in _rows(app, stay)} if stay else {}
-        # Which records have a state; one stored as a reference to its operation is written out (that
-        # operation is about to go), each as it is read: only its text is kept, not its operation.
-        states = _write_out_references(app, keys)
-        out: list[tuple[str, str, str, str]] = []
-        # Records whose every operation goes: their base is their current state, copied by SQLite (the
-        # texts need not pass through Python).
-        copied: list[tuple[str, str, str]] = []
-        own = 0
         clock = db.get_meta(CLOCK_KEY) or ""
-        for key, items in dropped.items():
-            versions_text = numbers.get(key)
-            versions = _parse_versions(versions_text) if versions_text is not None else {}
-            for node_id, seq, hlc in items:
-                if seq > versions.get(node_id, -1):
-                    versions[node_id] = seq
-                if node_id == app.node_id and seq > own:
-                    own = seq
-                if hlc > clock:
-                    clock = hlc
-            if key not in pending and key in states:
-                copied.append((_versions_text(versions), key[0], key[1]))  # every operation goes
-                continue
-            # Some stay: the base is what the dropped ones make of the old base.
-            old_base = old_bases.get(key)
-            state = RecordState.from_json(old_base) if old_base is not None else RecordState()
-            if key[0] in app.codecs:
-                for (wire,) in conn.execute(
-                    "SELECT wire FROM _offline_ops WHERE collection = ? AND record_id = ? AND status = ?",
-                    (*key, ACKED),
-                ):
-                    engine.apply(state, operation_from_text(wire), want_conflicts=False)
-            out.append((key[0], key[1], state.to_json(), _versions_text(versions)))
-        conn.executemany(
-            "INSERT OR REPLACE INTO _offline_compacted (collection, record_id, state, versions) "
-            "SELECT collection, record_id, CAST(state AS TEXT), ? FROM _offline_state "
-            "WHERE collection = ? AND record_id = ?",
-            copied,
+        newest, own = conn.execute(
+            "SELECT max(hlc), max(CASE WHEN node_id = ? THEN seq END) FROM temp._offline_dropping",
+            (app.node_id,),
+        ).fetchone()
+        if newest is not None and str(newest) > clock:
+            clock = str(newest)
+        own = int(own or 0)
+        # A state stored as a reference to its operation is written out (that operation is about to go).
+        _write_out_dropping_references(app)
+        # Records that keep operations (pending ones), or have no merge state: their base is folded here.
+        conn.execute(
+            "UPDATE temp._offline_dropping SET special = 1 WHERE (collection, record_id) IN "
+            "(SELECT collection, record_id FROM _offline_ops WHERE status NOT IN (?, ?)) "
+            "OR NOT EXISTS (SELECT 1 FROM _offline_state s WHERE s.collection = _offline_dropping.collection "
+            "AND s.record_id = _offline_dropping.record_id)",
+            (ACKED, REJECTED),
         )
+        special: dict[tuple[str, str], list[tuple[str, int]]] = {}
+        for collection, record_id, node_id, seq in conn.execute(
+            "SELECT collection, record_id, node_id, seq FROM temp._offline_dropping WHERE special = 1"
+        ):
+            special.setdefault((str(collection), str(record_id)), []).append((str(node_id), int(seq)))
+        # Records whose every operation goes: their base is their current state, copied by SQLite, their
+        # numbers the highest of the old ones and the dropped ones per node (json_group_object writes the
+        # compact sorted form `_versions_text` writes).
+        conn.execute(
+            "INSERT OR REPLACE INTO _offline_compacted (collection, record_id, state, versions) "
+            "SELECT k.collection, k.record_id, CAST(s.state AS TEXT), "
+            "(SELECT json_group_object(node, seq) FROM (SELECT node, max(seq) AS seq FROM ("
+            "SELECT key AS node, value AS seq FROM json_each(c.versions) "
+            "UNION ALL SELECT d.node_id, d.seq FROM temp._offline_dropping d "
+            "WHERE d.collection = k.collection AND d.record_id = k.record_id) GROUP BY node ORDER BY node)) "
+            "FROM (SELECT DISTINCT collection, record_id FROM temp._offline_dropping WHERE special = 0) k "
+            "JOIN _offline_state s ON s.collection = k.collection AND s.record_id = k.record_id "
+            "LEFT JOIN _offline_compacted c ON c.collection = k.collection AND c.record_id = k.record_id"
+        )
+        out: list[tuple[str, str, str, str]] = []
+        if special:
+            keys = list(special)
+            numbers = _versions_rows(app, keys)
+            old_bases = {(c, r): state for c, r, state, _ in _rows(app, keys)}
+            for key, items in special.items():
+                versions_text = numbers.get(key)
+                versions = _parse_versions(versions_text) if versions_text is not None else {}
+                for node_id, seq in items:
+                    if seq > versions.get(node_id, -1):
+                        versions[node_id] = seq
+                # Some stay: the base is what the dropped ones make of the old base.
+                old_base = old_bases.get(key)
+                state = RecordState.from_json(old_base) if old_base is not None else RecordState()
+                if key[0] in app.codecs:
+                    for (wire,) in conn.execute(
+                        "SELECT wire FROM _offline_ops WHERE collection = ? AND record_id = ? AND status = ?",
+                        (*key, ACKED),
+                    ):
+                        engine.apply(state, operation_from_text(wire), want_conflicts=False)
+                out.append((key[0], key[1], state.to_json(), _versions_text(versions)))
         conn.executemany(
             "INSERT OR REPLACE INTO _offline_compacted (collection, record_id, state, versions) "
             "VALUES (?, ?, ?, ?)",
             out,
         )
         conn.execute("DELETE FROM _offline_ops WHERE status = ?", (ACKED,))
+        conn.execute("DELETE FROM temp._offline_dropping")
         if own:
             # The sequence numbering at open reads the log and this vector: it must not go back.
             db.advance_vector({app.node_id: own})
@@ -157,7 +172,19 @@ def compact(app: App) -> int:
         db.set_meta(FLAG_KEY, "1")
         app._compacted = True
     app._log_growth = 0
-    return count
+    return int(count)
+
+
+#: What one compaction drops, per record and node (a connection's temporary table, emptied after use).
+_DROPPING_TABLE = """CREATE TEMP TABLE IF NOT EXISTS _offline_dropping (
+        collection TEXT NOT NULL,
+        record_id TEXT NOT NULL,
+        node_id TEXT NOT NULL,
+        seq INTEGER NOT NULL,
+        hlc TEXT NOT NULL,
+        special INTEGER NOT NULL,
+        PRIMARY KEY (collection, record_id, node_id)
+    ) WITHOUT ROWID"""
 
 
 def dropped_own(app: App) -> int:
@@ -228,39 +255,35 @@ def _one_operation_state(app: App, collection: str, record_id: str, op: Operatio
     return app._refold_one(collection, record_id, op).to_json()
 
 
-def _write_out_references(app: App, keys: Iterable[tuple[str, str]]) -> set[tuple[str, str]]:
-    """Which of these records have a merge state; a state stored as a reference to its operation
-    (`STATE_REFERENCE` + id) is written out as text, its operation read in the same statement (a join) and
+def _write_out_dropping_references(app: App) -> None:
+    """Write out as text each state stored as a reference to its operation (`STATE_REFERENCE` + id) among
+    the records of ``temp._offline_dropping``, its operation read in the same statement (a join) and
     dropped once its state's text is made, so a compaction never holds thousands of operations at once."""
-    found: set[tuple[str, str]] = set()
     made: list[tuple[str, str, str]] = []
-    for collection, chunk, marks in _chunks(keys):
-        for record_id, reference, wire in app.db.conn.execute(
-            # (a state stored as bytes is never a reference: substr of a blob is a blob)
-            f"SELECT s.record_id, CASE WHEN substr(s.state, 1, 1) = ? THEN s.state ELSE '' END, o.wire "
-            f"FROM _offline_state s LEFT JOIN _offline_ops o ON substr(s.state, 1, 1) = ? "
-            f"AND o.collection = s.collection AND o.record_id = s.record_id AND o.id = substr(s.state, 2) "
-            f"WHERE s.collection = ? AND s.record_id IN ({marks})",
-            [STATE_REFERENCE, STATE_REFERENCE, collection, *chunk],
-        ):
-            record_id = str(record_id)
-            found.add((collection, record_id))
-            if not reference:
-                continue
-            if wire is None:
-                raise storage_error(
-                    "the operation a record's merge state refers to is missing from the operation log "
-                    "(the local database is damaged: restore it, or start a fresh one and sync it from "
-                    "the server)",
-                    collection=collection,
-                    recordId=record_id,
-                    operationId=str(reference)[1:],
-                )
-            op = operation_from_text(str(wire))
-            made.append((collection, record_id, _one_operation_state(app, collection, record_id, op)))
+    for collection, record_id, reference, wire in app.db.conn.execute(
+        # (a state stored as bytes is never a reference: substr of a blob is a blob)
+        "SELECT s.collection, s.record_id, s.state, o.wire "
+        "FROM (SELECT DISTINCT collection, record_id FROM temp._offline_dropping) k "
+        "JOIN _offline_state s ON s.collection = k.collection AND s.record_id = k.record_id "
+        "AND substr(s.state, 1, 1) = ? "
+        "LEFT JOIN _offline_ops o ON o.collection = s.collection AND o.record_id = s.record_id "
+        "AND o.id = substr(s.state, 2)",
+        (STATE_REFERENCE,),
+    ):
+        collection, record_id = str(collection), str(record_id)
+        if wire is None:
+            raise storage_error(
+                "the operation a record's merge state refers to is missing from the operation log "
+                "(the local database is damaged: restore it, or start a fresh one and sync it from "
+                "the server)",
+                collection=collection,
+                recordId=record_id,
+                operationId=str(reference)[1:],
+            )
+        op = operation_from_text(str(wire))
+        made.append((collection, record_id, _one_operation_state(app, collection, record_id, op)))
     if made:
         app.db.save_states(made)
-    return found
 
 
 def held_versions(app: App, keys: Iterable[tuple[str, str]]) -> dict[tuple[str, str], dict[str, int]]:
