@@ -18,7 +18,8 @@ loads leaves loopback (the same guard as tests/browser). Figures:
 - ``synced_3000_s``: after the last insert returned, until the server had acknowledged all 3,000 operations
   (sync runs while the page writes, so this is only what is left).
 
-At size (``at_size``, the table of issue 28; a fresh server and browser, the page's live list subscribed):
+At size (``at_size``, the table of issue 28; a fresh server and browser, the page's live list subscribed; in
+a Chromium started on a fresh profile folder, as users run it, not a private context: ``browser_context``):
 
 - ``insert_ms``: at 0, 10,000 and 50,000 local records, one awaited ``insert`` from the page (its reply
   comes once the write is in IndexedDB), median and p95 of 40; the records are added in between with
@@ -270,10 +271,17 @@ async def _ready(page: Any) -> None:
 
 
 @contextlib.asynccontextmanager
-async def _new_page(executable: str, timeout_ms: int) -> AsyncIterator[tuple[Any, Any]]:
-    """(browser, page): a fresh guarded Chromium and a page in a new context, closed at the end."""
+async def _new_page(
+    executable: str, timeout_ms: int, *, profile: bool = False
+) -> AsyncIterator[tuple[Any, Any]]:
+    """(browser, page): a fresh guarded Chromium and a page in a new context, closed at the end; with
+    ``profile``, a page in the default context of a Chromium on its own profile folder instead."""
     from tests.browser.support import guarded_browser, new_context
 
+    if profile:
+        async with _profile_page(executable, timeout_ms) as (browser, page):
+            yield browser, page
+        return
     async with guarded_browser(executable) as (browser, guard):
         context = await new_context(browser, guard)
         page = await context.new_page()
@@ -282,16 +290,79 @@ async def _new_page(executable: str, timeout_ms: int) -> AsyncIterator[tuple[Any
         await context.close()
 
 
-async def _at_size(executable: str, base: str, sizes: tuple[int, ...] = SIZES) -> dict[str, Any]:
-    """Inserts, persist and reload at 0 / 10,000 / 50,000 local records; memory at the largest."""
+@contextlib.asynccontextmanager
+async def _profile_page(executable: str, timeout_ms: int) -> AsyncIterator[tuple[Any, Any]]:
+    """(browser, page) in a Chromium started on a fresh profile folder, reached over the DevTools protocol.
+
+    Playwright's contexts are private windows: there every OPFS call is a round trip to the browser process
+    (0.3-0.9 ms, against microseconds in a profile) and the files sit in its memory, so a private context
+    measures a browser no user runs. Playwright's own persistent context gives no browser-level DevTools
+    session (the garbage collection below needs one), so Chromium is started here and connected to."""
+    import re
+    import subprocess
+
+    from playwright.async_api import async_playwright
+
+    from tests.browser.support import CHROMIUM_ARGS
+
+    with tempfile.TemporaryDirectory(prefix="offline-bench-profile-") as folder:
+        chromium = subprocess.Popen(
+            [
+                executable,
+                *CHROMIUM_ARGS,
+                "--headless",
+                "--remote-debugging-port=0",
+                f"--user-data-dir={folder}",
+                # Nothing off loopback (which Chromium never proxies) may load: a proxy that refuses.
+                "--proxy-server=http://127.0.0.1:9",
+                "about:blank",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert chromium.stderr is not None
+            endpoint = ""
+            for line in chromium.stderr:  # (Chromium prints its DevTools address once it listens)
+                found = re.search(r"DevTools listening on (ws://\S+)", line)
+                if found:
+                    endpoint = found.group(1)
+                    break
+            if not endpoint:
+                raise RuntimeError(f"Chromium exited ({chromium.wait()}) before its DevTools endpoint was up")
+            async with async_playwright() as playwright:
+                browser = await playwright.chromium.connect_over_cdp(endpoint)
+                page = await browser.contexts[0].new_page()
+                await page.set_viewport_size({"width": 900, "height": 800})
+                page.set_default_timeout(timeout_ms)
+                yield browser, page
+                await browser.close()
+        finally:
+            chromium.terminate()
+            try:
+                chromium.wait(10)
+            except subprocess.TimeoutExpired:
+                chromium.kill()
+                chromium.wait()
+
+
+async def _at_size(
+    executable: str, base: str, sizes: tuple[int, ...] = SIZES, *, profile: bool = True
+) -> dict[str, Any]:
+    """Inserts, persist and reload at 0 / 10,000 / 50,000 local records; memory at the largest. In a
+    Chromium profile (what users run) unless ``profile`` is false (a private context, as the tests use)."""
     figures: dict[str, Any] = {"insert_ms": {}, "insert_cpu_ms": {}, "persist_unchanged_ms": {}}
     figures["ready_after_warm_reload_ms"] = {}
     figures["warm_stages_ms"] = {}
     figures["warm_reload_cpu_ms"] = {}
     figures["list_shown_after_reload_ms"] = {}
-    async with _new_page(executable, 600_000) as (browser, page):
+    async with _new_page(executable, 600_000, profile=profile) as (browser, page):
         await page.goto(base + "/")
         await _ready(page)
+        # The page registers its service worker once the first sync settles, and its install downloads and
+        # stores the whole build: let that finish before timing, or it is counted in the figures at 0.
+        await page.evaluate(SERVICE_WORKER_READY)
         size = 0
         for target in sizes:
             await page.evaluate(GROW, [size, target])
@@ -338,7 +409,15 @@ async def _at_size(executable: str, base: str, sizes: tuple[int, ...] = SIZES) -
         memory = _app_memory(_renderers())
         figures[f"renderer_rss_mb_after_gc_at_{size - 40}"] = memory["rss_mb"]
         figures[f"renderer_private_mb_after_gc_at_{size - 40}"] = memory["private_mb"]
+    figures["browser_context"] = "profile" if profile else "private"
     return figures
+
+
+#: Resolves once the page's service worker is active (or after 120 s, or at once without service workers).
+SERVICE_WORKER_READY = """Promise.race([
+    navigator.serviceWorker ? navigator.serviceWorker.ready.then(() => true) : Promise.resolve(false),
+    new Promise((resolve) => setTimeout(() => resolve(false), 120000)),
+])"""
 
 
 #: Records, on the page, when the list first showed records and when it showed each count (performance.now(),
@@ -660,8 +739,9 @@ def run_first_sync(sizes: tuple[int, ...] = FIRST_SYNC, *, by_operations: bool =
     return figures
 
 
-def run_at_size(sizes: tuple[int, ...] = SIZES) -> dict[str, Any]:
-    """Only the at-size figures, at ``sizes`` (``python -m bench.browser at-size 50000``)."""
+def run_at_size(sizes: tuple[int, ...] = SIZES, *, profile: bool = True) -> dict[str, Any]:
+    """Only the at-size figures, at ``sizes`` (``python -m bench.browser at-size 50000``; with
+    ``--private``, in a private context as the tests use instead of a Chromium profile)."""
     from tests.browser.support import live_server
 
     skipped = _missing()
@@ -671,14 +751,16 @@ def run_at_size(sizes: tuple[int, ...] = SIZES) -> dict[str, Any]:
         _project() as project,
         live_server(project.schema, project.dist, project.folder / "size-server.db") as live,
     ):
-        return asyncio.run(_at_size(project.executable, live.url, sizes))
+        return asyncio.run(_at_size(project.executable, live.url, sizes, profile=profile))
 
 
 if __name__ == "__main__":
     import json
 
     if sys.argv[1:2] == ["at-size"]:
-        figures = run_at_size(tuple(int(n) for n in sys.argv[2:]) or SIZES)
+        args = sys.argv[2:]
+        sizes = tuple(int(n) for n in args if n != "--private") or SIZES
+        figures = run_at_size(sizes, profile="--private" not in args)
     elif sys.argv[1:2] == ["first-sync"]:
         args = sys.argv[2:]
         sizes = tuple(int(n) for n in args if n != "--states-only") or FIRST_SYNC
