@@ -242,3 +242,43 @@ def test_the_highest_clock_is_read_without_reading_the_log(app: App) -> None:
     (sql,) = statements
     plan = " | ".join(str(r[-1]) for r in conn.execute("EXPLAIN QUERY PLAN " + sql))
     assert "SCAN _offline_ops" not in plan
+
+
+class _RecordingConnection:
+    """The app's connection, recording each statement with its parameters as the store bound them (the trace
+    callback expands parameters into literals, which hides a parameter SQLite cannot match a partial index to)."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+        self.calls: list[tuple[str, Any]] = []
+
+    def execute(self, sql: str, params: Any = ()) -> sqlite3.Cursor:
+        self.calls.append((sql, params))
+        return self._conn.execute(sql, params)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._conn, name)
+
+
+def test_the_waiting_operations_are_read_through_the_pending_index(app: App) -> None:
+    from offline.store.replication import mark_acknowledged, pending_operations, pending_wires
+
+    for i in range(300):
+        app.tags.insert({"label": str(i)})
+    mark_acknowledged(app, range(1, 301))
+    app.tags.insert({"label": "waiting"})
+    conn = app.db.conn
+    recording = _RecordingConnection(conn)
+    app.db.conn = recording  # type: ignore[assignment]
+    try:
+        waiting = pending_operations(app)
+        wires = pending_wires(app)
+    finally:
+        app.db.conn = conn
+
+    assert [op.data["label"] for op in waiting] == ["waiting"]
+    assert len(wires) == 1
+    assert len(recording.calls) == 2
+    for sql, params in recording.calls:
+        plan = " | ".join(str(row[-1]) for row in conn.execute("EXPLAIN QUERY PLAN " + sql, params))
+        assert "_offline_ops_pending" in plan, (sql, plan)
