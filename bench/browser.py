@@ -532,11 +532,11 @@ class _CpuSampler:
         return before[-1] if before else self.samples[0][1]
 
 
-async def _first_sync(executable: str, base: str, count: int) -> dict[str, Any]:
+async def _first_sync(executable: str, base: str, count: int, *, profile: bool = True) -> dict[str, Any]:
     """A fresh browser opening the page until it shows ``count`` records, split into the stages of its cold
     path (`cold_path`: when each was reached, from navigation, and the CPU time Chromium had used by then:
-    all of it, the worker's thread, the page's)."""
-    async with _new_page(executable, 600_000) as (_, page):
+    all of it, the worker's thread, the page's). In a fresh Chromium profile unless ``profile`` is false."""
+    async with _new_page(executable, 600_000, profile=profile) as (_, page):
         context = page.context
         await context.add_init_script(SHOWN_WATCH)
         arrived: dict[str, float] = {}
@@ -699,6 +699,7 @@ def _first_syncs(
     sizes: tuple[int, ...],
     *,
     by_operations: bool = True,
+    profile: bool = True,
 ) -> dict[str, Any]:
     """`_first_sync` at each size, by record states (the default) and by operations."""
     from tests.browser.support import live_server
@@ -710,19 +711,22 @@ def _first_syncs(
         for mode, limits in modes if by_operations else modes[:1]:
             db = folder / f"seeded-{n}-{mode}.db"
             with live_server(schema, dist, db, seed_count=n, limits=limits) as live:
-                measured = asyncio.run(_first_sync(executable, live.url, n))
+                measured = asyncio.run(_first_sync(executable, live.url, n, profile=profile))
             if limits is None:
                 figures.update(measured)
             else:
                 figures[mode] = measured
+        figures["browser_context"] = "profile" if profile else "private"
         out[str(n)] = figures
         _note(f"first sync of {n}", figures)
     return out
 
 
-def run_first_sync(sizes: tuple[int, ...] = FIRST_SYNC, *, by_operations: bool = True) -> dict[str, Any]:
+def run_first_sync(
+    sizes: tuple[int, ...] = FIRST_SYNC, *, by_operations: bool = True, profile: bool = True
+) -> dict[str, Any]:
     """Only the first-sync figures, at ``sizes`` (``python -m bench.browser first-sync 20000``; with
-    ``--states-only``, without the by-operations comparison)."""
+    ``--states-only``, without the by-operations comparison; with ``--private``, in a private context)."""
     skipped = _missing()
     if skipped:
         return skipped
@@ -734,6 +738,7 @@ def run_first_sync(sizes: tuple[int, ...] = FIRST_SYNC, *, by_operations: bool =
             project.folder,
             sizes,
             by_operations=by_operations,
+            profile=profile,
         )
     figures["load_average"] = [round(x, 2) for x in os.getloadavg()]
     return figures
@@ -763,8 +768,10 @@ if __name__ == "__main__":
         figures = run_at_size(sizes, profile="--private" not in args)
     elif sys.argv[1:2] == ["first-sync"]:
         args = sys.argv[2:]
-        sizes = tuple(int(n) for n in args if n != "--states-only") or FIRST_SYNC
-        figures = run_first_sync(sizes, by_operations="--states-only" not in args)
+        sizes = tuple(int(n) for n in args if not n.startswith("--")) or FIRST_SYNC
+        figures = run_first_sync(
+            sizes, by_operations="--states-only" not in args, profile="--private" not in args
+        )
     else:
         figures = run()
     json.dump(figures, sys.stdout, indent=2)
