@@ -51,10 +51,35 @@ def _yjs() -> yjs.YjsBackend:
 
 
 def _doc(state: bytes | None) -> yjs.YDoc:
-    doc = _yjs().new_doc()
-    if state:
-        doc.apply_update(state)
-    return doc
+    return _integrated(state, None)[0] if state else _yjs().new_doc()
+
+
+def _integrated(update: bytes, client_id: int | None) -> tuple[yjs.YDoc, bytes, bytes]:
+    """A document (as ``client_id``) holding everything of ``update`` that can be integrated, its encoding,
+    and what of ``update`` waits (structs whose dependencies are not in it yet; with the whole delete set).
+
+    Not ``apply_update(update)`` alone when something waits: Yjs (yrs and yjs alike) integrates an update's
+    structs in an order of its own and, when it meets a struct that truly waits, sends to pending the
+    integrable structs it had stacked on the way too; so which structs a document held followed how the
+    updates were grouped (a state holding pending structs, then an edit or an update), and an edit made on
+    one document lost its insert when folded in another, replicas diverged, and a node could even write a
+    clock of its own client twice (its earlier edit sent back to pending). The structs an empty document
+    can integrate are found first (`yupdate.split_ready`) and only those applied: what a document holds is
+    then a function of the set of updates.
+    """
+    backend = _yjs()
+    doc = backend.new_doc(client_id)
+    try:
+        split = yupdate.split_ready(update)
+    except ValueError:  # pragma: no cover - an encoding this decoder does not read (a newer Yjs?)
+        split = None
+    if split is None:
+        doc.apply_update(update)  # one update, every struct integrable
+        encoded = doc.get_update()
+        return doc, encoded, backend.diff_update(update, doc.get_state())
+    ready, waiting = split
+    doc.apply_update(ready)
+    return doc, doc.get_update(), waiting
 
 
 def client_id_for(node_id: str) -> int:
@@ -109,10 +134,9 @@ class _Documents:
         known_clean = doc is not None  # only documents holding exactly their state are kept
         if doc is not None:
             self._put(self.docs, state, doc)  # still the state's document, for a fold or a read
-        doc = _yjs().new_doc(client_id)
         if not state:
-            return doc, True
-        doc.apply_update(state)
+            return _yjs().new_doc(client_id), True
+        doc = _integrated(state, client_id)[0]
         if known_clean:
             return doc, True
         # Nothing pending: the document's encoding is the state (canonically).
@@ -267,12 +291,9 @@ def fold_update(state: str | None, update: Any) -> str:
             return text
     backend = _yjs()
     merged = backend.merge_updates(current, raw) if current else raw
-    doc = backend.new_doc()
-    doc.apply_update(merged)  # one update: integrated as a whole, in its own order
-    encoded = doc.get_update()
-    # What the document could not integrate: structs past its state vector, deletes of items it lacks (a
-    # diff holds the whole delete set; those the document has add nothing).
-    pending = backend.diff_update(merged, doc.get_state())
+    # What the document could not integrate (pending): structs past its state vector, deletes of items it
+    # lacks (a diff holds the whole delete set; those the document has add nothing).
+    doc, encoded, pending = _integrated(merged, None)
     try:
         # The document's structs first (its deleted content as deleted), then what is pending.
         stored, complete = yupdate.canonical_union(encoded, pending)

@@ -746,6 +746,83 @@ def _joined_copy(out: list[_Struct], struct: _Struct, client: int) -> bool:
     return True
 
 
+def _dependencies(struct: _Struct) -> list[tuple[int, int]]:
+    """The ids a struct's item needs integrated before it: its origin, right origin and parent item."""
+    needs = [d for d in (struct.origin, struct.right) if d is not None]
+    if struct.parent:
+        reader = _Reader(struct.parent)
+        if reader.uint() != 1:  # not a root type: the parent item's id
+            needs.append((reader.uint(), reader.uint()))
+    return needs
+
+
+def split_ready(update: bytes) -> tuple[bytes, bytes] | None:
+    """``update`` as what an empty document can integrate (each client's structs from clock 0 on, every
+    one's origin, right origin and parent among them) and what must wait for updates not received yet;
+    each with the whole delete set. None when every struct can be integrated.
+
+    Yjs integrates an update's structs in an order of its own and sends to pending every struct on its
+    stack when the chain meets one that truly waits, integrable ones included (and yrs was seen to
+    integrate an item whose right origin was pending): which structs a document integrates then follows
+    how the updates were grouped. Given only the ready part, a document integrates all of it.
+
+    Raises ValueError when ``update`` is not a Yjs update (v1)."""
+    structs: dict[int, list[_Struct]] = {}
+    deletes: dict[int, list[tuple[int, int]]] = {}
+    try:
+        _decode(update, structs, deletes)
+    except (IndexError, ValueError, UnicodeError) as exc:
+        raise ValueError(f"not a Yjs update (v1): {exc}") from None
+    ends = dict.fromkeys(structs, 0)  # each client's clock up to which its structs are ready
+    taken = dict.fromkeys(structs, 0)  # how many of each client's structs are ready
+    progress = True
+    while progress:
+        progress = False
+        for client, given in structs.items():
+            while taken[client] < len(given):
+                struct = given[taken[client]]
+                if struct.clock != ends[client] or any(
+                    clock >= ends.get(owner, 0) for owner, clock in _dependencies(struct)
+                ):
+                    break
+                ends[client] = struct.clock + struct.length
+                taken[client] += 1
+                progress = True
+    if all(taken[client] == len(given) for client, given in structs.items()):
+        return None
+    ready = {client: given[: taken[client]] for client, given in structs.items()}
+    waiting = {client: given[taken[client] :] for client, given in structs.items()}
+    return _written(ready, deletes), _written(waiting, deletes)
+
+
+def _written(structs: dict[int, list[_Struct]], deletes: dict[int, list[tuple[int, int]]]) -> bytes:
+    """An update (v1) of ``structs`` (each client's in clock order, gaps written as Skips) and ``deletes``."""
+    out = bytearray()
+    clients = sorted((c for c, s in structs.items() if s), reverse=True)
+    _uint(out, len(clients))
+    for client in clients:
+        runs = structs[client]
+        _uint(out, len(runs) + sum(1 for a, b in pairwise(runs) if b.clock > a.clock + a.length))
+        _uint(out, client)
+        _uint(out, runs[0].clock)
+        end = runs[0].clock
+        for struct in runs:
+            if struct.clock > end:
+                out.append(_SKIP)
+                _uint(out, struct.clock - end)
+            out += _encoded(struct)
+            end = struct.clock + struct.length
+    merged = _delete_ranges(deletes)
+    _uint(out, len(merged))
+    for client in sorted(merged, reverse=True):
+        _uint(out, client)
+        _uint(out, len(merged[client]))
+        for clock, length in merged[client]:
+            _uint(out, clock)
+            _uint(out, length)
+    return bytes(out)
+
+
 def struct_count(update: bytes) -> int:
     """How many structs (garbage-collected ranges included, Skips not) ``update`` encodes."""
     structs: dict[int, list[_Struct]] = {}
@@ -753,4 +830,4 @@ def struct_count(update: bytes) -> int:
     return sum(len(s) for s in structs.values())
 
 
-__all__ = ["Incremental", "canonical", "canonical_union", "struct_count"]
+__all__ = ["Incremental", "canonical", "canonical_union", "split_ready", "struct_count"]
