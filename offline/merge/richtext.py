@@ -51,7 +51,13 @@ def _yjs() -> yjs.YjsBackend:
 
 
 def _doc(state: bytes | None) -> yjs.YDoc:
-    return _integrated(state, None)[0] if state else _yjs().new_doc()
+    if not state:
+        return _yjs().new_doc()
+    if _DOCUMENTS.known_complete(state):  # nothing waits: applied as it is
+        doc = _yjs().new_doc()
+        doc.apply_update(state)
+        return doc
+    return _integrated(state, None)[0]
 
 
 def _integrated(update: bytes, client_id: int | None) -> tuple[yjs.YDoc, bytes, bytes]:
@@ -69,15 +75,19 @@ def _integrated(update: bytes, client_id: int | None) -> tuple[yjs.YDoc, bytes, 
     """
     backend = _yjs()
     doc = backend.new_doc(client_id)
+    doc.apply_update(update)
+    pending = backend.diff_update(update, doc.get_state())
     try:
-        split = yupdate.split_ready(update)
+        # Nothing waits (the usual case: the leftover's first byte, its count of clients with structs, is
+        # 0): every struct integrated.
+        waits = pending[:1] != b"\x00" and yupdate.struct_count(pending) > 0
+        split = yupdate.split_ready(update) if waits else None
     except ValueError:  # pragma: no cover - an encoding this decoder does not read (a newer Yjs?)
         split = None
     if split is None:
-        doc.apply_update(update)  # one update, every struct integrable
-        encoded = doc.get_update()
-        return doc, encoded, backend.diff_update(update, doc.get_state())
+        return doc, doc.get_update(), pending
     ready, waiting = split
+    doc = backend.new_doc(client_id)
     doc.apply_update(ready)
     return doc, doc.get_update(), waiting
 
@@ -136,7 +146,11 @@ class _Documents:
             self._put(self.docs, state, doc)  # still the state's document, for a fold or a read
         if not state:
             return _yjs().new_doc(client_id), True
-        doc = _integrated(state, client_id)[0]
+        if self.known_complete(state):  # nothing waits: applied as it is
+            doc = _yjs().new_doc(client_id)
+            doc.apply_update(state)
+        else:
+            doc = _integrated(state, client_id)[0]
         if known_clean:
             return doc, True
         # Nothing pending: the document's encoding is the state (canonically).
@@ -171,6 +185,10 @@ class _Documents:
                 self.models.move_to_end(state)
                 return
         self._put(self.models, state, None)
+
+    def known_complete(self, state: bytes) -> bool:
+        with self.lock:
+            return state in self.models
 
     def fold_into(self, state: bytes, update: bytes) -> bytes | None:
         """The state folding ``update`` into the complete ``state`` makes, from its kept decoded model
