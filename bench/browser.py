@@ -311,6 +311,16 @@ async def _profile_page(executable: str, timeout_ms: int) -> AsyncIterator[tuple
                 executable,
                 *CHROMIUM_ARGS,
                 "--headless",
+                # What Playwright passes when it launches Chromium itself: a headless page is never a
+                # background one (timers and IPC would be throttled, and wall times measure that).
+                "--disable-background-timer-throttling",
+                "--disable-backgrounding-occluded-windows",
+                "--disable-renderer-backgrounding",
+                "--disable-ipc-flooding-protection",
+                "--disable-hang-monitor",
+                "--disable-dev-shm-usage",
+                "--disable-extensions",
+                "--mute-audio",
                 "--remote-debugging-port=0",
                 f"--user-data-dir={folder}",
                 # Nothing off loopback (which Chromium never proxies) may load: a proxy that refuses.
