@@ -201,22 +201,15 @@ def _app_memory(renderers: list[dict[str, Any]]) -> dict[str, float]:
     }
 
 
-def _chromium_cpu_ms() -> float:
-    """CPU time (user and system, ms) used so far by the processes this process started (Chromium's and
-    the live server's threads live in this process and are not counted): on a shared machine wall time
-    says how busy the others were, CPU time what a reload cost."""
-    ticks = os.sysconf("SC_CLK_TCK")
-    parents: dict[int, int] = {}
-    used: dict[int, int] = {}
+def _descendants() -> dict[int, list[str]]:
+    """The fields of /proc/PID/stat after the command name, for every process this process started (directly
+    or not): Chromium's processes and Playwright's driver."""
+    stats: dict[int, list[str]] = {}
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        parents[int(entry.name)] = int(fields[1])
-        used[int(entry.name)] = int(fields[11]) + int(fields[12])  # utime, stime
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, IndexError):
+                stats[int(entry.name)] = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+    parents = {pid: int(fields[1]) for pid, fields in stats.items()}
     me = os.getpid()
 
     def mine(pid: int) -> bool:
@@ -227,7 +220,16 @@ def _chromium_cpu_ms() -> float:
             pid = parents.get(pid, 0)
         return False
 
-    return sum(ticks_used for pid, ticks_used in used.items() if mine(pid)) * 1000 / ticks
+    return {pid: fields for pid, fields in stats.items() if mine(pid)}
+
+
+def _chromium_cpu_ms() -> float:
+    """CPU time (user and system, ms) used so far by the processes this process started (Chromium's and
+    the live server's threads live in this process and are not counted): on a shared machine wall time
+    says how busy the others were, CPU time what a reload cost."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    used = sum(int(fields[11]) + int(fields[12]) for fields in _descendants().values())  # utime, stime
+    return used * 1000 / ticks
 
 
 async def _collect_garbage(browser: Any) -> None:
@@ -473,26 +475,6 @@ class _CpuSampler:
         self._stop.set()
         self._thread.join(5)
 
-    @staticmethod
-    def _chromium_pids() -> list[int]:
-        parents: dict[int, int] = {}
-        for entry in Path("/proc").iterdir():
-            if entry.name.isdigit():
-                with contextlib.suppress(OSError, IndexError):
-                    fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-                    parents[int(entry.name)] = int(fields[1])
-        me = os.getpid()
-
-        def mine(pid: int) -> bool:
-            pid = parents.get(pid, 0)
-            while pid > 1:
-                if pid == me:
-                    return True
-                pid = parents.get(pid, 0)
-            return False
-
-        return [pid for pid in parents if mine(pid)]
-
     def _read(self, pids: list[int]) -> dict[str, float]:
         ms_per_tick = 1000 / os.sysconf("SC_CLK_TCK")
         used = {"worker": 0.0, "page": 0.0, "v8": 0.0, "chromium": 0.0}
@@ -532,7 +514,7 @@ class _CpuSampler:
         while not self._stop.is_set():
             now = time.time()
             if now - found_at > 0.5:
-                pids, found_at = self._chromium_pids(), now
+                pids, found_at = list(_descendants()), now
             self.samples.append((now * 1000, self._read(pids)))
             self._stop.wait(0.02)
 

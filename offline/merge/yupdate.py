@@ -461,14 +461,24 @@ def canonical_union(first: bytes, *rest: bytes) -> tuple[bytes, bool]:
             _write_struct(out, struct)
             end = struct.clock + struct.length
     merged = _delete_ranges(deletes)
+    _write_delete_set(out, merged)
+    return bytes(out), not added[0] and (not rest or merged == first_deletes)
+
+
+def _write_delete_set(out: bytearray, merged: dict[int, list[list[int]]]) -> None:
+    """A delete set in canonical order: its clients descending, each client's ranges as ``_delete_ranges``
+    sorted and joined them."""
     _uint(out, len(merged))
     for client in sorted(merged, reverse=True):
-        _uint(out, client)
-        _uint(out, len(merged[client]))
-        for clock, length in merged[client]:
-            _uint(out, clock)
-            _uint(out, length)
-    return bytes(out), not added[0] and (not rest or merged == first_deletes)
+        _write_client_deletes(out, client, merged[client])
+
+
+def _write_client_deletes(out: bytearray, client: int, ranges: list[list[int]]) -> None:
+    _uint(out, client)
+    _uint(out, len(ranges))
+    for clock, length in ranges:
+        _uint(out, clock)
+        _uint(out, length)
 
 
 def _delete_ranges(deletes: dict[int, list[tuple[int, int]]]) -> dict[int, list[list[int]]]:
@@ -692,11 +702,7 @@ class Incremental:
             section = self._delete_sections.get(client)
             if section is None:
                 head = bytearray()
-                _uint(head, client)
-                _uint(head, len(self._deletes[client]))
-                for clock, length in self._deletes[client]:
-                    _uint(head, clock)
-                    _uint(head, length)
+                _write_client_deletes(head, client, self._deletes[client])
                 section = self._delete_sections[client] = bytes(head)
             parts.append(section)
         return b"".join(parts)
@@ -813,13 +819,7 @@ def _written(structs: dict[int, list[_Struct]], deletes: dict[int, list[tuple[in
             out += _encoded(struct)
             end = struct.clock + struct.length
     merged = _delete_ranges(deletes)
-    _uint(out, len(merged))
-    for client in sorted(merged, reverse=True):
-        _uint(out, client)
-        _uint(out, len(merged[client]))
-        for clock, length in merged[client]:
-            _uint(out, clock)
-            _uint(out, length)
+    _write_delete_set(out, merged)
     return bytes(out)
 
 
