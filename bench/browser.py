@@ -65,6 +65,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -302,12 +303,14 @@ async def _profile_page(executable: str, timeout_ms: int) -> AsyncIterator[tuple
     session (the garbage collection below needs one), so Chromium is started here and connected to."""
     import re
     import subprocess
+    import threading
 
     from playwright.async_api import async_playwright
 
     from tests.browser.support import CHROMIUM_ARGS
 
-    with tempfile.TemporaryDirectory(prefix="offline-bench-profile-") as folder:
+    folder = tempfile.mkdtemp(prefix="offline-bench-profile-")
+    try:
         chromium = subprocess.Popen(
             [
                 executable,
@@ -343,6 +346,8 @@ async def _profile_page(executable: str, timeout_ms: int) -> AsyncIterator[tuple
                     break
             if not endpoint:
                 raise RuntimeError(f"Chromium exited ({chromium.wait()}) before its DevTools endpoint was up")
+            # Keep reading what Chromium logs: a full pipe would stop it mid-measurement.
+            threading.Thread(target=chromium.stderr.read, name="bench-chromium-stderr", daemon=True).start()
             async with async_playwright() as playwright:
                 browser = await playwright.chromium.connect_over_cdp(endpoint)
                 page = await browser.contexts[0].new_page()
@@ -357,6 +362,14 @@ async def _profile_page(executable: str, timeout_ms: int) -> AsyncIterator[tuple
             except subprocess.TimeoutExpired:
                 chromium.kill()
                 chromium.wait()
+    finally:
+        # Chromium's helper processes may still write into the profile for a moment after the browser
+        # process exited ("Directory not empty" on the first try): retry, then leave what is left.
+        for _ in range(40):
+            shutil.rmtree(folder, ignore_errors=True)
+            if not os.path.exists(folder):
+                break
+            time.sleep(0.25)
 
 
 async def _at_size(
