@@ -50,16 +50,6 @@ def _yjs() -> yjs.YjsBackend:
         ) from exc
 
 
-def _doc(state: bytes | None) -> yjs.YDoc:
-    if not state:
-        return _yjs().new_doc()
-    if _DOCUMENTS.known_complete(state):  # nothing waits: applied as it is
-        doc = _yjs().new_doc()
-        doc.apply_update(state)
-        return doc
-    return _integrated(state, None)[0]
-
-
 def _integrated(update: bytes, client_id: int | None) -> tuple[yjs.YDoc, bytes, bytes]:
     """A document (as ``client_id``) holding everything of ``update`` that can be integrated, its encoding,
     and what of ``update`` waits (structs whose dependencies are not in it yet; with the whole delete set).
@@ -146,11 +136,7 @@ class _Documents:
             self._put(self.docs, state, doc)  # still the state's document, for a fold or a read
         if not state:
             return _yjs().new_doc(client_id), True
-        if self.known_complete(state):  # nothing waits: applied as it is
-            doc = _yjs().new_doc(client_id)
-            doc.apply_update(state)
-        else:
-            doc = _integrated(state, client_id)[0]
+        doc = self.fresh(state, client_id)
         if known_clean:
             return doc, True
         # Nothing pending: the document's encoding is the state (canonically).
@@ -158,6 +144,17 @@ class _Documents:
             return doc, yupdate.canonical(doc.get_update()) == state
         except ValueError:  # pragma: no cover - see `fold_update`
             return doc, False
+
+    def fresh(self, state: bytes, client_id: int | None = None) -> yjs.YDoc:
+        """A new document of ``state`` (as ``client_id`` when given), not from the cache: the state applied
+        as it is when known complete, else only what of it can be integrated (`_integrated`)."""
+        if not state:
+            return _yjs().new_doc(client_id)
+        if self.known_complete(state):  # nothing waits: applied as it is
+            doc = _yjs().new_doc(client_id)
+            doc.apply_update(state)
+            return doc
+        return _integrated(state, client_id)[0]
 
     def decoded(self, state: str) -> bytes:
         with self.lock:
@@ -248,7 +245,7 @@ class _Documents:
             if doc is not None:
                 text = doc.text()
         if text is None:
-            text = _doc(state).text()
+            text = self.fresh(state).text()
         self._put(self.texts, state, text)
         return text
 

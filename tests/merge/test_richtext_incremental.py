@@ -59,7 +59,9 @@ def test_the_incremental_fold_writes_the_bytes_the_general_fold_writes(seed: int
         states[n] = richtext.fold_update(states[n], update)
         assert richtext.state_bytes(states[n]) == general_fold(before, update)
         # The document the edit left (kept as the new state's) reads as a fresh one.
-        assert richtext.text_of(states[n]) == richtext._doc(richtext.state_bytes(states[n])).text()
+        assert (
+            richtext.text_of(states[n]) == richtext._DOCUMENTS.fresh(richtext.state_bytes(states[n])).text()
+        )
         for other in range(len(nodes)):
             if other != n:
                 inbox[other].append(update)
