@@ -30,6 +30,14 @@ PENDING = 0  # written here, not yet acknowledged by a server
 ACKED = 1  # acknowledged (or received from elsewhere)
 REJECTED = 2  # refused by the server: kept for the record, excluded from every fold
 
+# A node's operations waiting for the server, as a FROM ... WHERE fragment for every query reading them
+# (a SELECT list before it; more conditions and an ORDER BY may follow). Through the partial index of
+# waiting operations, with the status as a literal: a bound status never matches the index's WHERE, and
+# SQLite left to itself walks the primary key to skip a sort, reading every operation this node ever
+# wrote to find the few that wait. One parameter: the node id.
+_PENDING_STATUS = f"status = {PENDING}"
+PENDING_OPS = f"_offline_ops INDEXED BY _offline_ops_pending WHERE node_id = ? AND {_PENDING_STATUS}"
+
 # Keyed by (node, sequence number), which a node never reuses: a node's operations are appended in order,
 # so a local write adds to the last page of the table. Operation ids are content hashes, spread at random:
 # an index on them cost most of the write (a random page per write, hundreds per received batch), so there
@@ -63,7 +71,7 @@ _INTERNAL = (
     """DROP INDEX IF EXISTS _offline_ops_record""",
     # Only the operations waiting for the server: counting them (every sync status report) reads this
     # small index instead of every operation this node ever wrote (the browser reports status often).
-    f"""CREATE INDEX IF NOT EXISTS _offline_ops_pending ON _offline_ops (node_id) WHERE status = {PENDING}""",
+    f"""CREATE INDEX IF NOT EXISTS _offline_ops_pending ON _offline_ops (node_id) WHERE {_PENDING_STATUS}""",
     """CREATE TABLE IF NOT EXISTS _offline_vv (node_id TEXT PRIMARY KEY NOT NULL, seq INTEGER NOT NULL)""",
     """CREATE TABLE IF NOT EXISTS _offline_state (
         collection TEXT NOT NULL, record_id TEXT NOT NULL, state TEXT NOT NULL,
@@ -419,11 +427,7 @@ class LocalDatabase:
         return None if row is None or row[0] is None else str(row[0])
 
     def pending_count(self, node_id: str) -> int:
-        row = self.conn.execute(
-            # (the status literal lets SQLite use the partial index _offline_ops_pending)
-            f"SELECT count(*) FROM _offline_ops INDEXED BY _offline_ops_pending WHERE node_id = ? AND status = {PENDING}",
-            (node_id,),
-        ).fetchone()
+        row = self.conn.execute(f"SELECT count(*) FROM {PENDING_OPS}", (node_id,)).fetchone()
         return int(row[0])
 
     # -- version vector ---------------------------------------------------------------------------------------

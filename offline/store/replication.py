@@ -12,7 +12,7 @@ from offline.core.frozen import thaw
 from offline.core.operations import Operation, decode_value, encode_value, operation_from_text
 
 from . import compaction
-from .database import ACKED, PENDING, REJECTED
+from .database import ACKED, PENDING, PENDING_OPS, REJECTED
 
 if TYPE_CHECKING:
     from .app import App
@@ -112,12 +112,7 @@ def pending_operations(app: App, exclude: Container[str] = ()) -> list[Operation
     """
     with app.db.lock:
         rows = app.db.conn.execute(
-            # Through the partial index of waiting operations (a literal status: a bound one does not match
-            # its WHERE); left to itself, SQLite walks the primary key to skip sorting, reading every
-            # operation this node ever wrote to find the few that wait.
-            f"SELECT id, wire FROM _offline_ops INDEXED BY _offline_ops_pending WHERE node_id = ? "
-            f"AND status = {PENDING} ORDER BY sequence_number",
-            (app.node_id,),
+            f"SELECT id, wire FROM {PENDING_OPS} ORDER BY sequence_number", (app.node_id,)
         ).fetchall()
     return [operation_from_text(w) for i, w in rows if i not in exclude]
 
@@ -132,9 +127,7 @@ def pending_wires(app: App, after: int = 0) -> list[tuple[int, str, str]]:
     """
     with app.db.lock:
         rows = app.db.conn.execute(
-            f"SELECT sequence_number, id, wire FROM _offline_ops INDEXED BY _offline_ops_pending "
-            f"WHERE node_id = ? AND status = {PENDING} "
-            "AND sequence_number > ? ORDER BY sequence_number",
+            f"SELECT sequence_number, id, wire FROM {PENDING_OPS} AND sequence_number > ? ORDER BY sequence_number",
             (app.node_id, after),
         ).fetchall()
     return [(int(seq), str(op_id), str(wire)) for seq, op_id, wire in rows]

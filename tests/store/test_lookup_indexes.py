@@ -273,12 +273,14 @@ def test_the_waiting_operations_are_read_through_the_pending_index(app: App) -> 
     try:
         waiting = pending_operations(app)
         wires = pending_wires(app)
+        count = app.db.pending_count(app.node_id)
     finally:
         app.db.conn = conn
 
     assert [op.data["label"] for op in waiting] == ["waiting"]
     assert len(wires) == 1
-    assert len(recording.calls) == 2
+    assert count == 1
+    assert len(recording.calls) == 3
     for sql, params in recording.calls:
         plan = " | ".join(str(row[-1]) for row in conn.execute("EXPLAIN QUERY PLAN " + sql, params))
         assert "_offline_ops_pending" in plan, (sql, plan)
