@@ -683,7 +683,7 @@ def run(count: int = 1000, *, at_size: bool = True) -> dict[str, Any]:
     if skipped:
         return skipped
     with _project() as (executable, schema, dist, folder, build_s):
-        size = sum(p.stat().st_size for p in dist.rglob("*") if p.is_file())
+        size = sum(p.stat().st_size for p in dist.rglob("*") if p.is_file() and p.suffix != ".gz")
         with live_server(schema, dist, folder / "server.db") as live:
             figures = asyncio.run(_measure(executable, live.url, count))
         if at_size:

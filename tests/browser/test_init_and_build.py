@@ -7,6 +7,7 @@ service worker's file list, and the errors for a missing or unusable Pyodide.
 
 from __future__ import annotations
 
+import gzip
 import importlib.util
 import io
 import json
@@ -189,10 +190,34 @@ def test_build_bundles_pyodide_the_python_code_and_the_default_sync_url(project:
     # The service worker caches every file of the build, itself excepted.
     manifest = read_manifest(dist)
     files = sorted(
-        p.relative_to(dist).as_posix() for p in dist.rglob("*") if p.is_file() and p.name != "sw.js"
+        p.relative_to(dist).as_posix()
+        for p in dist.rglob("*")
+        if p.is_file() and p.name != "sw.js" and p.suffix != ".gz"
     )
     assert manifest == {"build": built.build_id, "files": files}
     assert list(built.files) == files
+
+
+def test_build_writes_gzip_copies_of_the_files_gzip_shrinks(project: Path) -> None:
+    # (A large compressible file, as Pyodide's WebAssembly is; the fake runtime's files are a few bytes.)
+    runtime = project / "node_modules" / "pyodide" / "pyodide.asm.wasm"
+    runtime.write_bytes(b"\0asm\1\0\0\0" + bytes(range(256)) * 400)
+    built = build_web_client(project, env={})
+    dist = built.out
+    copies = sorted(p.relative_to(dist).as_posix() for p in dist.rglob("*.gz"))
+    # The server sends a copy in place of its file (server_runtime/static.py): the same bytes, and smaller.
+    for copy in copies:
+        original = dist / copy.removesuffix(".gz")
+        assert gzip.decompress((dist / copy).read_bytes()) == original.read_bytes(), copy
+        assert (dist / copy).stat().st_size < 0.9 * original.stat().st_size
+        assert (dist / copy).stat().st_mtime >= original.stat().st_mtime  # (an older copy is never served)
+    assert {"pyodide/pyodide.asm.wasm.gz", "offline-client.js.gz", "storage.js.gz", "sw.js.gz"} <= set(copies)
+    # Not for what does not shrink: archives already compressed, files too small to matter.
+    assert not any(copy.endswith(".zip.gz") for copy in copies)
+    assert "config.js.gz" not in copies and "pyodide/pyodide.mjs.gz" not in copies
+    # The copies are the server's business, not the page's: the service worker caches the files only.
+    assert not any(name.endswith(".gz") for name in read_manifest(dist)["files"])
+    assert build_web_client(project, env={}).build_id == built.build_id  # (and they change no build id)
 
 
 def test_build_sync_url_comes_from_build_sync_url(project: Path) -> None:

@@ -4,6 +4,8 @@ however the path is spelled. Traversal attempts go over a raw socket so no clien
 
 from __future__ import annotations
 
+import gzip
+import os
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +17,7 @@ from tests.server.test_operational import ALL_TOKENS, LiveServer
 
 INDEX = "<!doctype html><title>app shell</title><div id=root></div>"
 SECRET = "TOP-SECRET-DO-NOT-SERVE"
+BIG_JS = "".join(f"export const value{i} = {i};\n" for i in range(2000))
 
 
 @pytest.fixture(scope="module")
@@ -25,6 +28,15 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     (dist / "index.html").write_text(INDEX)
     (dist / "assets" / "app.js").write_text("console.log('app');")
     (dist / "assets" / "style.css").write_text("body{margin:0}")
+    # A build's precompressed copies (offline_cli.web_build): served in place of the file when the client
+    # accepts gzip; one made before its file changed (stale) never is.
+    (dist / "assets" / "big.js").write_text(BIG_JS)
+    (dist / "assets" / "big.js.gz").write_bytes(gzip.compress(BIG_JS.encode(), mtime=0))
+    (dist / "assets" / "stale.js").write_text("console.log('new');")
+    (dist / "assets" / "stale.js.gz").write_bytes(gzip.compress(b"console.log('old');", mtime=0))
+    os.utime(dist / "assets" / "stale.js.gz", (1_000_000, 1_000_000))
+    (dist / "assets" / "runtime.wasm").write_bytes(b"\0asm\1\0\0\0")
+    (dist / "assets" / "app.0123456789ab.zip").write_bytes(b"PK\5\6" + bytes(18))
     (dist / "docs").mkdir()
     (dist / "docs" / "index.html").write_text("<p>docs page</p>")
     # Things next to and above the served directory that must never come out.
@@ -130,3 +142,87 @@ def test_absolute_paths_in_the_request_target_are_refused(site: LiveServer) -> N
         status, body = raw_get(site.url, target)
         assert SECRET not in body
         assert status != 200 or body == INDEX, (target, status)
+
+
+# -- precompressed files and caching ---------------------------------------------------------------------------
+
+
+def raw_response(url: str, target: str, headers: dict[str, str]) -> tuple[int, dict[str, str], bytes]:
+    """``GET <target>`` with exactly ``headers`` (no client adds or decodes anything): (status, headers, body)."""
+    host, port = url.removeprefix("http://").split(":")
+    lines = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(f"GET {target} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n{lines}\r\n".encode())
+        chunks = []
+        while chunk := sock.recv(65536):
+            chunks.append(chunk)
+    head, _, body = b"".join(chunks).partition(b"\r\n\r\n")
+    status_line, *header_lines = head.decode("latin-1").split("\r\n")
+    parsed = {}
+    for line in header_lines:
+        name, _, value = line.partition(":")
+        parsed[name.strip().lower()] = value.strip()
+    return int(status_line.split(" ")[1]), parsed, body
+
+
+def test_the_precompressed_copy_is_served_to_a_client_that_accepts_gzip(site: LiveServer) -> None:
+    status, headers, body = raw_response(site.url, "/assets/big.js", {"Accept-Encoding": "gzip, deflate, br"})
+    assert status == 200
+    assert headers["content-encoding"] == "gzip"
+    assert "javascript" in headers["content-type"]  # the file's type, not the copy's (application/gzip)
+    assert "accept-encoding" in headers["vary"].lower()
+    assert int(headers["content-length"]) == len(body) < len(BIG_JS) / 3
+    assert gzip.decompress(body).decode() == BIG_JS
+
+
+@pytest.mark.parametrize("accept", [None, "identity", "br", "gzip;q=0", "deflate, gzip;q=0"])
+def test_the_file_itself_is_served_to_a_client_that_does_not_accept_gzip(
+    site: LiveServer, accept: str | None
+) -> None:
+    status, headers, body = raw_response(
+        site.url, "/assets/big.js", {} if accept is None else {"Accept-Encoding": accept}
+    )
+    assert status == 200 and body.decode() == BIG_JS
+    assert "content-encoding" not in headers
+    assert "accept-encoding" in headers["vary"].lower()  # (a shared cache must not hand it to others)
+
+
+def test_a_copy_older_than_its_file_is_never_served(site: LiveServer) -> None:
+    status, headers, body = raw_response(site.url, "/assets/stale.js", {"Accept-Encoding": "gzip"})
+    assert status == 200 and body == b"console.log('new');"
+    assert "content-encoding" not in headers
+
+
+def test_webassembly_is_served_as_application_wasm(http: httpx.Client) -> None:
+    # (WebAssembly.instantiateStreaming refuses any other type, and the browser then compiles the module
+    # only once it has all of it.)
+    response = http.get("/assets/runtime.wasm")
+    assert response.status_code == 200 and response.headers["content-type"] == "application/wasm"
+
+
+def test_files_named_by_their_hash_are_cached_for_good(http: httpx.Client) -> None:
+    response = http.get("/assets/app.0123456789ab.zip")
+    assert response.status_code == 200
+    cache = response.headers["cache-control"]
+    assert "immutable" in cache and "max-age=31536000" in cache and "public" in cache
+
+
+@pytest.mark.parametrize("path", ["/", "/index.html", "/assets/app.js", "/assets/big.js", "/settings"])
+def test_other_files_are_revalidated_with_their_etag(site: LiveServer, path: str) -> None:
+    for accept in ("gzip", "identity"):
+        status, headers, _ = raw_response(site.url, path, {"Accept-Encoding": accept})
+        assert status == 200
+        assert headers["cache-control"] == "no-cache"
+        etag = headers["etag"]
+        status, again, body = raw_response(site.url, path, {"Accept-Encoding": accept, "If-None-Match": etag})
+        assert status == 304 and body == b""
+        assert again["cache-control"] == "no-cache" and "accept-encoding" in again["vary"].lower()
+
+
+def test_the_copy_and_the_file_have_different_etags(site: LiveServer) -> None:
+    _, compressed, _ = raw_response(site.url, "/assets/big.js", {"Accept-Encoding": "gzip"})
+    _, plain, _ = raw_response(site.url, "/assets/big.js", {})
+    assert compressed["etag"] != plain["etag"]
+    # The copy's ETag never validates the file itself (a cache would pair the wrong bytes and encoding).
+    status, _, body = raw_response(site.url, "/assets/big.js", {"If-None-Match": compressed["etag"]})
+    assert status == 200 and body.decode() == BIG_JS

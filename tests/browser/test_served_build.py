@@ -1,0 +1,52 @@
+"""The built client as the server sends it to Chromium: Pyodide's WebAssembly gzip-encoded (the build's copy,
+see server_runtime/static.py) with the type `WebAssembly.compileStreaming` requires, and the caching headers
+that let a browser keep the build's content-named files and revalidate the others."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from .support import guarded_browser, live_server, load_module, new_context
+
+CHECK = """async () => {
+    const wasm = await fetch("pyodide/pyodide.asm.wasm");
+    const headers = Object.fromEntries(wasm.headers.entries());
+    // Compiled while it streams in (the type must be application/wasm, the encoding is the browser's).
+    const module = await WebAssembly.compileStreaming(wasm);
+    const config = (await import("./config.js")).default;
+    const code = await fetch(config.python);
+    const page = await fetch("./");
+    return {
+        wasm: headers,
+        exports: WebAssembly.Module.exports(module).length,
+        code: code.headers.get("cache-control"),
+        page: [page.headers.get("cache-control"), Boolean(page.headers.get("etag"))],
+    };
+}"""
+
+
+def test_pyodide_is_sent_gzipped_and_compiles_as_it_streams(chromium: str, web_project: Path) -> None:
+    schema = load_module(web_project / "schema.py", "served_build_schema").schema
+
+    async def scenario(base: str) -> Any:
+        async with guarded_browser(chromium) as (browser, guard):
+            context = await new_context(browser, guard)
+            page = await context.new_page()
+            await page.goto(base + "/index.html")
+            seen = await page.evaluate(CHECK)
+            await context.close()
+            return seen
+
+    with live_server(schema, web_project / "dist", web_project / "served-build.db") as live:
+        seen = asyncio.run(scenario(live.url))
+    assert seen["wasm"]["content-type"] == "application/wasm", seen
+    assert seen["wasm"]["content-encoding"] == "gzip", seen
+    assert (
+        int(seen["wasm"]["content-length"])
+        < 0.5 * (web_project / "dist/pyodide/pyodide.asm.wasm").stat().st_size
+    )
+    assert seen["exports"] > 100  # (Pyodide's module, whole)
+    assert "immutable" in seen["code"], seen  # py/app.<hash>.zip
+    assert seen["page"] == ["no-cache", True], seen
