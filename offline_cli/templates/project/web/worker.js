@@ -3,6 +3,7 @@
 // SQLite database kept in the browser's storage (storage.js). The page talks to it with JSON messages (see
 // offline/worker.py for their shapes); this file only boots Python and owns the browser storage.
 import config from "./config.js";
+import { preconnect } from "./early-socket.js";
 import { loadPyodide } from "./pyodide/pyodide.mjs";
 import { openStorage } from "./storage.js";
 import { Tabs } from "./tabs.js";
@@ -181,12 +182,17 @@ async function main() {
   const storage = await stored;
   storage.mount(FS, folder, dbPath);
   progress("storage-opened");
+  // The sync connection opens while the app opens its database (see early-socket.js): only in the tab that
+  // owns it (the one that syncs), and only now, when what is left of the start is short (a server waits a
+  // few seconds at most for the handshake).
+  const url = syncUrl(config.syncUrl);
+  const early = preconnect(url, { report: (what) => progress(`sync-socket-${what}`) });
 
   const options = pyodide.toPy({
     schemaModule: config.schemaModule,
     actionsModule: config.actionsModule || null,
     dbPath,
-    syncUrl: syncUrl(config.syncUrl),
+    syncUrl: url,
     syncOptions: config.syncOptions || {},
   });
   // Sync sends an operation only once it is stored (see offline.worker_tabs.DurableSync): a save notes this
@@ -203,6 +209,7 @@ async function main() {
   bridge = await worker.start(options, post, persist, progress);
   options.destroy();
   if (!bridge) {
+    if (early) early.discard();
     storage.close(); // (before the lock goes: the next owner opens the files)
     tabs.resign(); // another tab may open it (else every tab waits for this one to close)
     return; // the app could not open: Python told the page why (a "fatal" message)
