@@ -1108,6 +1108,16 @@ class MergeEngine:
                     current = out if out is None else normalize(descriptor, out)
         return current, fallbacks
 
+    def register_values(self, collection: str) -> list[tuple[str, Any]] | None:
+        """Each field of ``collection`` with its value when no write touched it, in schema order, when every
+        field materialises as its register's ``"v"`` (last-writer-wins, no resolver, a scalar initial value);
+        None otherwise. A record of such a collection can then be read off its state text without folding it
+        (`offline.store.state_rows`)."""
+        plan = self._plans.get(collection)
+        if plan is None or any(kind != "lww" or initial is _FRESH for _, kind, initial in plan.shape):
+            return None
+        return [(name, initial) for name, _, initial in plan.shape]
+
     def materialize(self, collection: str, record_id: str, state: RecordState) -> dict[str, Any] | None:
         """The record as applications see it (`id` plus every field), or None when it does not exist."""
         if not state.alive:

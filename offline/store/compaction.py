@@ -43,7 +43,9 @@ from typing import TYPE_CHECKING, Any
 from offline.core.operations import Operation, operation_from_text
 from offline.merge.engine import RecordState
 
+from . import state_rows
 from .database import ACKED, REJECTED, STATE_REFERENCE, storage_error
+from .many_rows import write_rows
 
 if TYPE_CHECKING:
     from .app import App
@@ -410,61 +412,57 @@ def adopt_states(
         return []
     app.flush()
     db = app.db
-    # Every state is parsed before anything is written: a bad one refuses the message, nothing stored.
-    parsed: dict[tuple[str, str], tuple[str, RecordState, dict[str, int]]] = {}
+    known_collections = app.codecs
+    parsed: dict[tuple[str, str], tuple[str, dict[str, int]]] = {}
     for collection, record_id, text, versions in states:
-        if collection in app.codecs:
-            parsed[(collection, record_id)] = (
-                text,
-                RecordState.from_json(text),
-                {str(n): int(s) for n, s in versions.items()},
-            )
+        if collection in known_collections:
+            parsed[(collection, record_id)] = (text, {str(n): int(s) for n, s in versions.items()})
     if not parsed:
         return []
     written = list(parsed)
+    # A bad state refuses the message with nothing stored: it is read (by SQLite or as a RecordState)
+    # inside the one transaction, which a failure rolls back.
     with db.lock, db.transaction():
         conn = db.conn
         # (Only their numbers: the base states are replaced.)
         held = held_versions(app, written) if app._compacted else {}
-        logged = _logged(app, written)
+        logged = _logged(app, written) if _any_logged(app) else {}
         compacted: list[tuple[str, str, str, str]] = []
         covered: list[tuple[str, int]] = []
-        plain: list[tuple[str, str, str, RecordState]] = []
+        plain: list[tuple[str, str, str]] = []
         refold_keys: list[tuple[str, str]] = []
         own = 0
-        for key, (text, state, known) in parsed.items():
+        for key, (text, known) in parsed.items():
             numbers = held.get(key)
             if numbers is not None:
                 for node, seq in numbers.items():
                     known[node] = max(known.get(node, -1), seq)
-            places = logged.get(key, [])
-            gone = [(n, s) for n, s in places if s <= known.get(n, -1)]
-            covered.extend(gone)
-            own = max(own, max((s for n, s in gone if n == app.node_id), default=0))
-            compacted.append((key[0], key[1], text, _versions_text(known)))
-            if len(gone) < len(places):
-                refold_keys.append(key)
+            places = logged.get(key)
+            if places:
+                gone = [(n, s) for n, s in places if s <= known.get(n, -1)]
+                covered.extend(gone)
+                own = max(own, max((s for n, s in gone if n == app.node_id), default=0))
+                if len(gone) < len(places):
+                    refold_keys.append(key)
+                else:
+                    plain.append((key[0], key[1], text))
             else:
-                plain.append((key[0], key[1], text, state))
+                plain.append((key[0], key[1], text))
+            compacted.append((key[0], key[1], text, _versions_text(known)))
         if covered:
             conn.executemany("DELETE FROM _offline_ops WHERE node_id = ? AND sequence_number = ?", covered)
         if own:
             db.advance_vector({app.node_id: own})
             _note_dropped_own(app, own)
-        conn.executemany(
-            "INSERT OR REPLACE INTO _offline_compacted (collection, record_id, state, versions) "
-            "VALUES (?, ?, ?, ?)",
+        write_rows(
+            conn,
+            "INSERT OR REPLACE INTO _offline_compacted (collection, record_id, state, versions)",
             compacted,
         )
         if not app._compacted:
             db.set_meta(FLAG_KEY, "1")
             app._compacted = True
-        materialize = app.engine.materialize
-        for collection, record_id, _, _ in plain:
-            app._rows.pop((collection, record_id), None)
-        app._write_records(
-            [(c, r, text, app._row(c, state, materialize(c, r, state))) for c, r, text, state in plain]
-        )
+        _adopt_plain(app, plain)
         for key in refold_keys:
             refold_and_persist(app, *key)
     touched: dict[str, list[str]] = {}
@@ -477,6 +475,45 @@ def adopt_states(
     if app.events.has_listeners("sync:states"):
         app.events.emit("sync:states", records=[{"collection": c, "recordId": r} for c, r in written])
     return written
+
+
+def _adopt_plain(app: App, plain: list[tuple[str, str, str]]) -> None:
+    """Store these server states as they are, with their records' rows (inside the caller's transaction):
+    records with no operation of their own left in the log. Their rows are read off the stored texts by
+    SQLite (`state_rows`) where the collection allows it, else from each decoded state: so is a text with
+    a \\u escape, which SQLite 3.39 reads otherwise than Python (a NUL ends its string, a lone surrogate
+    becomes bytes Python refuses to store)."""
+    rows = app._rows
+    by_sql: dict[str, list[str]] = {}
+    stored: list[tuple[str, str, str]] = []
+    decoded: list[tuple[str, str, RecordState | str, list[Any] | None]] = []
+    materialize = app.engine.materialize
+    for item in plain:
+        collection, record_id, text = item
+        rows.pop((collection, record_id), None)
+        if "\\u" not in text and state_rows.statements(app.engine, app.codecs[collection]) is not None:
+            by_sql.setdefault(collection, []).append(record_id)
+            stored.append(item)
+        else:
+            state = RecordState.from_json(text)
+            record = materialize(collection, record_id, state)
+            decoded.append((collection, record_id, text, app._row(collection, state, record)))
+    if stored:
+        app.db.save_states(stored)
+        for collection, ids in by_sql.items():
+            found = state_rows.statements(app.engine, app.codecs[collection])
+            assert found is not None
+            state_rows.write(app.db.conn, found, collection, ids)
+    if decoded:
+        app._write_records(decoded)
+
+
+def _any_logged(app: App) -> bool:
+    """Whether the log holds any operation not refused (a fresh replica's holds none: nothing to look up)."""
+    return (
+        app.db.conn.execute("SELECT 1 FROM _offline_ops WHERE status != ? LIMIT 1", (REJECTED,)).fetchone()
+        is not None
+    )
 
 
 def _logged(app: App, keys: Sequence[tuple[str, str]]) -> dict[tuple[str, str], list[tuple[str, int]]]:
@@ -515,6 +552,11 @@ def _versions_text(versions: Mapping[str, int]) -> str:
     """``json.dumps`` of the numbers with sorted keys, compact (what `_parse_versions` reads); written once
     per record a state-based first sync brings, so the few node ids are encoded once each, not per record."""
     keys = _KEY_TEXTS
+    if len(versions) == 1:  # (the usual: one node wrote the record)
+        ((node, seq),) = versions.items()
+        key = keys.get(node)
+        if key is not None:
+            return "{" + key + ":" + str(int(seq)) + "}"
     parts = []
     for node, seq in sorted(versions.items()):
         key = keys.get(node)
