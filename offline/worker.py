@@ -699,25 +699,34 @@ class WorkerBridge:
         self._post(f'{{"type":"snapshot","sub":{sub},"records":[{ready or ""}]}}')
 
     def _send_changes(self, sub: int, live: _LiveQuery, touched: set[str]) -> None:
-        """What the touched records change in the results of a query without a limit."""
-        inserted: list[dict[str, Any]] = []
-        updated: list[dict[str, Any]] = []
+        """What the touched records change in the results of a query without a limit.
+
+        Each record is encoded once: its text is both what tells a change apart (its hash) and what the
+        message carries (a first sync by states sends thousands of records this way)."""
+        inserted: list[str] = []
+        updated: list[str] = []
         held = live.ids
         matching = set()
         for record in live.query.among(touched):
             record_id = record["id"]
             matching.add(record_id)
-            text_hash = hash(_dumps(record))
+            text = _dumps(record)
+            text_hash = hash(text)
             before = held.get(record_id)
             if before is None:
-                inserted.append(record)
+                inserted.append(text)
             elif before != text_hash:
-                updated.append(record)
+                updated.append(text)
             held[record_id] = text_hash
         removed = [record_id for record_id in touched if record_id in held and record_id not in matching]
         for record_id in removed:
             del held[record_id]
-        self._post_changes(sub, inserted, updated, removed)
+        if inserted or updated or removed:
+            # (The text `post` would write for the message with these records.)
+            self._post(
+                f'{{"type":"changes","sub":{sub},"inserted":[{",".join(inserted)}],'
+                f'"updated":[{",".join(updated)}],"removed":{_dumps(removed)}}}'
+            )
 
     def _send_difference(self, sub: int, live: _LiveQuery, touched: set[str]) -> None:
         """What the touched records change in a limited query's window (`LiveResults.refresh`)."""
