@@ -734,6 +734,37 @@ async def _as_a(ws: Any, texts: list[str]) -> None:
     await _watch(ws, texts, lambda m: isinstance(m, p.OperationBatch) and m.is_final)
 
 
+@dataclass
+class _MovingScene:
+    """An admin client, a client of user A's scope, and a raw live session of A's scope (``live``, every
+    frame it received in ``texts``), all connected."""
+
+    admin: App
+    a: App
+    live: Any
+    texts: list[str]
+
+
+@contextlib.asynccontextmanager
+async def _moving_scene(server: Any, tmp_path: Path) -> Any:
+    admin = client(tmp_path, "admin", server.sync_url, schema=SCOPED)
+    a = client(tmp_path, "a", server.sync_url, schema=SCOPED, scope={"userId": "a"})
+    async with clients(admin, a), ws_connect(server.sync_url) as live:
+        for app in (admin, a):
+            await app.sync.connect()
+        texts: list[str] = []
+        await _as_a(live, texts)
+        yield _MovingScene(admin, a, live, texts)
+
+
+async def _caught_up_as_a(url: str) -> list[str]:
+    """What a new raw session of A's scope, catching up by operations from delivery 0, receives."""
+    async with ws_connect(url) as later:
+        texts: list[str] = []
+        await _as_a(later, texts)
+    return texts
+
+
 def test_a_session_a_record_leaves_learns_where_it_went_and_nothing_else_written_with_the_move(
     backend: Backend, tmp_path: Path
 ) -> None:
@@ -742,29 +773,21 @@ def test_a_session_a_record_leaves_learns_where_it_went_and_nothing_else_written
     server = backend.server(SCOPED_SOURCE, "moved-with-a-secret")
 
     async def scenario() -> None:
-        admin = client(tmp_path, "admin", server.sync_url, schema=SCOPED)
-        a = client(tmp_path, "a", server.sync_url, schema=SCOPED, scope={"userId": "a"})
-        async with clients(admin, a), ws_connect(server.sync_url) as live:
-            for app in (admin, a):
-                await app.sync.connect()
-            live_texts: list[str] = []
-            await _as_a(live, live_texts)
+        async with _moving_scene(server, tmp_path) as scene:
+            admin, a = scene.admin, scene.a
             moving = admin.todos.insert({"ownerId": "a", "title": "a's draft"})
-            await _watch(live, live_texts, _carries(moving["id"]))
+            await _watch(scene.live, scene.texts, _carries(moving["id"]))
             await wait_for(lambda: a.todos.find_by_id(moving["id"]) is not None, "A has it")
 
             admin.todos.update(moving["id"], {"ownerId": "b", "title": "b's secret"})  # one operation
             marker = admin.todos.insert({"ownerId": "a", "title": "marker for a"})
             await admin.sync.wait_until_synced(TIMEOUT)
-            await _watch(live, live_texts, _carries(marker["id"]))
+            await _watch(scene.live, scene.texts, _carries(marker["id"]))
             await wait_for(lambda: a.todos.find_by_id(moving["id"]) is None, "A drops the record")
             assert a.todos.find_by_id(marker["id"]) is not None
 
             # A session catching up by operations (from delivery 0) is judged the same way.
-            async with ws_connect(server.sync_url) as later:
-                later_texts: list[str] = []
-                await _as_a(later, later_texts)
-            for texts in (live_texts, later_texts):
+            for texts in (scene.texts, await _caught_up_as_a(server.sync_url)):
                 assert not any("secret" in text for text in texts), texts
                 # It was told where the record went.
                 told = [
@@ -787,24 +810,16 @@ def test_a_record_moving_into_a_scope_brings_its_state_not_what_it_held_elsewher
     server = backend.server(SCOPED_SOURCE, "moved-in-with-a-past")
 
     async def scenario() -> None:
-        admin = client(tmp_path, "admin", server.sync_url, schema=SCOPED)
-        a = client(tmp_path, "a", server.sync_url, schema=SCOPED, scope={"userId": "a"})
-        async with clients(admin, a), ws_connect(server.sync_url) as live:
-            for app in (admin, a):
-                await app.sync.connect()
-            live_texts: list[str] = []
-            await _as_a(live, live_texts)
+        async with _moving_scene(server, tmp_path) as scene:
+            admin, a = scene.admin, scene.a
             moving = admin.todos.insert({"ownerId": "b", "title": "b's secret"})
             admin.todos.update(moving["id"], {"title": "for a"})
             admin.todos.update(moving["id"], {"ownerId": "a"})
             await admin.sync.wait_until_synced(TIMEOUT)
-            await _watch(live, live_texts, _carries(moving["id"]))
+            await _watch(scene.live, scene.texts, _carries(moving["id"]))
             whole = {**moving, "title": "for a", "ownerId": "a"}
             await wait_for(lambda: a.todos.find_by_id(moving["id"]) == whole, "A has it as it is")
-            async with ws_connect(server.sync_url) as later:
-                later_texts: list[str] = []
-                await _as_a(later, later_texts)
-            for texts in (live_texts, later_texts):
+            for texts in (scene.texts, await _caught_up_as_a(server.sync_url)):
                 assert not any("secret" in text for text in texts), texts
                 assert any("for a" in text for text in texts), texts
 
