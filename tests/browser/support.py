@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib.util
+import json
 import os
 import shutil
 import socket
@@ -23,14 +24,16 @@ import subprocess
 import sys
 import threading
 import urllib.parse
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+#: `offline init`'s project template (its todos.py: the actions the worker tests call).
+TEMPLATE = ROOT / "offline_cli" / "templates" / "project"
 CACHE = Path(os.environ.get("OFFLINE_TEST_CACHE", Path.home() / ".cache" / "offline-tests"))
 LOOPBACK = {"127.0.0.1", "localhost", "::1", "[::1]"}
 CHROMIUM_ARGS = [
@@ -63,6 +66,7 @@ CHROMIUM_SERVICE_HOSTS = frozenset(
 EXPECT_TIMEOUT_MS = 30_000
 #: Sync engine settings that make reconnects quick in tests (the bench uses the defaults).
 FAST_SYNC = {"backoff_initial": 0.05, "backoff_max": 0.5, "ack_timeout": 2.0, "handshake_timeout": 10.0}
+T = TypeVar("T")
 
 
 # -- tools ----------------------------------------------------------------------------------------------------------
@@ -152,6 +156,28 @@ def load_module(path: Path, name: str) -> Any:
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def project_modules(project: Path) -> tuple[Any, Any]:
+    """The project's schema and todos modules, as a desktop client imports them."""
+    schema = load_module(project / "schema.py", "todo_app_schema")
+    todos = load_module(project / "todos.py", "todo_app_todos")
+    return schema.schema, todos
+
+
+def database_name(project: Path) -> str:
+    """The name the project's page keeps its database under (``offline:NAME`` in IndexedDB, OPFS folder)."""
+    return str(json.loads((project / "package.json").read_text())["offline"]["database"])
+
+
+def run_node_script(name: str) -> Any:
+    """Run tests/js/``name`` with Node.js and return what it printed, as JSON (skips without node)."""
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not on PATH")
+    script = ROOT / "tests" / "js" / name
+    done = subprocess.run([node, str(script)], capture_output=True, text=True, timeout=60, check=True)
+    return json.loads(done.stdout)
 
 
 # -- a live server --------------------------------------------------------------------------------------------------
@@ -371,8 +397,57 @@ async def guarded_browser(executable: str) -> AsyncIterator[tuple[Any, NetworkGu
     guard.check()
 
 
-async def new_context(browser: Any, guard: NetworkGuard) -> Any:
-    context = await browser.new_context(viewport={"width": 900, "height": 800}, service_workers="allow")
+async def new_context(browser: Any, guard: NetworkGuard, **options: Any) -> Any:
+    """A browser context every request of which goes through ``guard``; ``options`` (Playwright's) replace
+    the defaults (a 900x800 viewport, service workers allowed)."""
+    context = await browser.new_context(
+        **{"viewport": {"width": 900, "height": 800}, "service_workers": "allow", **options}
+    )
     await context.route("**/*", guard.route)
     context.on("page", guard.watch)
     return context
+
+
+def run_in_browser(
+    chromium: str,
+    project: Path,
+    tmp_path: Path,
+    scenario: Callable[[Any, str], Awaitable[T]],
+    *,
+    seed_count: int = 0,
+    **context_options: Any,
+) -> T:
+    """Serve ``project``'s build from a live server (its store in ``tmp_path``, seeded with ``seed_count``
+    to-dos) and run ``scenario(context, base URL)`` in a new context (`new_context`, with
+    ``context_options``) of a guarded headless Chromium."""
+    schema = load_module(project / "schema.py", "todo_app_schema").schema
+
+    async def guarded(base: str) -> T:
+        async with guarded_browser(chromium) as (browser, guard):
+            return await scenario(await new_context(browser, guard, **context_options), base)
+
+    with live_server(schema, project / "dist", tmp_path / "server.db", seed_count=seed_count) as live:
+        return asyncio.run(guarded(live.url))
+
+
+def wrapped_worker(prelude: str) -> str:
+    """An init script making the page's workers run ``prelude`` (JavaScript; ``workerScript`` is the URL of
+    the worker's own script) before their own script. An init script runs in pages only, not in workers:
+    it wraps the page's Worker, which starts a module worker of the prelude and an import of the script."""
+    return _WRAPPED_WORKER.replace("PRELUDE", json.dumps(prelude))
+
+
+_WRAPPED_WORKER = """
+(() => {
+  const Real = window.Worker;
+  const prelude = PRELUDE;
+  window.Worker = class extends Real {
+    constructor(url, options) {
+      const script = new URL(url, location.href).href;
+      const source =
+        `const workerScript = ${JSON.stringify(script)};\\n` + prelude + "\\nawait import(workerScript);";
+      super(URL.createObjectURL(new Blob([source], { type: "text/javascript" })), options);
+    }
+  };
+})();
+"""

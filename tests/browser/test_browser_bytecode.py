@@ -11,14 +11,13 @@ Storage the bytecode lives in is the browser context's either way.
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Any
 
 from offline_cli.web_build import build_web_client
 
-from .support import copy_project, guarded_browser, live_server
-from .test_browser_client import START_TIMEOUT_MS, TIMEOUT_MS, project_modules
+from .support import copy_project, run_in_browser
+from .test_browser_client import START_TIMEOUT_MS, TIMEOUT_MS
 
 
 def _with_marker(project: Path, value: str) -> None:
@@ -87,37 +86,32 @@ def test_a_first_start_runs_the_builds_bytecode_and_a_new_build_its_own(
     _with_marker(project, "first")
     env = {"BUILD_SYNC_URL": "/offline-sync"}
     assert build_web_client(project, env=env).bytecode
-    schema, _ = project_modules(project)
 
-    async def scenario(base: str) -> None:
-        async with guarded_browser(chromium) as (browser, guard):
-            context = await browser.new_context(service_workers="block")
-            await context.route("**/*", guard.route)
-            page = await context.new_page()
-            page.set_default_timeout(TIMEOUT_MS)
+    async def scenario(context: Any, base: str) -> None:
+        page = await context.new_page()
+        page.set_default_timeout(TIMEOUT_MS)
 
-            # A first start: the standard library and the app's code come as the build compiled them (the
-            # app's beside its source, checked against it), and the worker keeps no bytecode of its own.
-            first = await _start(page, base + "/")
-            assert "bytecode-loaded" not in first, first
-            assert await _marker(page) == "first"
-            loaded = await page.evaluate("window.offlineClient.call('bytecode_of')")
-            assert loaded["stdlib"].endswith("json/__init__.pyc") and loaded["flags"] == 3, loaded
-            await _start(page)
-            assert await _cached_bytecode(page) == []
-            assert "bytecode-saved" not in await page.evaluate("window.offlineClient.timings")
+        # A first start: the standard library and the app's code come as the build compiled them (the
+        # app's beside its source, checked against it), and the worker keeps no bytecode of its own.
+        first = await _start(page, base + "/")
+        assert "bytecode-loaded" not in first, first
+        assert await _marker(page) == "first"
+        loaded = await page.evaluate("window.offlineClient.call('bytecode_of')")
+        assert loaded["stdlib"].endswith("json/__init__.pyc") and loaded["flags"] == 3, loaded
+        await _start(page)
+        assert await _cached_bytecode(page) == []
+        assert "bytecode-saved" not in await page.evaluate("window.offlineClient.timings")
 
-            # A new build with changed code runs the new code from its first start.
-            _with_marker(project, "second")
-            assert build_web_client(project, env=env).bytecode
-            await _start(page)
-            assert await _marker(page) == "second"
-            loaded = await page.evaluate("window.offlineClient.call('bytecode_of')")
-            assert loaded["flags"] == 3, loaded
-            await context.close()
+        # A new build with changed code runs the new code from its first start.
+        _with_marker(project, "second")
+        assert build_web_client(project, env=env).bytecode
+        await _start(page)
+        assert await _marker(page) == "second"
+        loaded = await page.evaluate("window.offlineClient.call('bytecode_of')")
+        assert loaded["flags"] == 3, loaded
+        await context.close()
 
-    with live_server(schema, project / "dist", tmp_path / "server.db") as live:
-        asyncio.run(scenario(live.url))
+    run_in_browser(chromium, project, tmp_path, scenario, service_workers="block")
 
 
 def test_without_the_builds_bytecode_a_reload_uses_the_workers_and_never_stale_bytecode(
@@ -127,42 +121,37 @@ def test_without_the_builds_bytecode_a_reload_uses_the_workers_and_never_stale_b
     _with_marker(project, "first")
     env = {"BUILD_SYNC_URL": "/offline-sync"}
     assert not build_web_client(project, env=env, bytecode=False).bytecode
-    schema, _ = project_modules(project)
 
-    async def scenario(base: str) -> None:
-        async with guarded_browser(chromium) as (browser, guard):
-            context = await browser.new_context(service_workers="block")
-            await context.route("**/*", guard.route)
-            page = await context.new_page()
-            page.set_default_timeout(TIMEOUT_MS)
+    async def scenario(context: Any, base: str) -> None:
+        page = await context.new_page()
+        page.set_default_timeout(TIMEOUT_MS)
 
-            # A first start compiles from source, then keeps the bytecode.
-            first = await _start(page, base + "/")
-            assert "bytecode-loaded" not in first, first
-            await _bytecode_saved(page)
-            assert await _marker(page) == "first"
+        # A first start compiles from source, then keeps the bytecode.
+        first = await _start(page, base + "/")
+        assert "bytecode-loaded" not in first, first
+        await _bytecode_saved(page)
+        assert await _marker(page) == "first"
 
-            # A reload of the same build unpacks it before importing, and keeps nothing new.
-            warm = await _start(page)
-            assert "bytecode-loaded" in warm, warm
-            assert warm["bytecode-loaded"] <= warm["code-loaded"] <= warm["python-imported"], warm
-            assert await _marker(page) == "first"
-            assert "bytecode-saved" not in await page.evaluate("window.offlineClient.timings")
+        # A reload of the same build unpacks it before importing, and keeps nothing new.
+        warm = await _start(page)
+        assert "bytecode-loaded" in warm, warm
+        assert warm["bytecode-loaded"] <= warm["code-loaded"] <= warm["python-imported"], warm
+        assert await _marker(page) == "first"
+        assert "bytecode-saved" not in await page.evaluate("window.offlineClient.timings")
 
-            # A new build with changed code: the old bytecode is not used, the new code runs, and the new
-            # build's bytecode replaces it.
-            _with_marker(project, "second")
-            build_web_client(project, env=env, bytecode=False)
-            rebuilt = await _start(page)
-            assert "bytecode-loaded" not in rebuilt, rebuilt
-            assert await _marker(page) == "second"
-            await _bytecode_saved(page)
-            again = await _start(page)
-            assert "bytecode-loaded" in again, again
-            assert await _marker(page) == "second"
-            cached = await _cached_bytecode(page)
-            assert len(cached) == 1 and "pyc.zip" in cached[0], cached
-            await context.close()
+        # A new build with changed code: the old bytecode is not used, the new code runs, and the new
+        # build's bytecode replaces it.
+        _with_marker(project, "second")
+        build_web_client(project, env=env, bytecode=False)
+        rebuilt = await _start(page)
+        assert "bytecode-loaded" not in rebuilt, rebuilt
+        assert await _marker(page) == "second"
+        await _bytecode_saved(page)
+        again = await _start(page)
+        assert "bytecode-loaded" in again, again
+        assert await _marker(page) == "second"
+        cached = await _cached_bytecode(page)
+        assert len(cached) == 1 and "pyc.zip" in cached[0], cached
+        await context.close()
 
-    with live_server(schema, project / "dist", tmp_path / "server.db") as live:
-        asyncio.run(scenario(live.url))
+    run_in_browser(chromium, project, tmp_path, scenario, service_workers="block")

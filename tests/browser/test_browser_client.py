@@ -26,20 +26,13 @@ from .support import (
     FAST_SYNC,
     guarded_browser,
     live_server,
-    load_module,
     new_context,
+    project_modules,
 )
 
 TIMEOUT_MS = 20_000
 START_TIMEOUT_MS = 90_000  # Pyodide's first start on a loaded machine
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
-
-
-def project_modules(project: Path) -> tuple[Any, Any]:
-    """The project's schema and todos modules, as a desktop client imports them."""
-    schema = load_module(project / "schema.py", "todo_app_schema")
-    todos = load_module(project / "todos.py", "todo_app_todos")
-    return schema.schema, todos
 
 
 async def open_app(context: Any, base: str) -> Any:

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from .support import copy_project, guarded_browser, live_server, new_context
-from .test_browser_client import START_TIMEOUT_MS, add, eventually, open_app, project_modules
+from .support import copy_project, guarded_browser, live_server, new_context, project_modules
+from .test_browser_client import START_TIMEOUT_MS, add, eventually, open_app
 from .test_browser_storage import reload
 
 OWNS = "() => 'database-owned' in window.offlineClient.timings"

@@ -19,8 +19,8 @@ import pytest
 from offline import OfflineError, create_app, define_schema, t
 from offline.worker import start
 
-from .support import guarded_browser, live_server, new_context
-from .test_browser_client import START_TIMEOUT_MS, project_modules
+from .support import database_name, run_in_browser, wrapped_worker
+from .test_browser_client import START_TIMEOUT_MS
 
 GARBAGE = b"these bytes are no SQLite database " * 500
 
@@ -65,24 +65,14 @@ def test_the_worker_reports_a_damaged_database_to_the_page_as_a_fatal_message(
 
 # -- in Chromium --------------------------------------------------------------------------------------------
 
-# The worker is a module worker the page creates; an init script runs in pages only, so it wraps the page's
-# Worker: the worker first loses the browser's storage (IndexedDB and OPFS, as blocked site data does), then
-# runs the app's worker.js.
-REFUSE_INDEXEDDB = """
-(() => {
-  const Real = window.Worker;
-  window.Worker = class extends Real {
-    constructor(url, options) {
-      const script = new URL(url, location.href).href;
-      const source =
-        "self.indexedDB.open = () => { throw new DOMException('The user denied permission to access the database.', 'UnknownError'); };\\n" +
-        "navigator.storage.getDirectory = () => Promise.reject(new DOMException('Storage directory access is denied.', 'SecurityError'));\\n" +
-        `await import(${JSON.stringify(script)});`;
-      super(URL.createObjectURL(new Blob([source], { type: "text/javascript" })), options);
-    }
-  };
-})();
-"""
+# The worker first loses the browser's storage (IndexedDB and OPFS, as blocked site data does), then runs the
+# app's worker.js.
+REFUSE_INDEXEDDB = wrapped_worker(
+    "self.indexedDB.open = () => { throw new DOMException("
+    "'The user denied permission to access the database.', 'UnknownError'); };\n"
+    "navigator.storage.getDirectory = () => Promise.reject("
+    "new DOMException('Storage directory access is denied.', 'SecurityError'));"
+)
 
 
 async def _failed_start(page: Any) -> dict[str, Any]:
@@ -110,20 +100,16 @@ def _assert_clear(shown: dict[str, Any], *words: str) -> None:
 def test_a_browser_that_refuses_indexeddb_gets_a_clear_message(
     chromium: str, web_project: Path, tmp_path: Path
 ) -> None:
-    schema, _ = project_modules(web_project)
 
-    async def scenario(base: str) -> None:
-        async with guarded_browser(chromium) as (browser, guard):
-            context = await new_context(browser, guard)
-            await context.add_init_script(REFUSE_INDEXEDDB)
-            page = await context.new_page()
-            await page.goto(base + "/")
-            shown = await _failed_start(page)
-            _assert_clear(shown, "IndexedDB", "allow this site to store data", "reload")
-            assert shown["status"]["error"]["context"]["reason"] == "unavailable"
+    async def scenario(context: Any, base: str) -> None:
+        await context.add_init_script(REFUSE_INDEXEDDB)
+        page = await context.new_page()
+        await page.goto(base + "/")
+        shown = await _failed_start(page)
+        _assert_clear(shown, "IndexedDB", "allow this site to store data", "reload")
+        assert shown["status"]["error"]["context"]["reason"] == "unavailable"
 
-    with live_server(schema, web_project / "dist", tmp_path / "server.db") as live:
-        asyncio.run(scenario(live.url))
+    run_in_browser(chromium, web_project, tmp_path, scenario)
 
 
 WRITE_GARBAGE = """
@@ -167,27 +153,23 @@ async (name) => {
 def test_a_damaged_stored_database_gets_a_clear_message_and_is_kept(
     chromium: str, web_project: Path, tmp_path: Path
 ) -> None:
-    schema, _ = project_modules(web_project)
-    name = json.loads((web_project / "package.json").read_text())["offline"]["database"]
+    name = database_name(web_project)
     garbage = list(GARBAGE[:16384])
 
-    async def scenario(base: str) -> None:
-        async with guarded_browser(chromium) as (browser, guard):
-            context = await new_context(browser, guard)
-            # A page of the same site that does not start the app: the damaged copy is stored from there.
-            setup = await context.new_page()
-            await setup.goto(base + "/config.js")
-            await setup.evaluate(WRITE_GARBAGE, [name, garbage])
-            page = await context.new_page()
-            await page.goto(base + "/")
-            shown = await _failed_start(page)
-            _assert_clear(shown, "damaged", "site's data")
-            assert shown["status"]["error"]["context"]["reason"] == "corrupt"
-            # Nothing stored was deleted or overwritten.
-            assert await setup.evaluate(READ_CHUNK, name) == garbage
+    async def scenario(context: Any, base: str) -> None:
+        # A page of the same site that does not start the app: the damaged copy is stored from there.
+        setup = await context.new_page()
+        await setup.goto(base + "/config.js")
+        await setup.evaluate(WRITE_GARBAGE, [name, garbage])
+        page = await context.new_page()
+        await page.goto(base + "/")
+        shown = await _failed_start(page)
+        _assert_clear(shown, "damaged", "site's data")
+        assert shown["status"]["error"]["context"]["reason"] == "corrupt"
+        # Nothing stored was deleted or overwritten.
+        assert await setup.evaluate(READ_CHUNK, name) == garbage
 
-    with live_server(schema, web_project / "dist", tmp_path / "server.db") as live:
-        asyncio.run(scenario(live.url))
+    run_in_browser(chromium, web_project, tmp_path, scenario)
 
 
 WRITE_OPFS_GARBAGE = """
@@ -220,23 +202,19 @@ async (name) => {
 def test_a_damaged_database_in_opfs_gets_a_clear_message_and_is_kept(
     chromium: str, web_project: Path, tmp_path: Path
 ) -> None:
-    schema, _ = project_modules(web_project)
-    name = json.loads((web_project / "package.json").read_text())["offline"]["database"]
+    name = database_name(web_project)
     garbage = list(GARBAGE[:16384])
 
-    async def scenario(base: str) -> None:
-        async with guarded_browser(chromium) as (browser, guard):
-            context = await new_context(browser, guard)
-            setup = await context.new_page()
-            await setup.goto(base + "/config.js")
-            await setup.evaluate(WRITE_OPFS_GARBAGE, [name, garbage])
-            page = await context.new_page()
-            await page.goto(base + "/")
-            shown = await _failed_start(page)
-            _assert_clear(shown, "damaged", "site's data")
-            assert shown["status"]["error"]["context"]["reason"] == "corrupt"
-            await page.close()  # (its worker lets go of the file)
-            assert await setup.evaluate(READ_OPFS, name) == garbage
+    async def scenario(context: Any, base: str) -> None:
+        setup = await context.new_page()
+        await setup.goto(base + "/config.js")
+        await setup.evaluate(WRITE_OPFS_GARBAGE, [name, garbage])
+        page = await context.new_page()
+        await page.goto(base + "/")
+        shown = await _failed_start(page)
+        _assert_clear(shown, "damaged", "site's data")
+        assert shown["status"]["error"]["context"]["reason"] == "corrupt"
+        await page.close()  # (its worker lets go of the file)
+        assert await setup.evaluate(READ_OPFS, name) == garbage
 
-    with live_server(schema, web_project / "dist", tmp_path / "server.db") as live:
-        asyncio.run(scenario(live.url))
+    run_in_browser(chromium, web_project, tmp_path, scenario)

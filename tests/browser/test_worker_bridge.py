@@ -19,9 +19,7 @@ from offline import create_app, define_schema, t
 from offline.store import App
 from offline.worker import PROTOCOL_VERSION, WorkerBridge, open_app
 
-from .support import FAST_SYNC, live_server, load_module
-
-TEMPLATE = Path(__file__).resolve().parents[2] / "offline_cli" / "templates" / "project"
+from .support import FAST_SYNC, live_server
 
 SCHEMA = define_schema(
     {
@@ -69,6 +67,10 @@ class Page:
     def of_type(self, kind: str) -> list[dict[str, Any]]:
         return [m for m in self.messages if m["type"] == kind]
 
+    def bridge(self, app: App, **options: Any) -> WorkerBridge:
+        """A bridge serving ``app`` that posts to this page and persists through it."""
+        return WorkerBridge(app, post=self.post, persist=self.persist, **options)
+
 
 @pytest.fixture
 def app(tmp_path: Path) -> Iterator[App]:
@@ -77,14 +79,9 @@ def app(tmp_path: Path) -> Iterator[App]:
     app.close()
 
 
-@pytest.fixture
-def todos() -> Any:
-    return load_module(TEMPLATE / "todos.py", "bridge_test_todos")
-
-
 def test_writes_reply_with_records_after_persisting(app: App, todos: Any) -> None:
     page = Page()
-    bridge = WorkerBridge(app, post=page.post, persist=page.persist, actions=todos)
+    bridge = page.bridge(app, actions=todos)
 
     async def scenario() -> None:
         reply = await page.request(bridge, "insert", collection="todos", data={"title": "milk"})
@@ -132,7 +129,7 @@ def test_writes_reply_with_records_after_persisting(app: App, todos: Any) -> Non
 
 def test_subscriptions_push_every_change_and_stop(app: App) -> None:
     page = Page()
-    bridge = WorkerBridge(app, post=page.post, persist=page.persist)
+    bridge = page.bridge(app)
 
     async def scenario() -> None:
         query = {"where": {"done": False}, "orderBy": [["title", True]]}
@@ -186,7 +183,7 @@ def test_a_snapshot_larger_than_a_read_page_is_whole_and_in_order(app: App) -> N
     import offline.worker as worker_module
 
     page = Page()
-    bridge = WorkerBridge(app, post=page.post, persist=page.persist)
+    bridge = page.bridge(app)
     count = 2 * worker_module.SNAPSHOT_PAGE + 7
     with app.batch():
         records = [app.todos.insert({"title": f"t{i:05d}", "votes": i % 3}) for i in range(count)]
@@ -227,7 +224,7 @@ def test_a_snapshot_larger_than_a_read_page_is_whole_and_in_order(app: App) -> N
 def test_a_live_query_with_a_limit_sends_what_enters_and_leaves(app: App) -> None:
     """With a limit, a write can push another record out of the results: the page is told both."""
     page = Page()
-    bridge = WorkerBridge(app, post=page.post, persist=page.persist)
+    bridge = page.bridge(app)
 
     async def scenario() -> None:
         first = [app.todos.insert({"title": title}) for title in ("b", "c")]
@@ -252,7 +249,7 @@ def test_a_live_query_with_a_limit_sends_what_enters_and_leaves(app: App) -> Non
 
 def test_the_page_calls_the_projects_python_functions(app: App, todos: Any) -> None:
     page = Page()
-    bridge = WorkerBridge(app, post=page.post, persist=page.persist, actions=todos)
+    bridge = page.bridge(app, actions=todos)
     assert bridge.action_names() == [
         "add_todo",
         "clear_completed",
@@ -283,7 +280,7 @@ def test_the_page_calls_the_projects_python_functions(app: App, todos: Any) -> N
 
 def test_bad_requests_get_error_replies_with_codes(app: App) -> None:
     page = Page()
-    bridge = WorkerBridge(app, post=page.post, persist=page.persist)
+    bridge = page.bridge(app)
 
     async def scenario() -> None:
         await bridge.handle("not json")
@@ -322,7 +319,7 @@ def test_ready_message_reports_richtext_unavailable_without_pycrdt(
     import offline.merge.yjs
 
     page = Page()
-    bridge = WorkerBridge(app, post=page.post, persist=page.persist)
+    bridge = page.bridge(app)
     ready = bridge.ready_message()
     assert ready["protocol"] == PROTOCOL_VERSION and ready["nodeId"] == app.node_id
     assert ready["collections"]["todos"]["fields"]["title"] == "string"
@@ -363,7 +360,7 @@ def test_status_follows_sync_and_network_changes(tmp_path: Path) -> None:
     page = Page()
     with live_server(SCHEMA, None, tmp_path / "server.db") as live:
         app = create_app(SCHEMA, sync={"url": live.ws_url, **FAST_SYNC}, path=str(tmp_path / "client.db"))
-        bridge = WorkerBridge(app, post=page.post, persist=page.persist, status_interval=0.02)
+        bridge = page.bridge(app, status_interval=0.02)
 
         async def until(status: str) -> None:
             for _ in range(500):
@@ -504,7 +501,7 @@ def test_the_page_sees_and_recovers_refused_writes(tmp_path: Path) -> None:
 
     page = Page()
     app = create_app(SCHEMA, sync={"url": "ws://127.0.0.1:9/offline-sync"}, path=str(tmp_path / "c.db"))
-    bridge = WorkerBridge(app, post=page.post, persist=page.persist)
+    bridge = page.bridge(app)
 
     async def scenario() -> None:
         todo = (await page.request(bridge, "insert", collection="todos", data={"title": "refused"}))["result"]
@@ -536,7 +533,7 @@ def test_records_forgotten_without_an_operation_leave_the_live_query(app: App) -
     from offline.store import replication
 
     page = Page()
-    bridge = WorkerBridge(app, post=page.post, persist=page.persist)
+    bridge = page.bridge(app)
 
     async def scenario() -> None:
         kept, gone = app.todos.insert({"title": "kept"}), app.todos.insert({"title": "gone"})
@@ -561,7 +558,7 @@ def test_live_queries_send_only_real_changes_and_keep_a_full_window_without_runn
     from offline.store.collection import Query
 
     page = Page()
-    bridge = WorkerBridge(app, post=page.post, persist=page.persist)
+    bridge = page.bridge(app)
     with app.batch():
         records = [app.todos.insert({"title": f"t{i}"}) for i in range(10)]
 

@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
 import sqlite3
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +16,7 @@ from offline import create_app, worker_tabs
 from offline.worker import WorkerBridge
 from offline.worker_tabs import DurableSync, TabRequests, attach
 
-from .support import FAST_SYNC, live_server, load_module
+from .support import FAST_SYNC, live_server, load_module, run_node_script
 from .test_worker_bridge import SCHEMA, Page
 
 
@@ -30,10 +28,15 @@ def titles(bridge: WorkerBridge) -> list[str]:
     return sorted(record["title"] for record in bridge.app.todos.where({}).fetch())
 
 
-def test_a_write_sent_again_is_applied_once_even_by_a_new_owner(tmp_path: Path, todos: Any) -> None:
-    path = str(tmp_path / "tabs.db")
+def owner_on(path: Path | str, actions: Any) -> tuple[Page, WorkerBridge]:
+    """A page and the bridge of its tab's worker, owning the database at ``path`` and serving ``actions``."""
     page = Page()
-    owner = WorkerBridge(create_app(SCHEMA, path=path), post=page.post, persist=page.persist, actions=todos)
+    return page, page.bridge(create_app(SCHEMA, path=str(path)), actions=actions)
+
+
+def test_a_write_sent_again_is_applied_once_even_by_a_new_owner(tmp_path: Path, todos: Any) -> None:
+    path = tmp_path / "tabs.db"
+    _, owner = owner_on(path, todos)
     requests = TabRequests(owner.app)
     add = request(4, "call", name="add_todo", args=["milk"])
 
@@ -51,10 +54,7 @@ def test_a_write_sent_again_is_applied_once_even_by_a_new_owner(tmp_path: Path, 
     owner.app.close()
 
     # The owner closed; the next one opens the stored database and gets the same request once more.
-    page = Page()
-    successor = WorkerBridge(
-        create_app(SCHEMA, path=path), post=page.post, persist=page.persist, actions=todos
-    )
+    _, successor = owner_on(path, todos)
     assert TabRequests(successor.app).handle_now(successor, "tab-b:4", add) == (False, reply)
     assert titles(successor) == ["milk", "milk"]
     successor.app.close()
@@ -66,13 +66,7 @@ def test_a_write_whose_key_could_not_be_stored_is_not_applied_and_a_retry_applie
     """The key goes in the write's own transaction: when storing it fails (a full disk, a locked file), the
     write is undone with it and the other tab is told; sent again, it is applied once. (Stored apart, the
     write stayed without its key and the retry applied it a second time.)"""
-    page = Page()
-    owner = WorkerBridge(
-        create_app(SCHEMA, path=str(tmp_path / "tabs.db")),
-        post=page.post,
-        persist=page.persist,
-        actions=todos,
-    )
+    _, owner = owner_on(tmp_path / "tabs.db", todos)
     requests = TabRequests(owner.app)
     record = TabRequests._record
     failures = [sqlite3.OperationalError("database or disk is full")]
@@ -140,13 +134,7 @@ def test_an_async_action_cut_by_a_takeover_is_not_run_again_and_a_finished_one_i
     text = request(9, "call", name="add_two", args=["x"])
 
     async def scenario() -> None:
-        page = Page()
-        owner = WorkerBridge(
-            create_app(SCHEMA, path=str(tmp_path / "a.db")),
-            post=page.post,
-            persist=page.persist,
-            actions=actions,
-        )
+        page, owner = owner_on(tmp_path / "a.db", actions)
         requests = TabRequests(owner.app)
         assert requests.handle_now(owner, "tab-b:9", text) is None  # it waits on the loop
         running = asyncio.create_task(requests.handle(owner, "tab-b:9", text))
@@ -165,10 +153,7 @@ def test_an_async_action_cut_by_a_takeover_is_not_run_again_and_a_finished_one_i
 
         # The next owner opened the copy saved mid-action: the request is refused, not run again.
         for path, expected in ((cut, ["x 1"]), (finished, ["x 1", "x 2"])):
-            page = Page()
-            successor = WorkerBridge(
-                create_app(SCHEMA, path=path), post=page.post, persist=page.persist, actions=actions
-            )
+            page, successor = owner_on(path, actions)
             again = TabRequests(successor.app)
             served = again.handle_now(successor, "tab-b:9", text)
             if served is None:
@@ -191,13 +176,7 @@ def test_an_async_action_cut_by_a_takeover_is_not_run_again_and_a_finished_one_i
 
 
 def test_reads_and_failures_are_answered_as_usual(tmp_path: Path, todos: Any) -> None:
-    page = Page()
-    owner = WorkerBridge(
-        create_app(SCHEMA, path=str(tmp_path / "tabs.db")),
-        post=page.post,
-        persist=page.persist,
-        actions=todos,
-    )
+    _, owner = owner_on(tmp_path / "tabs.db", todos)
     requests = TabRequests(owner.app)
     count = request(1, "count", collection="todos")
     assert requests.handle_now(owner, "tab-b:1", count) == (False, owner._reply(1, 0))
@@ -216,13 +195,7 @@ def test_reads_and_failures_are_answered_as_usual(tmp_path: Path, todos: Any) ->
 
 def test_old_keys_are_pruned(tmp_path: Path, todos: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(worker_tabs, "PRUNE_EVERY", 2)
-    page = Page()
-    owner = WorkerBridge(
-        create_app(SCHEMA, path=str(tmp_path / "tabs.db")),
-        post=page.post,
-        persist=page.persist,
-        actions=todos,
-    )
+    _, owner = owner_on(tmp_path / "tabs.db", todos)
     requests = TabRequests(owner.app)
     requests.handle_now(owner, "old", request(1, "call", name="add_todo", args=["a"]))
     owner.app.db.conn.execute("UPDATE offline_tab_requests SET at = at - ?", (worker_tabs.KEEP_SECONDS + 1,))
@@ -232,10 +205,8 @@ def test_old_keys_are_pruned(tmp_path: Path, todos: Any, monkeypatch: pytest.Mon
 
 
 def test_each_attached_tab_gets_its_own_replies_and_live_changes(tmp_path: Path, todos: Any) -> None:
-    own, other = Page(), Page()
-    owner = WorkerBridge(
-        create_app(SCHEMA, path=str(tmp_path / "tabs.db")), post=own.post, persist=own.persist, actions=todos
-    )
+    own, owner = owner_on(tmp_path / "tabs.db", todos)
+    other = Page()
 
     async def scenario() -> None:
         follower = await attach(owner, other.post)
@@ -262,13 +233,6 @@ def test_each_attached_tab_gets_its_own_replies_and_live_changes(tmp_path: Path,
     owner.app.close()
 
 
-@pytest.fixture
-def todos() -> Any:
-    from .test_worker_bridge import TEMPLATE, load_module
-
-    return load_module(TEMPLATE / "todos.py", "tabs_test_todos")
-
-
 def test_sync_sends_only_what_the_browser_stored(tmp_path: Path) -> None:
     """With the browser's gate (`DurableSync`), an operation reaches the server only once a save that
     started after it is stored: a tab closing before that never leaves the server an operation whose
@@ -278,7 +242,7 @@ def test_sync_sends_only_what_the_browser_stored(tmp_path: Path) -> None:
         app = create_app(SCHEMA, sync={"url": live.ws_url, **FAST_SYNC}, path=str(tmp_path / "client.db"))
         app.sync.durable_sequence = app._seq  # as offline.worker.open_app does in the browser
         durable = DurableSync(app)
-        bridge = WorkerBridge(app, post=page.post, persist=page.persist)
+        bridge = page.bridge(app)
 
         async def server_titles(expected: list[str]) -> list[str]:
             for _ in range(300):
@@ -312,12 +276,7 @@ def test_a_request_no_tab_answers_fails_with_a_message() -> None:
     """web/tabs.js in Node.js with short time limits (tests/js/tabs_timeouts.mjs): a request the owner never
     answers, and one made while no tab owns the database, each fail with STORAGE_ERROR saying why; one made
     before an owner appears is served by it."""
-    node = shutil.which("node")
-    if node is None:
-        pytest.skip("node is not on PATH")
-    script = Path(__file__).resolve().parents[1] / "js" / "tabs_timeouts.mjs"
-    done = subprocess.run([node, str(script)], capture_output=True, text=True, timeout=60, check=True)
-    seen = json.loads(done.stdout)
+    seen = run_node_script("tabs_timeouts.mjs")
     assert seen["waiting"] == [{"type": "reply", "id": 7, "ok": True, "result": "served"}]
     (stuck,) = seen["stuckFollower"]
     assert stuck["ok"] is False and stuck["error"]["code"] == "STORAGE_ERROR"
@@ -335,12 +294,7 @@ def test_a_request_the_owner_fails_to_serve_is_answered_at_once() -> None:
     answer: when serving another tab's request fails in the owner's worker (an exception, a rejected
     promise, attaching that tab failed), that tab's page gets an error reply for the request at once, and
     the owner still logs the failure; a failure on the owner's own page is answered there the same way."""
-    node = shutil.which("node")
-    if node is None:
-        pytest.skip("node is not on PATH")
-    script = Path(__file__).resolve().parents[1] / "js" / "tabs_failures.mjs"
-    done = subprocess.run([node, str(script)], capture_output=True, text=True, timeout=60, check=True)
-    seen = json.loads(done.stdout)
+    seen = run_node_script("tabs_failures.mjs")
 
     def refused(reply: dict[str, Any], request_id: int, cause: str) -> None:
         assert reply["id"] == request_id and reply["ok"] is False, reply
@@ -374,12 +328,7 @@ def test_a_tab_whose_worker_failed_hands_the_database_on() -> None:
     lock (Python did not load, the database did not open) resigns: the next tab owns the database, serving
     both pages, instead of every tab waiting until the failed one is closed; a worker that fails while it
     still waits for the lock passes it on once granted."""
-    node = shutil.which("node")
-    if node is None:
-        pytest.skip("node is not on PATH")
-    script = Path(__file__).resolve().parents[1] / "js" / "tabs_resign.mjs"
-    done = subprocess.run([node, str(script)], capture_output=True, text=True, timeout=60, check=True)
-    seen = json.loads(done.stdout)
+    seen = run_node_script("tabs_resign.mjs")
     assert seen["owners"] == ["next", "late"]  # not "early": it failed while waiting
     assert seen["ownedWhileFailingHeldIt"] is False
     assert seen["next"] == [{"type": "reply", "id": 1, "ok": True, "result": "next"}]
