@@ -55,6 +55,27 @@ async def call(page: Any, script: str, *args: Any) -> Any:
     )
 
 
+async def fill_list(page: Any, many: int, every_other_done: str) -> tuple[list[str], Any, Any]:
+    """Insert ``many`` to-dos ``row 0000``, ``row 0001``... (``every_other_done``: a JavaScript field list
+    of record ``i`` making every other one done) and check the page's list: windowed (a screenful of rows,
+    not one per record), the first on top, the counts. Their ids, the count's and the rows' locators."""
+    from playwright.async_api import expect
+
+    ids: list[str] = await call(
+        page,
+        "const rows = await todos.insertMany(Array.from({ length: args[0] },"
+        f" (_, i) => ({{ title: `row ${{String(i).padStart(4, '0')}}`, {every_other_done} }})));"
+        "return rows.map((row) => row.id);",
+        many,
+    )
+    count = page.locator("#count")
+    await expect(count).to_have_text(f"{many // 2} left · {many} in total")
+    rows = page.locator("#todos li")
+    await expect(rows.first.locator(".title")).to_have_text("row 0000")
+    assert 0 < await rows.count() < 100  # windowed: only the rows in view exist
+    return ids, count, rows
+
+
 #: Where the database `args` is kept: {"opfs": its file is in OPFS, "indexeddb": IndexedDB has its database}.
 WHERE_STORED = """async (name) => {
   const indexeddb = (await indexedDB.databases()).some((db) => db.name === `offline:${name}`);
@@ -179,18 +200,7 @@ def test_live_changes_reach_the_page_row_by_row(chromium: str, web_project: Path
         from playwright.async_api import expect
 
         page = await open_app(context, base)
-        ids = await call(
-            page,
-            "const rows = await todos.insertMany(Array.from({ length: args[0] },"
-            " (_, i) => ({ title: `row ${String(i).padStart(4, '0')}`, done: i % 2 === 1 })));"
-            "return rows.map((row) => row.id);",
-            MANY,
-        )
-        count = page.locator("#count")
-        await expect(count).to_have_text(f"{MANY // 2} left · {MANY} in total")
-        rows = page.locator("#todos li")
-        assert 0 < await rows.count() < 100  # windowed: only the rows in view exist
-        await expect(rows.first.locator(".title")).to_have_text("row 0000")
+        ids, count, rows = await fill_list(page, MANY, "done: i % 2 === 1")
 
         # An application's own subscription: the whole results once, then only what changed.
         await page.evaluate(

@@ -153,6 +153,14 @@ async (name) => {
 def test_a_damaged_stored_database_gets_a_clear_message_and_is_kept(
     chromium: str, web_project: Path, tmp_path: Path
 ) -> None:
+    _damaged_copy_is_reported_and_kept(chromium, web_project, tmp_path, WRITE_GARBAGE, READ_CHUNK)
+
+
+def _damaged_copy_is_reported_and_kept(
+    chromium: str, web_project: Path, tmp_path: Path, write: str, read: str
+) -> None:
+    """The page's database stored damaged (``write``, a script run with [name, bytes]) before the app starts:
+    the app says so, and ``read`` (run with the name) finds the damaged bytes as they were."""
     name = database_name(web_project)
     garbage = list(GARBAGE[:16384])
 
@@ -160,14 +168,15 @@ def test_a_damaged_stored_database_gets_a_clear_message_and_is_kept(
         # A page of the same site that does not start the app: the damaged copy is stored from there.
         setup = await context.new_page()
         await setup.goto(base + "/config.js")
-        await setup.evaluate(WRITE_GARBAGE, [name, garbage])
+        await setup.evaluate(write, [name, garbage])
         page = await context.new_page()
         await page.goto(base + "/")
         shown = await _failed_start(page)
         _assert_clear(shown, "damaged", "site's data")
         assert shown["status"]["error"]["context"]["reason"] == "corrupt"
+        await page.close()  # (its worker lets go of the file)
         # Nothing stored was deleted or overwritten.
-        assert await setup.evaluate(READ_CHUNK, name) == garbage
+        assert await setup.evaluate(read, name) == garbage
 
     run_in_browser(chromium, web_project, tmp_path, scenario)
 
@@ -202,19 +211,4 @@ async (name) => {
 def test_a_damaged_database_in_opfs_gets_a_clear_message_and_is_kept(
     chromium: str, web_project: Path, tmp_path: Path
 ) -> None:
-    name = database_name(web_project)
-    garbage = list(GARBAGE[:16384])
-
-    async def scenario(context: Any, base: str) -> None:
-        setup = await context.new_page()
-        await setup.goto(base + "/config.js")
-        await setup.evaluate(WRITE_OPFS_GARBAGE, [name, garbage])
-        page = await context.new_page()
-        await page.goto(base + "/")
-        shown = await _failed_start(page)
-        _assert_clear(shown, "damaged", "site's data")
-        assert shown["status"]["error"]["context"]["reason"] == "corrupt"
-        await page.close()  # (its worker lets go of the file)
-        assert await setup.evaluate(READ_OPFS, name) == garbage
-
-    run_in_browser(chromium, web_project, tmp_path, scenario)
+    _damaged_copy_is_reported_and_kept(chromium, web_project, tmp_path, WRITE_OPFS_GARBAGE, READ_OPFS)
