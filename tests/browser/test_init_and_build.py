@@ -117,6 +117,8 @@ def test_init_writes_a_project_that_pins_pyodide(tmp_path: Path) -> None:
         "index.html",
         "app.js",
         "list-window.js",
+        "todo-list.js",
+        "offline-reload.js",
         "page-status.js",
         "offline-client.js",
         "worker.js",

@@ -1,64 +1,17 @@
 // The to-do page. All data work happens in Python (todos.py and the offline library) inside the worker;
 // this file only renders what the worker reports and forwards clicks as calls.
 import { isDesktop, OfflineClient } from "./offline-client.js";
-import { ListWindow } from "./list-window.js";
+import { keepForOffline } from "./offline-reload.js";
+import { todoList } from "./todo-list.js";
 import { notice, showError, showStatus } from "./page-status.js";
 
 const $ = (selector) => document.querySelector(selector);
 const client = new OfflineClient();
 window.offlineClient = client; // for the browser console (and tests)
 
-// The list is windowed (list-window.js): a list of 50,000 to-dos costs about what one screenful does.
-const ROW_HEIGHT = 40; // px, as li's height in style.css
-let openCount = 0;
-
-function createRow(id) {
-  const item = document.createElement("li");
-  item.dataset.id = id;
-  const toggle = document.createElement("input");
-  toggle.type = "checkbox";
-  toggle.className = "toggle";
-  toggle.addEventListener("change", () => client.call("toggle_todo", id).catch(showError));
-  const title = document.createElement("span");
-  title.className = "title";
-  const remove = document.createElement("button");
-  remove.className = "delete";
-  remove.type = "button";
-  remove.textContent = "×";
-  remove.addEventListener("click", () => client.call("remove_todo", id).catch(showError));
-  item.append(toggle, title, remove);
-  return { item, toggle, title, remove };
-}
-
-function updateRow(row, todo) {
-  const done = Boolean(todo.done);
-  row.item.classList.toggle("done", done);
-  row.toggle.checked = done;
-  row.toggle.setAttribute("aria-label", `Done: ${todo.title}`);
-  row.title.textContent = todo.title;
-  row.remove.setAttribute("aria-label", `Delete ${todo.title}`);
-}
-
-const rows = new ListWindow({
-  list: $("#todos"),
-  viewport: $("#list"),
-  rowHeight: ROW_HEIGHT,
-  createRow,
-  updateRow,
-  afterDraw: () => {
-    $("#count").textContent = `${openCount} left · ${rows.records.length} in total`;
-    $("#clear-completed").hidden = openCount === rows.records.length;
-  },
-});
-
-// The "left" count follows the changes too: no pass over the whole list per write.
-const open = (list) => list.reduce((count, todo) => count + (todo.done ? 0 : 1), 0);
-
-function changed(records, changes) {
-  if (changes.reset) openCount = open(records);
-  else openCount += open(changes.inserted) + open(changes.updated) - open(changes.previous) - open(changes.removed);
-  rows.show(records);
-}
+// The list is windowed (list-window.js, through todo-list.js): a list of 50,000 to-dos costs about what one
+// screenful does.
+const { rows, changed } = todoList(client);
 
 client.on("status", showStatus);
 client.on("log", (entry) => {
@@ -98,55 +51,12 @@ $("#new-todo").addEventListener("submit", async (event) => {
 
 $("#clear-completed").addEventListener("click", () => client.call("clear_completed").catch(showError));
 
-// The service worker's install downloads every file of this build again to keep it (Pyodide and the Python,
-// about 17 MB): on a first visit that competed with starting Python and with the first sync for the network
-// and the CPU. It is registered once the first sync is over (the sync status settled: synced, offline,
-// paused, off or stopped), or SETTLE_MS after the app is ready whatever sync does, or at once if the app
-// could not start.
-const SETTLED = new Set(["connected", "offline", "disconnected", "disabled", "error"]);
-const SETTLE_MS = 20000;
-
-function firstSyncOver() {
-  return client.ready.then(
-    () =>
-      new Promise((resolve) => {
-        const settled = () => {
-          stop();
-          clearTimeout(timer);
-          resolve();
-        };
-        const stop = client.on("status", (status) => SETTLED.has(status.status) && settled());
-        const timer = setTimeout(settled, SETTLE_MS);
-        if (SETTLED.has(client.status.status)) settled();
-      }),
-    () => undefined,
-  );
-}
-
-// Offline reloads: a service worker keeps this page, Pyodide and the Python code in the browser's cache.
+// Offline reloads: a service worker keeps this page, Pyodide and the Python code (offline-reload.js).
 // The desktop shell needs none of that (its files are on disk); it has a settings page for the sync server.
-const cacheStatus = $("#cache-status");
 if (isDesktop()) {
   const settings = $("#sync-settings");
   settings.hidden = false;
   settings.addEventListener("click", () => window.pywebview.api.open_settings());
-} else if ("serviceWorker" in navigator) {
-  firstSyncOver()
-    .then(() => navigator.serviceWorker.register("./sw.js"))
-    .then(() => navigator.serviceWorker.ready)
-    .then(() => {
-      cacheStatus.dataset.cached = "true";
-      cacheStatus.textContent = "· works offline";
-    })
-    .catch((error) => {
-      cacheStatus.textContent = "· offline reload unavailable";
-      notice(`This page cannot be cached for offline use: ${error.message}`, { key: "sw" });
-    });
-  // A first visit also gets a controller (the worker claims the page); only a later one means an update.
-  const hadController = Boolean(navigator.serviceWorker.controller);
-  navigator.serviceWorker.addEventListener("controllerchange", () => {
-    if (hadController) notice("A new version of this app is installed; reload the page to use it.", { key: "update" });
-  });
 } else {
-  cacheStatus.textContent = "· offline reload unavailable in this browser";
+  keepForOffline(client);
 }

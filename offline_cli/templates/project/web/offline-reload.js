@@ -1,0 +1,57 @@
+// Offline reloads: a service worker (sw.js) keeps this page, Pyodide and the Python code in the browser's
+// cache. The `offline init` template's page and the repository's example page both use it.
+import { notice } from "./page-status.js";
+
+// The service worker's install downloads every file of this build again to keep it (Pyodide and the Python,
+// about 17 MB): on a first visit that competed with starting Python and with the first sync for the network
+// and the CPU. It is registered once the first sync is over (the sync status settled: synced, offline,
+// paused, off or stopped), or SETTLE_MS after the app is ready whatever sync does, or at once if the app
+// could not start.
+const SETTLED = new Set(["connected", "offline", "disconnected", "disabled", "error"]);
+const SETTLE_MS = 20000;
+
+function firstSyncOver(client) {
+  return client.ready.then(
+    () =>
+      new Promise((resolve) => {
+        const settled = () => {
+          stop();
+          clearTimeout(timer);
+          resolve();
+        };
+        const stop = client.on("status", (status) => SETTLED.has(status.status) && settled());
+        const timer = setTimeout(settled, SETTLE_MS);
+        if (SETTLED.has(client.status.status)) settled();
+      }),
+    () => undefined,
+  );
+}
+
+/**
+ * Register the service worker once the first sync is over, and say in #cache-status whether this page
+ * reloads offline; a new version installed is announced (reload to use it).
+ * @param {object} client the page's OfflineClient
+ */
+export function keepForOffline(client) {
+  const cacheStatus = document.querySelector("#cache-status");
+  if (!("serviceWorker" in navigator)) {
+    cacheStatus.textContent = "· offline reload unavailable in this browser";
+    return;
+  }
+  firstSyncOver(client)
+    .then(() => navigator.serviceWorker.register("./sw.js"))
+    .then(() => navigator.serviceWorker.ready)
+    .then(() => {
+      cacheStatus.dataset.cached = "true";
+      cacheStatus.textContent = "· works offline";
+    })
+    .catch((error) => {
+      cacheStatus.textContent = "· offline reload unavailable";
+      notice(`This page cannot be cached for offline use: ${error.message}`, { key: "sw" });
+    });
+  // A first visit also gets a controller (the worker claims the page); only a later one means an update.
+  const hadController = Boolean(navigator.serviceWorker.controller);
+  navigator.serviceWorker.addEventListener("controllerchange", () => {
+    if (hadController) notice("A new version of this app is installed; reload the page to use it.", { key: "update" });
+  });
+}
