@@ -5,25 +5,19 @@ message in order; a socket the server spoke on (or closed) before the hand-over 
 
 from __future__ import annotations
 
-import json
-import shutil
-import subprocess
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "js" / "early_socket.mjs"
+from .support import run_node_script
+
 URL = "ws://127.0.0.1:3001/offline-sync"
 
 
 @pytest.fixture(scope="module")
 def seen() -> dict[str, Any]:
-    node = shutil.which("node")
-    if node is None:
-        pytest.skip("node is not on PATH")
-    done = subprocess.run([node, str(SCRIPT)], capture_output=True, text=True, timeout=60, check=True)
-    return json.loads(done.stdout)  # type: ignore[no-any-return]
+    seen: dict[str, Any] = run_node_script("early_socket.mjs")
+    return seen
 
 
 def test_an_open_socket_is_handed_over_and_nothing_it_receives_is_lost(seen: dict[str, Any]) -> None:
