@@ -183,6 +183,8 @@ class App:
         # last compacted; None: only when `compact()` is called.
         self.compact_after = compact_after
         self._log_growth = 0
+        # `_grew` looks at the log once `_log_growth` reaches this (then again after what `compaction.due` says).
+        self._compact_check = compact_after or 0
         self._compacting = False
         self.events = EventBus()
         self.db = LocalDatabase(path, durability=durability)
@@ -399,13 +401,13 @@ class App:
         return compaction.compact(self)
 
     def _grew(self, droppable: int) -> None:
-        """``droppable`` more operations may be compacted: compact once `compact_after` have accumulated
-        (not inside a transaction or a batch: then at the next chance)."""
+        """``droppable`` more operations may have become droppable (acknowledged, or received onto a record
+        that had a state): compact automatically once that is due (`compaction.due`; not inside a
+        transaction or a batch: then at the next chance)."""
         self._log_growth += droppable
-        limit = self.compact_after
         if (
-            limit is None
-            or self._log_growth < limit
+            self.compact_after is None
+            or self._log_growth < self._compact_check
             or self._compacting
             or self._batch is not None
             or self.db.in_transaction
@@ -414,7 +416,13 @@ class App:
             return
         self._compacting = True
         try:
-            dropped = compaction.compact(self)
+            wanted = compaction.due(self)
+            if wanted:
+                # Not yet: nothing can be due before this many more (checked against the log then).
+                self._log_growth, self._compact_check = 0, wanted
+                return
+            dropped = compaction.compact(self, superseded_only=True)
+            self._compact_check = self.compact_after
             log.info("compacted the local operation log: %d operations dropped", dropped)
         finally:
             self._compacting = False
@@ -949,22 +957,16 @@ class App:
             insert_fold = self.engine.insert_fold
             apply_to_insert = self.engine.apply_to_insert
             from_json = RecordState.from_json
-            # Every received operation is acknowledged: automatic compaction drops it within `compact_after`
-            # more, and must then write its record's state out as text first. A state kept as a reference to
-            # the insert would cost parsing the insert again there (several times what encoding its state
-            # costs here), so with compaction on a new record's state is stored as text at once.
-            encode_inserts = self.compact_after is not None
             for key in keys:
                 text = texts.get(key)
                 single_op = single[key]
                 if single_op is not None and not want_traces and key not in staged:
                     if text is None:
-                        # A new record's insert: its state is stored as a reference to the operation, or
-                        # as text when compaction will drop the operation (above).
-                        outcome = insert_fold(single_op, key[1], encode=encode_inserts)
+                        # A new record's insert: its state is stored as a reference to the operation
+                        # (automatic compaction leaves a record's one operation in the log).
+                        outcome = insert_fold(single_op, key[1], encode=False)
                         if outcome is not None:
-                            stored = outcome.text if encode_inserts else STATE_REFERENCE + single_op.id
-                            folded[key] = (stored, self._text_row(key[0], outcome))
+                            folded[key] = (STATE_REFERENCE + single_op.id, self._text_row(key[0], outcome))
                             continue
                     else:
                         insert = inserts.get(key)
@@ -1050,7 +1052,8 @@ class App:
                 self._batch.applied.append((ordered, traces, started))
                 return ordered
         self._after_commit(ordered, traces, started=started)
-        self._grew(len(ordered))
+        # A new record's first operation supersedes nothing (automatic compaction keeps it): not counted.
+        self._grew(len(ordered) - sum(1 for key in keys if texts.get(key) is None))
         return ordered
 
     # -- after a commit -------------------------------------------------------------------------------------------

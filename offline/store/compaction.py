@@ -32,6 +32,28 @@ server (which sends record states, see `adopt_states`).
 
 The same table holds what a server's state-based catch-up gave (`adopt_states`): the server's state of a
 record as base and its per-node numbers, so the operations the server streams after it are recognised.
+
+Automatic compaction (issue 24: "automatically past a size") drops *superseded* history only, and runs when
+the log has grown by as much again as it holds records:
+
+- What goes: the acknowledged operations of records whose log holds at least two of them. A record whose
+  log holds one (a record received or written once, the usual case for most records of a replica) keeps
+  it: that operation is the record's whole history, nothing superseded; dropping it would trade its row for
+  a base copy of the record's state as large as the state itself, and its state could no longer be stored
+  as a reference to it (`STATE_REFERENCE`), so every new record would cost the encoding of its state. The
+  log then holds at most one acknowledged operation per record between compactions plus what came since.
+- When (`due`): once the acknowledged operations of the log exceed the records it holds operations of by
+  ``max(compact_after, those records)``. A compaction's work is a pass over the log's acknowledged
+  operations and a base write per record compacted; it runs only when it drops at least as many
+  operations as that excess (each record compacted holds two or more, each record left holds one), so its
+  cost per dropped operation stays bounded however large the replica, and the log stays within about twice
+  its records plus ``compact_after`` (a hot record: ``compact_after`` operations), not its history.
+  Counted in memory (`App._grew`), checked against the log (two index scans) only when the count could
+  have reached the excess.
+
+`app.compact()` called by the application drops every acknowledged operation (what the tests of this module
+and ``offline compact`` expect); the correctness argument above holds for both, an operation kept being
+recognised as a repeat by the log as before.
 """
 
 from __future__ import annotations
@@ -50,8 +72,9 @@ from .many_rows import write_rows
 if TYPE_CHECKING:
     from .app import App
 
-#: create_app(compact_after=...) default: the log is compacted once this many operations were stored
-#: since the app opened (or since the last compaction). Large enough that a compaction is rare work.
+#: create_app(compact_after=...) default: the log is compacted automatically once its acknowledged
+#: operations exceed the records they belong to by this many (or by those records' number when larger; see
+#: the module docstring). Large enough that a compaction is rare work.
 DEFAULT_COMPACT_AFTER = 10_000
 
 TABLE = """CREATE TABLE IF NOT EXISTS _offline_compacted (
@@ -73,8 +96,9 @@ OWN_KEY = "compacted_own"
 _CHUNK = 500
 
 
-def compact(app: App) -> int:
+def compact(app: App, *, superseded_only: bool = False) -> int:
     """Drop the acknowledged operations of the log (see the module docstring); returns how many.
+    ``superseded_only`` (automatic compaction): only those of records whose log holds two or more of them.
 
     The cost is kept to SQLite's own work per record the dropped operations touch (issue 24: automatic
     compaction runs every `compact_after` operations, so a fold of many operations pays for it many times):
@@ -93,13 +117,21 @@ def compact(app: App) -> int:
         conn.execute(_DROPPING_TABLE)
         conn.execute("DELETE FROM temp._offline_dropping")
         conn.execute(
-            "INSERT INTO temp._offline_dropping (collection, record_id, node_id, seq, hlc, special) "
-            "SELECT collection, record_id, node_id, max(sequence_number), max(hlc), 0 FROM _offline_ops "
-            "WHERE status = ? GROUP BY collection, record_id, node_id",
+            "INSERT INTO temp._offline_dropping (collection, record_id, node_id, seq, hlc, n, special) "
+            "SELECT collection, record_id, node_id, max(sequence_number), max(hlc), count(*), 0 "
+            "FROM _offline_ops WHERE status = ? GROUP BY collection, record_id, node_id",
             (ACKED,),
         )
-        (count,) = conn.execute("SELECT count(*) FROM _offline_ops WHERE status = ?", (ACKED,)).fetchone()
+        if superseded_only:
+            # A record's one acknowledged operation stays (its whole history: nothing superseded).
+            conn.execute(
+                "DELETE FROM temp._offline_dropping WHERE (collection, record_id) IN (SELECT collection, "
+                "record_id FROM temp._offline_dropping GROUP BY collection, record_id HAVING sum(n) < 2)"
+            )
+        (count,) = conn.execute("SELECT coalesce(sum(n), 0) FROM temp._offline_dropping").fetchone()
         if not count:
+            conn.execute("DELETE FROM temp._offline_dropping")
+            app._log_growth = 0
             return 0
         clock = db.get_meta(CLOCK_KEY) or ""
         newest, own = conn.execute(
@@ -164,7 +196,14 @@ def compact(app: App) -> int:
             "VALUES (?, ?, ?, ?)",
             out,
         )
-        conn.execute("DELETE FROM _offline_ops WHERE status = ?", (ACKED,))
+        if superseded_only:
+            conn.execute(
+                "DELETE FROM _offline_ops WHERE status = ? AND (collection, record_id) IN "
+                "(SELECT collection, record_id FROM temp._offline_dropping)",
+                (ACKED,),
+            )
+        else:
+            conn.execute("DELETE FROM _offline_ops WHERE status = ?", (ACKED,))
         conn.execute("DELETE FROM temp._offline_dropping")
         if own:
             # The sequence numbering at open reads the log and this vector: it must not go back.
@@ -177,16 +216,36 @@ def compact(app: App) -> int:
     return int(count)
 
 
-#: What one compaction drops, per record and node (a connection's temporary table, emptied after use).
+#: What one compaction drops, per record and node: highest number and clock, how many operations (a
+#: connection's temporary table, emptied after use).
 _DROPPING_TABLE = """CREATE TEMP TABLE IF NOT EXISTS _offline_dropping (
         collection TEXT NOT NULL,
         record_id TEXT NOT NULL,
         node_id TEXT NOT NULL,
         seq INTEGER NOT NULL,
         hlc TEXT NOT NULL,
+        n INTEGER NOT NULL,
         special INTEGER NOT NULL,
         PRIMARY KEY (collection, record_id, node_id)
     ) WITHOUT ROWID"""
+
+
+def due(app: App) -> int:
+    """How many more operations must become droppable before automatic compaction is worth running: 0 when
+    it is now (see the module docstring: the acknowledged operations exceed the records they belong to by
+    ``max(compact_after, those records)``). Each operation added raises that excess by one at most (a new
+    record's first raises both sides), so nothing is due before this many more."""
+    limit = app.compact_after
+    assert limit is not None
+    with app.db.lock:
+        # (Both counts read the index on (collection, record_id, id): no operation text is read.)
+        records, ops = app.db.conn.execute(
+            "SELECT count(*), coalesce(sum(n), 0) FROM "
+            "(SELECT count(*) AS n FROM _offline_ops GROUP BY collection, record_id)"
+        ).fetchone()
+        (refused,) = app.db.conn.execute("SELECT count(*) FROM _offline_rejected").fetchone()
+        acked = int(ops) - app.db.pending_count(app.node_id) - int(refused)
+    return max(0, max(limit, int(records)) - (acked - int(records)))
 
 
 def dropped_own(app: App) -> int:

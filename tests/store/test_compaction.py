@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from offline import OfflineError, create_app, define_schema, op, t
 from offline.core.operations import Operation
 from offline.merge.engine import MergeEngine
-from offline.store import App
+from offline.store import App, compaction
 from offline.store.compaction import adopt_states
 from offline.store.database import PENDING, REJECTED
 from offline.store.replication import (
@@ -231,6 +231,100 @@ def test_compaction_runs_on_its_own_past_compact_after(tmp_path: Path) -> None:
     source.close()
 
 
+def stored_in_log(app: App) -> dict[str, int]:
+    """record id -> how many of its operations the log holds."""
+    with app.db.lock:
+        rows = app.db.conn.execute("SELECT record_id, count(*) FROM _offline_ops GROUP BY record_id")
+        return {str(r): int(n) for r, n in rows}
+
+
+def test_automatic_compaction_drops_superseded_history_and_keeps_a_records_one_operation(
+    tmp_path: Path,
+) -> None:
+    source = create_app(NOTES, path=":memory:", compact_after=None)
+    device = create_app(NOTES, path=str(tmp_path / "d.db"), compact_after=3)
+    busy, once, alone = (source.notes.insert({"body": f"n{i}"})["id"] for i in range(3))
+    device.apply(source.operations())
+    for _ in range(4):
+        source.notes.update(busy, {"votes": op.increment(1)})
+    source.notes.update(once, {"body": "edited"})
+    device.apply(source.operations())
+    # 8 acknowledged operations on 3 records: 5 beyond one each, at least max(3, 3): compacted, but the
+    # record whose log holds one operation keeps it (nothing of its history is superseded).
+    assert stored_in_log(device) == {alone: 1}
+    assert device.notes.fetch() == source.notes.fetch()
+    # An explicit compaction drops every acknowledged operation.
+    assert device.compact() == 1
+    assert stored_in_log(device) == {}
+    assert device.notes.fetch() == source.notes.fetch()
+    device.close()
+    source.close()
+
+
+def test_new_records_alone_never_set_automatic_compaction_off(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    source = create_app(NOTES, path=":memory:", compact_after=None)
+    device = create_app(NOTES, path=str(tmp_path / "d.db"), compact_after=2)
+    looked: list[App] = []
+    real = compaction.due
+    monkeypatch.setattr(compaction, "due", lambda app: looked.append(app) or real(app))
+    for i in range(50):
+        source.notes.insert({"body": f"n{i}"})
+    ops = source.operations()
+    for start in range(0, len(ops), 5):
+        device.apply(ops[start : start + 5])
+    assert looked == []  # received first operations of records are not even counted
+    assert sum(stored_in_log(device).values()) == 50
+    assert device.db.conn.execute("SELECT count(*) FROM _offline_compacted").fetchone() == (0,)
+    # Own inserts acknowledged are counted (the store cannot tell them cheaply), looked at, not compacted.
+    mine = [device.notes.insert({"body": f"mine {i}"})["id"] for i in range(10)]
+    acknowledge_all(device)
+    assert looked and sum(stored_in_log(device).values()) == 60
+    # Each of them written again and acknowledged: 10 beyond one per record of 60 is not yet max(2, 60)...
+    for record_id in mine:
+        device.notes.update(record_id, {"votes": op.increment(1)})
+    acknowledge_all(device)
+    assert sum(stored_in_log(device).values()) == 70
+    # ...but once the log holds as many again as it has records, what is superseded goes.
+    # (Due at 60 beyond one per record: at most 2 x 60 held, and the 5 of the last acknowledgement.)
+    for record_id in [*mine, *(o.record_id for o in ops)]:
+        for _ in range(5):
+            device.notes.update(record_id, {"votes": op.increment(1)})
+        acknowledge_all(device)
+        assert sum(stored_in_log(device).values()) < 2 * 60 + 5
+    assert device.db.conn.execute("SELECT count(*) FROM _offline_compacted").fetchone() != (0,)
+    votes = {r["id"]: r["votes"] for r in device.notes.fetch()}
+    assert votes == {**{o.record_id: 5 for o in ops}, **{r: 6 for r in mine}}
+    device.close()
+    source.close()
+
+
+def test_a_hot_record_keeps_a_bounded_log_and_stored_state(tmp_path: Path) -> None:
+    source = create_app(NOTES, path=":memory:", compact_after=None)
+    device = create_app(NOTES, path=str(tmp_path / "d.db"), compact_after=5)
+    plain = create_app(NOTES, path=":memory:", compact_after=None)
+    note = source.notes.insert({"body": "hot", "tags": ["a"]})
+    sizes: list[int] = []
+    for n in range(300):
+        source.notes.update(note["id"], {"votes": op.increment(1), "body": f"v{n}"})
+        batch = source.operations(after=device.version_vector)
+        device.apply(batch)
+        plain.apply(batch)
+        # Due when the acknowledged operations exceed the one record by max(5, 1): at most 6 held.
+        assert sum(stored_in_log(device).values()) <= 6
+        device.flush()
+        ((text,),) = device.db.conn.execute("SELECT state FROM _offline_state").fetchall()
+        sizes.append(len(text))
+    # The stored state does not grow with the history (a few bytes of longer numbers aside).
+    assert sizes[-1] <= sizes[9] + 32
+    assert device.notes.fetch() == source.notes.fetch() == plain.notes.fetch()
+    assert device.notes.find_by_id(note["id"])["votes"] == 300
+    device.close()
+    plain.close()
+    source.close()
+
+
 @pytest.mark.parametrize("bad", [0, -1, 1.5, "10", True])
 def test_compact_after_must_be_a_positive_count(bad: Any) -> None:
     with pytest.raises(OfflineError) as caught:
@@ -270,7 +364,8 @@ def test_compacting_replicas_converge_with_replicas_that_keep_everything(data: s
     apps = [
         create_app(SCHEMA, path=":memory:", now=clock, compact_after=None),
         create_app(SCHEMA, path=":memory:", now=clock, compact_after=None),
-        create_app(SCHEMA, path=path, now=clock, compact_after=None),
+        # (compact_after=2: automatic compactions between the explicit ones too)
+        create_app(SCHEMA, path=path, now=clock, compact_after=2),
     ]
     ledger: dict[str, Operation] = {}
 
@@ -308,7 +403,7 @@ def test_compacting_replicas_converge_with_replicas_that_keep_everything(data: s
                 apps[2].compact()
             elif action == 4 and data.draw(st.booleans()):
                 apps[2].close()
-                apps[2] = create_app(SCHEMA, path=path, now=clock, compact_after=None)
+                apps[2] = create_app(SCHEMA, path=path, now=clock, compact_after=2)
                 listen(apps[2])
             else:
                 local_write(data, data.draw(st.sampled_from(apps)))
