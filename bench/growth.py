@@ -1,18 +1,19 @@
 """Bounded growth (issue 24): the cost of one write to a record after many prior writes to it, per merge
 strategy, on the device; and the size of the record's stored merge state.
 
-Each strategy has a collection of its own holding one record. ``server_fold_ms`` is the server's share of
-the same write: its merge engine reading the record's state text, folding the operation, writing the text
-(the server keeps states as text; its store and network costs are other suites'). Its history is built through the fastest
-local path (writes in ``app.batch()`` transactions of 1,000: each is still its own operation, folded into
-the record as any write is), then ``SAMPLE`` single writes are timed and the median reported, with the
-state text's size beside the record's own (its row). Each write is timed in wall time (``write_ms``) and in
-the process's CPU time (``write_cpu_ms``); the database is in memory, so a write waits on nothing and its
-CPU time is its cost, while its wall time also holds whatever else the busy machine ran meanwhile (the
-wall ratio of the 100,000th write to the 10th read 2.16 in one loaded run). ``last_over_first`` compares the
-CPU medians (the wall ratio is ``last_over_first_wall``). Rich text types one character at the end each write
-(the prior writes are the characters typed); its figures also give the bytes one pycrdt document holds
-for the same typing.
+Each strategy has a collection of its own; each history size a record in an app of its own.
+``server_fold_ms`` is the server's share of the same write: its merge engine reading the record's state
+text, folding the operation, writing the text (the server keeps states as text; its store and network costs
+are other suites'). A record's history is built through the fastest local path (writes in ``app.batch()``
+transactions of 1,000: each is still its own operation, folded into the record as any write is); once every
+size's is, ``SAMPLE`` single writes to each are timed, the sizes in turns (`_measure` says why), and the
+medians reported, with the state text's size beside the record's own (its row). Each write is timed in wall
+time (``write_ms``) and in the process's CPU time (``write_cpu_ms``); the database is in memory, so a write
+waits on nothing and its CPU time is its cost, while its wall time also holds whatever else the busy
+machine ran meanwhile (the wall ratio of the 100,000th write to the 10th read 2.16 in one loaded run).
+``last_over_first`` compares the CPU medians (the wall ratio is ``last_over_first_wall``). Rich text types
+one character at the end each write (the prior writes are the characters typed); its figures also give the
+bytes one pycrdt document holds for the same typing.
 
 ``OFFLINE_BENCH_GROWTH=quick`` runs smaller histories (10 / 1,000 / 10,000);
 ``OFFLINE_BENCH_GROWTH_ONLY=addwins,resolver`` runs only the strategies named.
@@ -129,51 +130,76 @@ def _server_fold(engine: MergeEngine, text: str, op: Any) -> float:
     return time.perf_counter() - start
 
 
+class _Case:
+    """One record of the strategy with a history of ``size`` writes, in an app of its own."""
+
+    def __init__(self, strategy: str, size: int) -> None:
+        self.strategy = strategy
+        self.app = create_app(SCHEMA, path=":memory:")
+        self.record_id = _insert(self.app, strategy)
+        self.write = _writer(self.app, strategy, self.record_id)
+        self.done = 0
+        self.times: list[float] = []
+        self.cpu_times: list[float] = []
+        self.folds: list[float] = []
+        started = time.perf_counter()
+        while self.done < size:
+            with self.app.batch():
+                for _ in range(min(BATCH, size - self.done)):
+                    self.write(self.done)
+                    self.done += 1
+        self.build_seconds = time.perf_counter() - started
+
+    def sample(self, engine: MergeEngine) -> None:
+        """One more write, timed, and the server's fold of it."""
+        app = self.app
+        app.flush()
+        before = _state_text(app, self.strategy, self.record_id)
+        start, cpu_start = time.perf_counter(), time.process_time()
+        self.write(self.done)
+        self.cpu_times.append(time.process_time() - cpu_start)
+        self.times.append(time.perf_counter() - start)
+        self.done += 1
+        self.folds.append(_server_fold(engine, before, _last_operation(app)))
+
+    def figures(self) -> dict[str, Any]:
+        state, row = _state_bytes(self.app, self.strategy, self.record_id)
+        return {
+            "write_ms": round(statistics.median(self.times) * 1000, 3),
+            "write_cpu_ms": round(statistics.median(self.cpu_times) * 1000, 3),
+            "server_fold_ms": round(statistics.median(self.folds) * 1000, 3),
+            "state_bytes": state,
+            "row_bytes": row,
+        }
+
+
 def _measure(strategy: str, sizes: list[int]) -> dict[str, Any]:
-    app = create_app(SCHEMA, path=":memory:")
+    """Every size's record is built first, then sampled in turns (one write to each, the order turning
+    each round), so that all sizes are timed over the same stretch of time. Sampled one size after the
+    other (each right after its build, a minute apart on a busy machine), the ratio measured the machine:
+    a write's CPU time varies several-fold with what else runs on the cores (other processes evict its
+    caches), and 41 writes in a row take milliseconds, so a size's median could fall in a busy moment
+    and the other's not. The resolver's ratio read 2.07 and 3.92 in two runs (the last-write-wins one 1.8
+    in another) where interleaved writes to 10 and 100,000 prior writes cost the same to within 10%."""
     engine = MergeEngine(SCHEMA)
+    cases: list[_Case] = []
     try:
-        record_id = _insert(app, strategy)
-        write = _writer(app, strategy, record_id)
-        done = 0
-        out: dict[str, Any] = {}
-        build_seconds = 0.0
         for size in sizes:
-            started = time.perf_counter()
-            while done < size:
-                with app.batch():
-                    for _ in range(min(BATCH, size - done)):
-                        write(done)
-                        done += 1
-            build_seconds += time.perf_counter() - started
-            times = []
-            cpu_times = []
-            folds = []
-            for _ in range(SAMPLE):
-                app.flush()
-                before = _state_text(app, strategy, record_id)
-                start, cpu_start = time.perf_counter(), time.process_time()
-                write(done)
-                cpu_times.append(time.process_time() - cpu_start)
-                times.append(time.perf_counter() - start)
-                done += 1
-                folds.append(_server_fold(engine, before, _last_operation(app)))
-            state, row = _state_bytes(app, strategy, record_id)
-            out[str(size)] = {
-                "write_ms": round(statistics.median(times) * 1000, 3),
-                "write_cpu_ms": round(statistics.median(cpu_times) * 1000, 3),
-                "server_fold_ms": round(statistics.median(folds) * 1000, 3),
-                "state_bytes": state,
-                "row_bytes": row,
-            }
+            cases.append(_Case(strategy, size))
+        for round_ in range(SAMPLE):
+            turn = round_ % len(cases)
+            for case in cases[turn:] + cases[:turn]:
+                case.sample(engine)
+        out: dict[str, Any] = {str(size): case.figures() for size, case in zip(sizes, cases, strict=True)}
         first, last = out[str(sizes[0])]["write_cpu_ms"], out[str(sizes[-1])]["write_cpu_ms"]
         out["last_over_first"] = round(last / first, 2) if first else None
         first, last = out[str(sizes[0])]["write_ms"], out[str(sizes[-1])]["write_ms"]
         out["last_over_first_wall"] = round(last / first, 2) if first else None
-        out["history_build_s"] = round(build_seconds, 1)
+        out["history_build_s"] = round(sum(case.build_seconds for case in cases), 1)
         return out
     finally:
-        app.close()
+        for case in cases:
+            case.app.close()
 
 
 def _pycrdt_bytes(characters: int) -> int:
