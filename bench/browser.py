@@ -45,12 +45,16 @@ a Chromium started on a fresh profile folder, as users run it, not a private con
 - ``first_sync``: a fresh browser opening the page of a server whose log holds 20,000 or 50,000 to-dos:
   from navigation until the list says it shows all of them (``shown_ms``, read on the page when it drew
   them), and from ready until then; the CPU time Chromium's processes used until then (``shown_cpu_ms``)
-  and from ready (``shown_after_ready_cpu_ms``). ``cold_path``: each stage, in order, with when it was
-  reached from navigation and the CPU time Chromium had used by then (``cpu_ms``; of it ``worker_cpu_ms``:
+  and from ready (``shown_after_ready_cpu_ms``); ``downloaded_mb``: what the page's HTTP requests brought
+  until then, as sent (the build's gzip copies where the browser accepts them). ``cold_path``: each stage,
+  in order, with when it was reached from navigation and the CPU time Chromium had used by then
+  (``cpu_ms``; of it ``worker_cpu_ms``:
   the worker's thread, Python; ``page_cpu_ms``: the renderers' main threads; ``v8_background_cpu_ms``: V8's
   threads compiling WebAssembly and JavaScript); the stages: ``created`` (the page's script ran),
   ``starting`` (the worker's), ``fetched <file>`` (Pyodide's files and the code archive arrived),
-  ``python-loaded``, ``code-loaded``, ``python-imported``, ``storage-opened``, ``app-opened``, ``ready``,
+  ``python-loaded``, ``code-loaded``, ``python-imported``, ``storage-opened``, ``sync-socket-opened`` and
+  ``sync-socket-handed-over`` (the sync connection the worker opens while the app opens, given to its sync
+  engine: web/early-socket.js; ``-replaced`` or ``-closed`` when it was not), ``app-opened``, ``ready``,
   ``sync-connected`` (the first handshake accepted), ``first-states`` (the first records stored),
   ``first-records-shown``, ``shown``. ``cpu_by_thread_ms``: Chromium's CPU time until shown by process
   type and thread. On a shared machine the CPU times are the figures to compare; wall times say how busy
@@ -546,7 +550,10 @@ async def _first_sync(executable: str, base: str, count: int, *, profile: bool =
         await context.add_init_script(SHOWN_WATCH)
         arrived: dict[str, float] = {}
 
+        requests: list[Any] = []
+
         def finished(request: Any) -> None:
+            requests.append(request)
             for name in FETCHED:
                 path = request.url.removeprefix(base + "/")
                 if path.startswith(name) and path not in arrived and request.timing["responseEnd"] >= 0:
@@ -564,6 +571,10 @@ async def _first_sync(executable: str, base: str, count: int, *, profile: bool =
             origin = await page.evaluate("performance.timeOrigin")
             timings = await page.evaluate("window.offlineClient.timings")
             shown = await page.evaluate("window.__benchShown")
+        # What came over the network until then, as sent (gzip-encoded where the server sent the build's
+        # gzip copy): the page's, its worker's and (if it started) the service worker's requests.
+        sizes = [await request.sizes() for request in requests]
+        downloaded = sum(size["responseBodySize"] + size["responseHeadersSize"] for size in sizes)
         stages = {name: at for name, at in timings.items() if name != "bytecode-saved"}
         stages["first-records-shown"] = shown["first"]
         stages["shown"] = shown[str(count)]
@@ -592,6 +603,7 @@ async def _first_sync(executable: str, base: str, count: int, *, profile: bool =
             "shown_after_ready_ms": round(stages["shown"] - stages["ready"]),
             "shown_cpu_ms": round(cpu_all),
             "shown_after_ready_cpu_ms": round(after_ready),
+            "downloaded_mb": round(downloaded / 1e6, 2),
             "cold_path": cold_path,
         }
         # Where Chromium's CPU time went until the list showed every record, by process type and thread

@@ -6,7 +6,8 @@ import { notice } from "./page-status.js";
 // about 17 MB): on a first visit that competed with starting Python and with the first sync for the network
 // and the CPU. It is registered once the first sync is over (the sync status settled: synced, offline,
 // paused, off or stopped), or SETTLE_MS after the app is ready whatever sync does, or at once if the app
-// could not start.
+// could not start. "disconnected" is a paused sync only once sync ran: the worker reports it at ready, before
+// its sync starts (taken as settled, the install ran alongside the whole first sync of a large log).
 const SETTLED = new Set(["connected", "offline", "disconnected", "disabled", "error"]);
 const SETTLE_MS = 20000;
 
@@ -19,9 +20,14 @@ function firstSyncOver(client) {
           clearTimeout(timer);
           resolve();
         };
-        const stop = client.on("status", (status) => SETTLED.has(status.status) && settled());
+        let ran = false; // (sync reported anything but "disconnected": the page's "starting" is no status)
+        const check = (status) => {
+          ran = ran || (status.status !== "disconnected" && status.status !== "starting");
+          if (SETTLED.has(status.status) && ran) settled();
+        };
+        const stop = client.on("status", check);
         const timer = setTimeout(settled, SETTLE_MS);
-        if (SETTLED.has(client.status.status)) settled();
+        check(client.status);
       }),
     () => undefined,
   );
