@@ -572,8 +572,11 @@ async def _first_sync(executable: str, base: str, count: int, *, profile: bool =
             timings = await page.evaluate("window.offlineClient.timings")
             shown = await page.evaluate("window.__benchShown")
         # What came over the network until then, as sent (gzip-encoded where the server sent the build's
-        # gzip copy): the page's, its worker's and (if it started) the service worker's requests.
-        sizes = [await request.sizes() for request in requests]
+        # gzip copy): the page's, its worker's and (if it started) the service worker's requests, those
+        # that ended before the list was shown (the service worker's install may begin just after).
+        until = origin + shown[str(count)]
+        done = [r for r in list(requests) if r.timing["startTime"] + r.timing["responseEnd"] <= until]
+        sizes = [await request.sizes() for request in done]
         downloaded = sum(size["responseBodySize"] + size["responseHeadersSize"] for size in sizes)
         stages = {name: at for name, at in timings.items() if name != "bytecode-saved"}
         stages["first-records-shown"] = shown["first"]
