@@ -210,9 +210,11 @@ def canonical_operation_payload(
     timestamp: str,
     node_id: str,
     context: Any = None,
+    context_text: str | None = None,
 ) -> bytes:
     """``canonical_json`` of an operation id's payload (the six hashed fields, and the causal context when
-    ``context`` is not None), byte for byte.
+    ``context`` is not None), byte for byte. ``context_text``: the context's canonical text when the caller
+    checked it already (a received operation's), so it is not checked and encoded again.
 
     Every operation hashes an object with these same keys, so their RFC 8785 order is fixed (causalContext,
     collection, data, nodeId, recordId, timestamp, type: all ASCII, so code point and UTF-16 order agree)
@@ -221,7 +223,7 @@ def canonical_operation_payload(
     """
     head: str | None = "{"
     if context is not None:
-        text = _context_text(context)
+        text = _context_text(context) if context_text is None else context_text
         head = None if text is None else '{"causalContext":' + text + ","
     if (
         head is not None

@@ -464,8 +464,9 @@ def _text_content_id(
     timestamp: str,
     node_id: str,
     context: Mapping[str, int] | None = None,
+    context_text: str | None = None,
 ) -> str:
-    """`_content_id` of a timestamp already serialized."""
+    """`_content_id` of a timestamp already serialized (and ``context``'s canonical text, when known)."""
     try:
         canonical = canonical_operation_payload(
             type_,
@@ -475,6 +476,7 @@ def _text_content_id(
             timestamp,
             node_id,
             _plain_context(context),
+            context_text,
         )
     except ValueError as exc:
         # Only reachable for an Operation built directly, bypassing validation (e.g. holding NaN).
@@ -694,6 +696,10 @@ def _plain_timestamp(stamp: dict[str, Any]) -> HLCTimestamp | None:
     return timestamp
 
 
+# JSON string of an ASCII str, RFC 8785's escapes (as canonical.py writes an id's payload's strings with).
+_quote: Final = json.encoder.encode_basestring
+
+
 def _plain_str(value: object) -> bool:
     return type(value) is str and bool(value) and value.isascii()
 
@@ -736,12 +742,23 @@ def _from_plain_wire(d: dict[str, Any], verify: bool) -> Operation | None:
         if type(dep) is not str:
             return None
     context = d.get("causalContext")
+    context_text = None
     if context is not None:
         if type(context) is not dict or not context.get(node_id):
             return None
         for key, count in context.items():
-            if not _plain_str(key) or not _plain_int(count, 0):
+            if not (
+                type(key) is str
+                and key
+                and key.isascii()
+                and type(count) is int
+                and 0 <= count <= MAX_SAFE_INTEGER
+            ):
                 return None
+        if len(context) == 1:
+            # Checked above: an ASCII key and a safe whole number, so this is its canonical text (the usual
+            # context, an insert's); the id's payload need not check and encode it again.
+            context_text = f"{{{_quote(key)}:{count}}}"
         context = FrozenDict(context)
     raw_data = d["data"]
     raw_previous = d["previousData"]
@@ -770,7 +787,9 @@ def _from_plain_wire(d: dict[str, Any], verify: bool) -> Operation | None:
         return None
     stamp_text = serialize_timestamp(timestamp)
     if verify:
-        op_id = _text_content_id(type_, collection, record_id, hashed, stamp_text, node_id, context)
+        op_id = _text_content_id(
+            type_, collection, record_id, hashed, stamp_text, node_id, context, context_text
+        )
         if op_id != given_id:
             return None  # the complete path raises the mismatch
     else:

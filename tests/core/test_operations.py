@@ -556,3 +556,46 @@ def test_operations_and_timestamps_survive_pickling() -> None:
     assert back.timestamp == op.timestamp
     assert isinstance(back.data, FrozenDict)
     assert verify_operation(back)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.text(st.characters(min_codepoint=0, max_codepoint=127), min_size=1, max_size=8),
+    st.integers(min_value=1, max_value=MAX_SAFE_INTEGER),
+)
+def test_received_one_entry_context_is_hashed_as_rfc8785(node: str, count: int) -> None:
+    """A received operation whose causal context is its own node's one entry (an insert's) is read by the
+    plain-wire path, which writes the context's text itself: its id is the sha256 of rfc8785's bytes of the
+    payload, whatever ASCII the node id holds (quotes, backslashes, control characters)."""
+    import rfc8785
+
+    from offline.core import operations as operations_module
+
+    stamp = HLCTimestamp(TS.wall_time, 0, node)
+    payload = {
+        "type": "insert",
+        "collection": "todos",
+        "recordId": "rec-1",
+        "data": {"title": "x"},
+        "timestamp": serialize_timestamp(stamp),
+        "nodeId": node,
+        "causalContext": {node: count},
+    }
+    wire = {
+        "id": hashlib.sha256(rfc8785.dumps(payload)).hexdigest(),
+        "nodeId": node,
+        "type": "insert",
+        "collection": "todos",
+        "recordId": "rec-1",
+        "data": {"title": "x"},
+        "previousData": None,
+        "timestamp": {"wallTime": stamp.wall_time, "logical": 0, "nodeId": node},
+        "sequenceNumber": 1,
+        "causalDeps": [],
+        "schemaVersion": 1,
+        "causalContext": {node: count},
+    }
+    fast = operations_module._from_plain_wire(json.loads(json.dumps(wire)), True)
+    assert fast is not None and fast.id == wire["id"]
+    assert fast.causal_context == {node: count}
+    assert Operation.from_wire(wire) == fast
