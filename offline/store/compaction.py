@@ -547,10 +547,13 @@ def _adopt_plain(app: App, plain: list[tuple[str, str, str]]) -> None:
     stored: list[tuple[str, str, str]] = []
     decoded: list[tuple[str, str, RecordState | str, list[Any] | None]] = []
     materialize = app.engine.materialize
+    readable = {
+        c: state_rows.statements(app.engine, app.codecs[c]) is not None for c in {item[0] for item in plain}
+    }
     for item in plain:
         collection, record_id, text = item
         rows.pop((collection, record_id), None)
-        if "\\u" not in text and state_rows.statements(app.engine, app.codecs[collection]) is not None:
+        if readable[collection] and "\\u" not in text:
             by_sql.setdefault(collection, []).append(record_id)
             stored.append(item)
         else:
