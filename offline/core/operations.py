@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
-from .canonical import canonical_operation_payload
+from .canonical import canonical_operation_payload, quoted_name
 from .errors import INVALID_OPERATION, OfflineError
 from .frozen import FrozenDict, freeze
 from .hlc import MAX_LOGICAL, MAX_WALL_TIME, HLCTimestamp, serialize_timestamp
@@ -696,10 +696,6 @@ def _plain_timestamp(stamp: dict[str, Any]) -> HLCTimestamp | None:
     return timestamp
 
 
-# JSON string of an ASCII str, RFC 8785's escapes (as canonical.py writes an id's payload's strings with).
-_quote: Final = json.encoder.encode_basestring
-
-
 def _plain_str(value: object) -> bool:
     return type(value) is str and bool(value) and value.isascii()
 
@@ -758,7 +754,7 @@ def _from_plain_wire(d: dict[str, Any], verify: bool) -> Operation | None:
         if len(context) == 1:
             # Checked above: an ASCII key and a safe whole number, so this is its canonical text (the usual
             # context, an insert's); the id's payload need not check and encode it again.
-            context_text = f"{{{_quote(key)}:{count}}}"
+            context_text = f"{{{quoted_name(key)}:{count}}}"
         context = FrozenDict(context)
     raw_data = d["data"]
     raw_previous = d["previousData"]
