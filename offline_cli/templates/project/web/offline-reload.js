@@ -7,11 +7,14 @@ import { notice } from "./page-status.js";
 // and the CPU. It is registered once the first sync is over (the sync status settled: synced, offline,
 // paused, off or stopped), or SETTLE_MS after the app is ready whatever sync does, or at once if the app
 // could not start. "disconnected" is a paused sync only once sync ran: the worker reports it at ready, before
-// its sync starts (taken as settled, the install ran alongside the whole first sync of a large log).
+// its sync starts (taken as settled, the install ran alongside the whole first sync of a large log). A first
+// sync still receiving after SETTLE_MS (a large log on a slow device) is waited for as long as it received
+// more since the last SETTLE_MS: only a sync that is stuck no longer holds the install back.
 const SETTLED = new Set(["connected", "offline", "disconnected", "disabled", "error"]);
 const SETTLE_MS = 20000;
 
-function firstSyncOver(client) {
+/** Resolves once the first sync is over (see above; `settleMs` for tests). */
+export function firstSyncOver(client, settleMs = SETTLE_MS) {
   return client.ready.then(
     () =>
       new Promise((resolve) => {
@@ -25,8 +28,15 @@ function firstSyncOver(client) {
           ran = ran || (status.status !== "disconnected" && status.status !== "starting");
           if (SETTLED.has(status.status) && ran) settled();
         };
+        let received = 0; // (at the last SETTLE_MS)
+        const waited = () => {
+          const { status, received: now = 0 } = client.status;
+          if (status !== "syncing" || now <= received) return settled();
+          received = now;
+          timer = setTimeout(waited, settleMs);
+        };
         const stop = client.on("status", check);
-        const timer = setTimeout(settled, SETTLE_MS);
+        let timer = setTimeout(waited, settleMs);
         check(client.status);
       }),
     () => undefined,
