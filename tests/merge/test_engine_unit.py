@@ -725,3 +725,34 @@ def test_a_state_copy_is_independent_and_encodes_like_a_decoded_one() -> None:
     engine.apply(copied, later)
     assert state.to_json() == before  # the original did not change
     assert engine.materialize("items", "r1", copied)["tags"] == []  # type: ignore[index]
+
+
+def test_a_state_copy_shares_the_rich_text_document_and_stays_independent() -> None:
+    """A local write starts from a copy of the cached state: the rich text document's encoding (an
+    immutable string, tens of KB for a long text) is shared, not re-encoded, so a keystroke does not cost
+    the document's size; registers are still the copy's own."""
+    engine = MergeEngine(SCHEMA)
+    first = make_op(node="n1", seq=1, type="insert", data={"title": "t", "body": "hello"}, wall=T0)
+    state = RecordState()
+    engine.apply(state, first)
+    edit, _ = richtext.edit_update(state.fields["body"]["s"], lambda text: text.insert(5, " world"))
+    second = make_op(
+        node="n1", seq=2, type="update", data={"body": edit, "tags": ["x"]}, previous={"body": "hello"},
+        wall=T0 + 1, deps=state.heads(),
+    )  # fmt: skip
+    engine.apply(state, second)
+    copied = state.copy()
+    assert copied.fields["body"]["s"] is state.fields["body"]["s"]
+    assert copied == RecordState.from_json(state.to_json())
+    assert copied.to_json() == state.to_json()
+    assert copied.fields["body"] is not state.fields["body"]
+    before = state.to_json()
+    more, _ = richtext.edit_update(copied.fields["body"]["s"], lambda text: text.insert(0, ">"))
+    third = make_op(
+        node="n1", seq=3, type="update", data={"body": more, "tags": []}, previous={"body": "hello world"},
+        wall=T0 + 2, deps=copied.heads(),
+    )  # fmt: skip
+    engine.apply(copied, third)
+    assert state.to_json() == before  # the original did not change
+    assert engine.materialize("items", "r1", copied)["body"] == ">hello world"  # type: ignore[index]
+    assert engine.materialize("items", "r1", state)["body"] == "hello world"  # type: ignore[index]
