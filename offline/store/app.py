@@ -230,6 +230,7 @@ class App:
             )
             # (The version vector keeps this node's number when compaction dropped its last operations.)
             self._seq = max(self.db.own_sequence(node_id), self.db.version_vector().get(node_id, 0))
+            self.db.open_pending(node_id)
         # Records whose latest local operations are committed but not yet written to their row (see flush()).
         self._dirty: dict[tuple[str, str], RecordState] = {}
         # The row (None: no record) each local write materialised, with the state object it came from:

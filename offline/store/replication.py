@@ -112,7 +112,7 @@ def pending_operations(app: App, exclude: Container[str] = ()) -> list[Operation
     """
     with app.db.lock:
         rows = app.db.conn.execute(
-            f"SELECT id, wire FROM {PENDING_OPS} ORDER BY sequence_number", (app.node_id,)
+            f"SELECT id, wire FROM {PENDING_OPS} ORDER BY sequence_number", (app.node_id, 0)
         ).fetchall()
     return [operation_from_text(w) for i, w in rows if i not in exclude]
 
@@ -127,8 +127,8 @@ def pending_wires(app: App, after: int = 0) -> list[tuple[int, str, str]]:
     """
     with app.db.lock:
         rows = app.db.conn.execute(
-            f"SELECT sequence_number, id, wire FROM {PENDING_OPS} AND sequence_number > ? ORDER BY sequence_number",
-            (app.node_id, after),
+            f"SELECT sequence_number, id, wire FROM {PENDING_OPS} ORDER BY sequence_number",
+            (app.node_id, after + 1),
         ).fetchall()
     return [(int(seq), str(op_id), str(wire)) for seq, op_id, wire in rows]
 
@@ -148,6 +148,7 @@ def mark_acknowledged(app: App, sequences: Iterable[int]) -> None:
             "UPDATE _offline_ops SET status = ? WHERE node_id = ? AND sequence_number = ? AND status = ?",
             rows,
         )
+        app.db.advance_pending(app.node_id)
     app._grew(len(rows))
 
 
@@ -311,6 +312,8 @@ def _take_out(app: App, ops: list[Operation]) -> None:
             "UPDATE _offline_ops SET status = ? WHERE node_id = ? AND sequence_number = ?",
             (REJECTED, op.node_id, op.sequence_number),
         )
+    if any(op.node_id == app.node_id for op in ops):
+        app.db.advance_pending(app.node_id)
     for collection, record_id in dict.fromkeys((op.collection, op.record_id) for op in ops):
         if collection not in app.codecs:
             continue

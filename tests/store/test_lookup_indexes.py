@@ -260,7 +260,7 @@ class _RecordingConnection:
         return getattr(self._conn, name)
 
 
-def test_the_waiting_operations_are_read_through_the_pending_index(app: App) -> None:
+def test_the_waiting_operations_are_read_from_where_they_start_through_the_logs_key(app: App) -> None:
     from offline.store.replication import mark_acknowledged, pending_operations, pending_wires
 
     for i in range(300):
@@ -283,4 +283,7 @@ def test_the_waiting_operations_are_read_through_the_pending_index(app: App) -> 
     assert len(recording.calls) == 3
     for sql, params in recording.calls:
         plan = " | ".join(str(row[-1]) for row in conn.execute("EXPLAIN QUERY PLAN " + sql, params))
-        assert "_offline_ops_pending" in plan, (sql, plan)
+        assert "SEARCH _offline_ops USING PRIMARY KEY (node_id=? AND sequence_number>?)" in plan, (sql, plan)
+        assert "SCAN" not in plan, (sql, plan)
+    # They start at the first waiting one: the 300 acknowledged before it are not read again.
+    assert app.db.get_meta("pending_from") == "301"

@@ -191,3 +191,64 @@ def test_acknowledgements_and_refusals_find_operations_by_place(tmp_path: Path, 
     mark_acknowledged(app, [2, 3])  # a refusal is final
     assert [status for *_, status in _log(app)] == [ACKED, REJECTED, REJECTED]
     assert pending_wires(app) == []
+
+
+def _waiting(app: App) -> list[int]:
+    from offline.store.replication import pending_count, pending_operations
+
+    seqs = [seq for seq, _, _ in pending_wires(app)]
+    assert [op.sequence_number for op in pending_operations(app)] == seqs
+    assert pending_count(app) == len(seqs)
+    return seqs
+
+
+def test_the_waiting_operations_are_the_unacknowledged_ones_whatever_the_order_of_acknowledgements(
+    tmp_path: Path,
+) -> None:
+    path = str(tmp_path / "app.db")
+    with create_app(SCHEMA, path=path) as app:
+        for i in range(6):
+            app.todos.insert({"title": f"mine {i}"})
+        app.apply(_remote_ops(tmp_path, 2))  # others' operations never wait
+        assert _waiting(app) == [1, 2, 3, 4, 5, 6]
+        mark_acknowledged(app, [2, 3])  # out of order: 1 still waits
+        assert _waiting(app) == [1, 4, 5, 6]
+        assert [seq for seq, _, _ in pending_wires(app, after=4)] == [5, 6]
+        reject_operation(app, app.operations()[0].id, "SCOPE_VIOLATION", "no", place=(app.node_id, 1))
+        assert _waiting(app) == [4, 5, 6]
+        mark_acknowledged(app, [4, 5, 6])
+        assert _waiting(app) == []
+        app.todos.insert({"title": "later"})
+        assert _waiting(app) == [7]
+    with create_app(SCHEMA, path=path) as app:  # kept across restarts
+        assert _waiting(app) == [7]
+        mark_acknowledged(app, [7])
+        assert _waiting(app) == []
+
+
+def test_an_acknowledgement_rolled_back_leaves_its_operations_waiting(app: App) -> None:
+    for i in range(3):
+        app.todos.insert({"title": f"mine {i}"})
+    with pytest.raises(RuntimeError), app.db.transaction():
+        mark_acknowledged(app, [1, 2])
+        assert _waiting(app) == [3]
+        raise RuntimeError("the caller's transaction fails")
+    assert _waiting(app) == [1, 2, 3]
+
+
+def test_a_log_from_before_the_start_of_waiting_operations_was_kept_finds_them_once(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    with create_app(SCHEMA, path=str(path)) as app:
+        for i in range(4):
+            app.todos.insert({"title": f"mine {i}"})
+        mark_acknowledged(app, [1, 3])
+    # As earlier versions left it: a partial index of the waiting operations, no start kept.
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("DELETE FROM _offline_meta WHERE key = 'pending_from'")
+    conn.execute("CREATE INDEX _offline_ops_pending ON _offline_ops (node_id) WHERE status = 0")
+    conn.close()
+
+    with create_app(SCHEMA, path=str(path)) as app:
+        assert app.db.get_meta("pending_from") == "2"
+        assert _waiting(app) == [2, 4]
+    assert "_offline_ops_pending" not in {name for name, _, _ in _indexes(path)}
