@@ -1221,7 +1221,8 @@ def decode_operation_text(
     can store it instead of encoding the operation again. Pass ``text`` only as ``decode`` gave it
     (``OperationBatch.operation_texts``): ``raw``'s compact encoding, whose frame was depth-checked whole.
     """
-    if not isinstance(raw, Mapping):
+    # A decoded frame's operation is a dict: checked without the Mapping ABC's instance check (a Python call).
+    if type(raw) is not dict and not isinstance(raw, Mapping):
         raise ProtocolError(
             INVALID_OPERATION,
             f"an operation must be a JSON object, got {_type_name(raw)}",
