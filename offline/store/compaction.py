@@ -541,7 +541,7 @@ def _adopt_plain(app: App, plain: list[tuple[str, str, str]]) -> None:
     records with no operation of their own left in the log. Their rows are read off the stored texts by
     SQLite (`state_rows`) where the collection allows it, else from each decoded state: so is a text with
     a \\u escape, which SQLite 3.39 reads otherwise than Python (a NUL ends its string, a lone surrogate
-    becomes bytes Python refuses to store)."""
+    becomes bytes Python refuses to store), and a record whose id holds a NUL."""
     rows = app._rows
     by_sql: dict[str, list[str]] = {}
     stored: list[tuple[str, str, str]] = []
@@ -553,7 +553,7 @@ def _adopt_plain(app: App, plain: list[tuple[str, str, str]]) -> None:
     for item in plain:
         collection, record_id, text = item
         rows.pop((collection, record_id), None)
-        if readable[collection] and "\\u" not in text:
+        if readable[collection] and "\\u" not in text and "\x00" not in record_id:
             by_sql.setdefault(collection, []).append(record_id)
             stored.append(item)
         else:

@@ -117,7 +117,8 @@ def write(conn: Any, found: _Statements, collection: str, record_ids: Sequence[s
     """Replace the rows of these records (whose states are stored) by what their states hold: removed,
     then written again for those alive. Raises ValueError when a state is not a state (the caller's
     transaction then rolls everything back)."""
-    ids = json.dumps(list(record_ids))
+    # (Characters outside ASCII as they are, not as \u escapes: no surrogate pair for SQLite to read.)
+    ids = json.dumps(list(record_ids), ensure_ascii=False)
     conn.execute(found.delete, (collection, ids))
     try:
         conn.execute(found.upsert, (collection, ids))

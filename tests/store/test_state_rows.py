@@ -224,3 +224,20 @@ def test_adopting_a_state_again_replaces_the_row_and_a_deleted_one_removes_it() 
     finally:
         writer.close()
         app.close()
+
+
+@pytest.mark.parametrize(
+    "record_id", ["café", "emoji 😀 id", "tab\tand\nnewline", 'quote " and \\', "nul\x00id"]
+)
+def test_records_whose_ids_are_not_plain_ascii_get_their_rows(record_id: str) -> None:
+    """The batch's ids reach SQLite as JSON: ids with characters outside ASCII, escapes or a NUL (which
+    SQLite's JSON functions would cut) still find their states and get their rows."""
+    key = [1_700_000_000_000, 0, "n1", "op1"]
+    fields = {"title": {"k": key, "lk": key, "v": "t"}}
+    text = RecordState(graph={"op1": []}, exist=[key, "insert"], has_insert=True, fields=fields).to_json()
+    app = create_app(PLAIN, path=":memory:")
+    try:
+        adopt_states(app, [("tasks", record_id, text, {"n1": 1}), ("tasks", "plain", text, {"n1": 1})])
+        assert sorted(r["id"] for r in app.tasks.fetch()) == sorted([record_id, "plain"])
+    finally:
+        app.close()
