@@ -782,6 +782,20 @@ def run_at_size(sizes: tuple[int, ...] = SIZES, *, profile: bool = True) -> dict
 if __name__ == "__main__":
     import json
 
+    if {"-h", "--help"} & set(sys.argv[1:]):
+        # (Without this, any argument not naming a section ran the whole bench, minutes of Chromium.)
+        sys.stdout.write(
+            "usage: python -m bench.browser [at-size [N ...] [--private] | first-sync [N ...] "
+            "[--states-only] [--private]]\n\n"
+            "Browser client figures as JSON on stdout (progress on stderr). Without a section: all of them.\n"
+            "  at-size N ...      awaited inserts, ready after reload and memory at N local records\n"
+            "  first-sync N ...   a fresh browser's first sync of N records from a live server\n"
+            "  --states-only      first sync by record states only (not also by operations)\n"
+            "  --private          in a Playwright private context instead of a Chromium profile folder\n\n"
+            "examples:\n  python -m bench.browser at-size 0 50000\n"
+            "  python -m bench.browser first-sync 20000 50000 --states-only\n"
+        )
+        sys.exit(0)
     if sys.argv[1:2] == ["at-size"]:
         args = sys.argv[2:]
         sizes = tuple(int(n) for n in args if n != "--private") or SIZES

@@ -1691,8 +1691,6 @@ _VECTOR_KEYS = ("K", "c", "e", "f", "g", "h", "i", "p", "x")
 _NEW_KEY = -1
 #: Values whose compact JSON text is canonical as it is (no object keys to sort).
 _SCALARS = frozenset({str, int, float, bool, type(None)})
-
-_SCALARS = frozenset({str, int, float, bool, type(None)})
 _FRESH: Any = object()
 
 
