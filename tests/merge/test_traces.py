@@ -156,14 +156,14 @@ def test_strategy_names_of_tier_1_traces(pair: list[App], clock: FakeClock) -> N
     assert (count.input_a, count.input_b, count.base, count.output) == (12, 13, 10, 15)
     assert (traces["hi"].input_a, traces["hi"].input_b, traces["hi"].output) == (5, 4, 5)
     body = traces["body"]
-    assert body.base == "hello"
+    assert body.base is None  # a rich text edit does not carry the text it started from (SPEC: null)
     assert body.output == "A hello B"
     assert b.items.find_by_id("r1")["body"] == "A hello B"
     for trace in (tags, count, traces["hi"]):
         assert (trace.operation_a.id, trace.operation_b.id) == (op_a.id, op_b.id)
     # Every trace is JSON-ready, the rich text one too (its inputs are Yjs updates, in their wire form).
     shape = json.loads(json.dumps(body.to_dict()))
-    assert shape["output"] == "A hello B" and shape["base"] == "hello"
+    assert shape["output"] == "A hello B" and shape["base"] is None
     for side in ("inputA", "inputB"):
         if not isinstance(body.input_a if side == "inputA" else body.input_b, str):
             assert set(shape[side]) == {"__offline_bytes__"}
