@@ -57,14 +57,8 @@ def http(site: LiveServer) -> Iterator[httpx.Client]:
 
 def raw_get(url: str, target: str) -> tuple[int, str]:
     """Send ``GET <target>`` exactly as written; return (status, body)."""
-    host, port = url.removeprefix("http://").split(":")
-    with socket.create_connection((host, int(port)), timeout=10) as sock:
-        sock.sendall(f"GET {target} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
-        chunks = []
-        while chunk := sock.recv(65536):
-            chunks.append(chunk)
-    head, _, body = b"".join(chunks).partition(b"\r\n\r\n")
-    return int(head.split(b" ")[1]), body.decode("utf-8", "replace")
+    status, _, body = raw_response(url, target, {})
+    return status, body.decode("utf-8", "replace")
 
 
 def test_files_are_served_with_their_types(http: httpx.Client) -> None:
