@@ -640,9 +640,18 @@ class App:
             conn.executemany(self.codecs[collection].delete_sql, ids)
 
     def commit_local(
-        self, writes: list[Write], violations: list[Violation] | None = None, *, fresh: bool = False
+        self,
+        writes: list[Write],
+        violations: list[Violation] | None = None,
+        *,
+        fresh: bool = False,
+        loaded: dict[tuple[str, str], RecordState] | None = None,
     ) -> list[tuple[Operation, dict[str, Any] | None]]:
-        """Turn planned writes into operations and store them in one transaction."""
+        """Turn planned writes into operations and store them in one transaction.
+
+        ``loaded``: states of written records the caller just read from the database (`Database.load_state`,
+        under the lock it still holds, unchanged since): the writes fold into them instead of reading them
+        again (a rich text state is the size of its document)."""
         self._check_open()
         results: list[tuple[Operation, dict[str, Any] | None]] = []
         traces: list[tuple[Operation, Conflict]] = []
@@ -659,10 +668,12 @@ class App:
             )
             try:
                 if direct:
-                    self.db.insert_operations(self._plan_writes(writes, staged, fresh, results, traces))
+                    self.db.insert_operations(
+                        self._plan_writes(writes, staged, fresh, results, traces, loaded)
+                    )
                 else:
                     with self.db.transaction():
-                        rows = self._plan_writes(writes, staged, fresh, results, traces)
+                        rows = self._plan_writes(writes, staged, fresh, results, traces, loaded)
                         self.db.insert_operations(rows)
             except OfflineError:
                 self._seq = seq_before
@@ -697,6 +708,7 @@ class App:
         fresh: bool,
         results: list[tuple[Operation, dict[str, Any] | None]],
         traces: list[tuple[Operation, Conflict]],
+        loaded: dict[tuple[str, str], RecordState] | None = None,
     ) -> list[tuple[Any, ...]]:
         """Create the operations of ``writes``, fold them into their (staged) states; return their log rows."""
         rows = []
@@ -713,7 +725,12 @@ class App:
                     dirty = self._dirty.get(key)
                     # Work on a copy of a cached state (if the transaction fails, the cache must not hold its
                     # effects); one read from the database is a private copy already.
-                    state = dirty.copy() if dirty is not None else self.db.load_state(*key) or RecordState()
+                    if dirty is not None:
+                        state = dirty.copy()
+                    elif loaded is not None and key in loaded:
+                        state = loaded.pop(key)  # read by the caller: a private copy already
+                    else:
+                        state = self.db.load_state(*key) or RecordState()
                 staged[key] = state
             self._seq += 1
             op, wire = _local_operation(

@@ -623,7 +623,13 @@ class RichTextHandle:
                     field="id",
                     reason="NOT_FOUND",
                 )
-            state = app.cached_state(self.collection.name, self.record_id)
+            key = (self.collection.name, self.record_id)
+            state = app.unflushed_state(*key)
+            loaded = None
+            if state is None:
+                # Read from the database: a private copy, unchanged by the edit (which reads only the
+                # document's text), so the write folds into it instead of reading the state again.
+                state = loaded = app.db.load_state(*key)
             reg_state = (state.fields.get(self.field) or {}).get("s") if state else None
             update, _ = richtext.edit_update(reg_state, edit, client_id=self.collection._client_id())
             if not update or update == b"\x00\x00":
@@ -634,7 +640,7 @@ class RichTextHandle:
             # the typing), which took most of a keystroke's CPU time there. SPEC: previousData is
             # optional, and a conflict trace's base is null when unavailable.
             writes = [Write(self.collection.name, self.record_id, "update", {self.field: update}, {})]
-            (_, record), *_ = app.commit_local(writes)
+            (_, record), *_ = app.commit_local(writes, loaded=None if loaded is None else {key: loaded})
         assert record is not None
         return record
 

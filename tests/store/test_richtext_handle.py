@@ -370,3 +370,29 @@ def test_an_edit_continues_in_the_document_the_previous_edit_left(app: App) -> N
     kept = richtext._DOCUMENTS.docs.get(raw)
     assert kept is not None and kept.client_id == richtext.client_id_for(app.node_id)
     assert kept.get_update() == raw and kept.text() == "hello!?"
+
+
+def test_an_edit_after_a_read_loads_the_record_state_once(app: App, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once the record's state is written out (a flush: a query, a sync, a batch of other writes), the next
+    keystroke starts from the database: it reads the state (a document's size) once, to make its update
+    and to fold it, not once for each."""
+    record = app.docs.insert({"title": "d", "notes": "hello"})
+    handle = app.docs.richtext(record["id"], "notes")
+    handle.insert(5, " world")
+    assert str(handle) == "hello world"
+    app.flush()
+    loads: list[tuple[str, str]] = []
+    load_state = app.db.load_state
+
+    def counted(collection: str, record_id: str) -> object:
+        loads.append((collection, record_id))
+        return load_state(collection, record_id)
+
+    monkeypatch.setattr(app.db, "load_state", counted)
+    handle.insert(11, "!")
+    assert loads == [("docs", record["id"])]
+    assert str(handle) == "hello world!"
+    app.flush()
+    handle.delete(0, 6)
+    assert loads == [("docs", record["id"])] * 2
+    assert app.docs.find_by_id(record["id"])["notes"] == "world!"
