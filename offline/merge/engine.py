@@ -762,9 +762,15 @@ class MergeEngine:
     def apply(self, state: RecordState, op: Operation, *, want_conflicts: bool = True) -> list[Conflict]:
         """Fold ``op`` into ``state`` (in place); returns the conflicts it resolved. A repeat of an operation
         the state holds (in its window of the causal graph, when it keeps one) changes nothing."""
-        conflicts = self._apply(state, op, want_conflicts)
         plan = self._plans.get(op.collection)
-        if plan is not None and (plan.sets or plan.resolvers):
+        if plan is None or not (plan.sets or plan.resolvers):
+            return self._apply(state, op, want_conflicts)
+        # Removals come only from an update's previous data: an operation of another type folded into a
+        # state with no registers (a record's first write, every local insert) leaves no removal for
+        # `after_fold` to drop or settle, so unless a Tier 3 field needs settling it is not called.
+        settle = bool(plan.resolvers or state.fields or op.type == "update")
+        conflicts = self._apply(state, op, want_conflicts)
+        if settle:
             self.after_fold(plan, state, op, conflicts)
         return conflicts
 
@@ -840,7 +846,10 @@ class MergeEngine:
             number = context[op.node_id]
             if state.holds_dot(op.node_id, number):
                 return []  # a repeat (see "Bounded state" for a peer reusing a number)
-            _add_dot(state, op_id, op.node_id, number, context)
+            if state.clock or state.extra or state.past or state.tips:
+                _add_dot(state, op_id, op.node_id, number, context)
+            else:
+                _first_dot(state, op_id, op.node_id, number, context)
         if plan is None:
             return []
         op_type = op.type
@@ -856,7 +865,7 @@ class MergeEngine:
         ts = op.timestamp
         key = [ts.wall_time, ts.logical, ts.node_id, op_id]  # op_key(op)
         if context is not None:
-            key.append(context[op.node_id])  # its number: whether a write had seen it (`_seen`)
+            key.append(number)  # its number: whether a write had seen it (`_seen`)
         exist = state.exist
         if exist is None or key > exist[0]:
             state.exist = [key, op_type]
@@ -1778,6 +1787,20 @@ def _add_dot(state: RecordState, op_id: str, node: str, number: int, context: Ma
             del tips[tip]
     if past.get(node, 0) < number:
         tips[op_id] = [node, number]
+
+
+def _first_dot(state: RecordState, op_id: str, node: str, number: int, context: Mapping[str, int]) -> None:
+    """`_add_dot` into a state that holds no operation with a causal context yet (every local insert's
+    fold): nothing to merge with, so the same result without its lookups (``past`` in the context's order,
+    as `_add_dot` fills it)."""
+    if number == 1:
+        state.clock[node] = 1
+    else:
+        state.extra.append([node, number])
+    state.past = {
+        other: seen for other, count in context.items() if (seen := count - 1 if other == node else count) > 0
+    }
+    state.tips[op_id] = [node, number]
 
 
 def _seen(state: RecordState, earlier: OpKey, later: OpKey, later_context: Mapping[str, int] | None) -> bool:

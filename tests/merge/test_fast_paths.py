@@ -1,10 +1,11 @@
 """The fold's fast paths give exactly what the general code gives.
 
 `MergeEngine.apply` and `materialize` inline the common registers (lww, integer counters, an empty add-wins
-set); `topological_sort` returns the HLC order directly when that order is already causal; the store writes
-an operation's wire text with `wire_json`. Each is checked here against the general code it stands for, on
-the random histories of the convergence tests (every strategy, ill-typed values, concurrent writes), byte
-for byte.
+set), and `apply` holds a state's first operation with a causal context without `_add_dot` and skips
+`after_fold` when the fold cannot have left a removal; `topological_sort` returns the HLC order directly
+when that order is already causal; the store writes an operation's wire text with `wire_json`. Each is
+checked here against the general code it stands for, on the random histories of the convergence tests
+(every strategy, ill-typed values, concurrent writes), byte for byte.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ from offline.merge.engine import (
 from offline.merge.values import compact_json, op_key, wire_json
 
 from ._support import FakeClock, sorted_concat
+from .test_causal_context import SCHEMA as SETS_SCHEMA
+from .test_causal_context import _op
 from .test_convergence_properties import ALL_FIELDS, ENGINE_SETTINGS, SCALE, EngineReplica, random_history
 
 
@@ -121,6 +124,17 @@ def test_lww_and_counter_histories(data: st.DataObject) -> None:
     ops = list({o.id: o for r in replicas for o in r.ops.values()}.values())
     for want in (False, True):
         same_fold(engine, data.draw(st.permutations(ops)), want, data.draw(st.integers(0, 2)))
+
+
+def test_an_update_folded_first_settles_its_removal() -> None:
+    """An update can be the first operation a replica folds (the insert still in transit); the removal it
+    carries is settled as `after_fold` settles it: the counts the record's clock covers leave its vector."""
+    engine = MergeEngine(SETS_SCHEMA)
+    op = _op("A", 1, {"B": 1}, data={"items": []}, previous={"items": ["x"]}, wall=1)
+    fast, general = RecordState(), RecordState()
+    assert engine.apply(fast, op) == general_apply(engine, general, op, True)
+    assert fast.to_json() == general.to_json()
+    assert fast.fields["items"]["m"] == {'"x"': {"B": 1}}
 
 
 def heap_sort(ops: list[Operation]) -> list[Operation]:
