@@ -414,21 +414,6 @@ def _writes(actions: list[Action]) -> list[Write]:
     return [Write(a.collection, a.record_id, a.type, a.changes, a.previous) for a in actions]
 
 
-def _unit_offset(text: Any, index: int) -> int:
-    """The position pycrdt uses for character ``index`` of ``text``.
-
-    pycrdt (yrs) counts Text positions in UTF-8 bytes, not characters: passing a character index
-    unchanged puts edits in the wrong place after any non-ASCII character (or panics mid-character).
-    """
-    current = str(text)
-    units = len(text)
-    if units == len(current):
-        return index
-    if units == len(current.encode("utf-8")):
-        return len(current[:index].encode("utf-8"))
-    return len(current[:index].encode("utf-16-le")) // 2
-
-
 def _replace_text(text: Any, new: str) -> None:
     del text[:]
     text += new
@@ -656,7 +641,8 @@ class RichTextHandle:
                 collection=self.collection.name,
                 field=self.field,
             )
-        return self._edit(lambda t: t.insert(_unit_offset(t, index), text))
+        # `richtext.CharText` takes character indices (its backend converts to what Yjs counts in).
+        return self._edit(lambda t: t.insert(index, text))
 
     def delete(self, index: int, length: int) -> dict[str, Any]:
         size = len(self)
@@ -666,6 +652,4 @@ class RichTextHandle:
                 collection=self.collection.name,
                 field=self.field,
             )
-        return self._edit(
-            lambda t: t.__delitem__(slice(_unit_offset(t, index), _unit_offset(t, index + length)))
-        )
+        return self._edit(lambda t: t.__delitem__(slice(index, index + length)))
