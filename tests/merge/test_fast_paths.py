@@ -488,3 +488,25 @@ def test_apply_to_text_takes_updates_with_a_causal_context() -> None:
         assert engine.apply_to_text(op, state.to_json(), "r1") is REPEATED
     assert all(taken)
     assert a.state.to_json() == b.state.to_json() == state.to_json()
+
+
+def test_apply_to_text_with_a_causal_context_writes_floats_and_odd_strings_as_to_json() -> None:
+    """The fold of a node's next update writes the state text byte for byte as `to_json`, whatever the state
+    holds: floats in exponent form (which other encoders spell differently), strings with control,
+    separator and supplementary characters."""
+    engine = MergeEngine(PLAIN_SCHEMA)
+    clock = FakeClock()
+    for hi in (None, 1e-07, 2.5, 1e16):
+        a = EngineReplica(engine, "node-a", clock)
+        state = RecordState()
+        insert = a.write("insert", {"title": "a", "count": 1, "tags": [], "hi": hi}, None)
+        engine.apply(state, insert)
+        for title in ("\u2028\x01\x7f\u00e9", '\U0001f600 "q" \\', "plain"):
+            clock.advance(1)
+            current = a.record()
+            assert current is not None
+            op = a.write("update", {"title": title, "count": current["count"] + 1}, dict(current))
+            assert check_text_fold(engine, state.to_json(), op)
+            engine.apply(state, op)
+        if hi is not None:
+            assert repr(hi) in state.to_json()
