@@ -31,7 +31,7 @@ from typing import Any, Final, Literal
 
 from .canonical import canonical_operation_payload, quoted_name
 from .errors import INVALID_OPERATION, OfflineError
-from .frozen import FrozenDict, freeze
+from .frozen import FrozenDict, adopt, freeze
 from .hlc import MAX_LOGICAL, MAX_WALL_TIME, HLCTimestamp, serialize_timestamp
 
 __all__ = [
@@ -318,7 +318,7 @@ def _fast_mapping(value: Any, depth: int) -> tuple[FrozenDict[str, Any], dict[st
     if is_frozen:
         frozen = value  # freeze() returns a FrozenDict as it is
     else:
-        frozen = FrozenDict(items if frozen_changes is None else {**items, **frozen_changes})
+        frozen = adopt(dict(items) if frozen_changes is None else {**items, **frozen_changes})
     # Always a fresh dict: the hash form must not share mutable containers with the caller's input.
     plain = dict(items) if plain_changes is None else {**items, **plain_changes}
     return frozen, plain

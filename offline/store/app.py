@@ -21,7 +21,7 @@ from offline.core.errors import (
     INVALID_OPERATION,
     OfflineError,
 )
-from offline.core.frozen import FrozenDict
+from offline.core.frozen import FrozenDict, adopt
 from offline.core.hlc import HLCTimestamp, HybridLogicalClock, parse_timestamp, serialize_timestamp
 from offline.core.operations import (
     Operation,
@@ -1212,7 +1212,8 @@ def _local_operation(
     )
     # One plain copy of the context (the caller's may change later): hashed, frozen and written from it.
     plain_context = None if causal_context is None else dict(causal_context)
-    context: FrozenDict[str, int] | None = None if plain_context is None else FrozenDict(plain_context)
+    # The operation adopts it: the id and the wire text below only read it, and nothing else holds it.
+    context: FrozenDict[str, int] | None = None if plain_context is None else adopt(plain_context)
     op_id = _content_id(type_, collection, record_id, hashed, timestamp, node_id, plain_context)
     deps = tuple(causal_deps)
     # Every field is checked and frozen already: what the dataclass __init__ and __post_init__ would store.

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from offline.core.errors import INVALID_OPERATION, OfflineError
-from offline.core.frozen import FrozenDict, thaw
+from offline.core.frozen import FrozenDict, adopt, thaw
 from offline.core.hlc import HLCTimestamp, serialize_timestamp
 from offline.core.operations import (
     BYTES_MARKER,
@@ -599,3 +599,16 @@ def test_received_one_entry_context_is_hashed_as_rfc8785(node: str, count: int) 
     assert fast is not None and fast.id == wire["id"]
     assert fast.causal_context == {node: count}
     assert Operation.from_wire(wire) == fast
+
+
+def test_an_adopted_dict_is_a_frozen_dict_like_any_other() -> None:
+    """`adopt` wraps the dict it is handed without copying it: equal, hashable and immutable as
+    ``FrozenDict(...)`` is (operations' data and contexts are built with it)."""
+    data = {"a": 1, "b": (2, 3)}
+    adopted = adopt(data)
+    assert type(adopted) is FrozenDict and adopted._data is data
+    assert adopted == FrozenDict(data) == data
+    assert hash(adopted) == hash(FrozenDict(data))
+    with pytest.raises(TypeError):
+        adopted.x = 1  # type: ignore[attr-defined]
+    assert thaw(adopted) == {"a": 1, "b": [2, 3]}
