@@ -247,6 +247,9 @@ def refuses_connections(port: int) -> bool:
         socket.create_connection(("127.0.0.1", port), timeout=5).close()
     except ConnectionRefusedError:
         return True
+    except ConnectionResetError:
+        # A connect that raced the listening socket's close (queued, then reset): ask again.
+        return False
     return False
 
 
