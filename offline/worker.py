@@ -921,9 +921,9 @@ def open_app(config: Mapping[str, Any]) -> tuple[App, ModuleType | None]:
     app = create_app(schema, sync=sync, path=str(config.get("dbPath") or "app.db"))
     if IS_BROWSER:
         # A rollback journal, no WAL. Where the file is kept in OPFS (web/storage.js), the journal is there
-        # too and SQLite's fsyncs flush both; where it is kept in IndexedDB, a copy of the file taken between
-        # two transactions is then always a consistent database (a WAL copy could pair an old main file with
-        # a newer log), and durability comes from persist() alone.
+        # too, and storage.js keeps the two files' changes in SQLite's order; where it is kept in IndexedDB,
+        # a copy of the file taken between two transactions is then always a consistent database (a WAL copy
+        # could pair an old main file with a newer log), and durability comes from persist() alone.
         app.db.conn.execute("PRAGMA journal_mode=DELETE")
         # This worker's connection is the only one to the file (one tab owns the database): holding its lock
         # spares every transaction re-reading the file's header to learn whether its page cache is still

@@ -170,13 +170,14 @@ def database_name(project: Path) -> str:
     return str(json.loads((project / "package.json").read_text())["offline"]["database"])
 
 
-def run_node_script(name: str) -> Any:
+def run_node_script(name: str, *args: str, timeout: float = 60) -> Any:
     """Run tests/js/``name`` with Node.js and return what it printed, as JSON (skips without node)."""
     node = shutil.which("node")
     if node is None:
         pytest.skip("node is not on PATH")
     script = ROOT / "tests" / "js" / name
-    done = subprocess.run([node, str(script)], capture_output=True, text=True, timeout=60, check=True)
+    done = subprocess.run([node, str(script), *args], capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, f"{name} failed ({done.returncode}): {done.stderr[-4000:]}"
     return json.loads(done.stdout)
 
 

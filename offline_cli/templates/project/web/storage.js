@@ -7,10 +7,10 @@
 //
 // - OPFS (`OpfsStorage`): SQLite's reads and writes go straight to the OPFS file, as on a disk. Nothing of
 //   the file is held in the worker's memory (a 50,000-record database is 75 MB: kept in memory, it was a
-//   quarter of the page's renderer), and a write is in the file once SQLite's commit returns: it survives a
-//   reload, and SQLite's fsyncs flush it to the disk. The journal is an OPFS file too, so a commit the
-//   worker did not finish (the tab closed in the middle) is rolled back by the next start, as SQLite does on
-//   a disk. A sync access handle is exclusive, which is what the tabs need anyway (one owner, see tabs.js).
+//   quarter of the page's renderer), and a write is in the file, flushed to the disk, once save() returns
+//   after its commit: it survives a reload. The journal is an OPFS file too, and the two files change in the
+//   order SQLite changed them (see OpfsFile), so a commit the worker did not finish (the tab closed in the
+//   middle) is rolled back by the next start, as SQLite does on a disk. A sync access handle is exclusive, which is what the tabs need anyway (one owner, see tabs.js).
 //   A database an earlier version of the app kept in IndexedDB is copied into OPFS at the first start.
 // - IndexedDB (`StoredFile`), where OPFS is missing (an insecure context, an older browser): the file is
 //   held in memory as fixed-size chunks, read from IndexedDB at startup; after a commit the chunks written
@@ -345,10 +345,18 @@ const BLOCKS = 64;
 // round trip to its storage process), and SQLite reads a page at a time and writes a journal record as
 // three writes: writes that continue the one before are gathered and written as one, before anything else
 // is done with the file, and a read fetches the block around it (a query scanning a table reads on in it).
+//
+// The files of one database change in the order SQLite changed them: before a file changes, what its
+// `peers` (the database's other file) gathered is written and flushed. SQLite relies on that order (the
+// journal holds a transaction's original pages before the database's pages change; the database holds the
+// whole transaction before the journal is emptied), and asks for it with fsyncs that never reach this code:
+// it calls fdatasync, which Emscripten answers without asking the file system. Without it a closed tab could
+// leave pages of a transaction in the database file and a journal that did not say so: a damaged database.
 export class OpfsFile {
   constructor(name, access) {
     this.name = name;
     this.access = access;
+    this.peers = [];
     this.node = null;
     this.unflushed = false; // written since the last flush
     this.gathered = []; // copies of writes not made yet, one after the other from `gatheredAt`
@@ -430,9 +438,15 @@ export class OpfsFile {
     return block;
   }
 
+  // Makes what the other files gathered, and flushes them (see the class's comment).
+  _orderAfterPeers() {
+    for (const peer of this.peers) peer.flush();
+  }
+
   _gather(FS, node, buffer, offset, length, position) {
     if (!length) return 0;
     try {
+      this._orderAfterPeers();
       if (this.gathered.length && position !== this.gatheredEnd) this._write();
       if (!this.gathered.length) this.gatheredAt = this.gatheredEnd = position;
       const bytes = buffer.slice(offset, offset + length); // (a copy: the buffer is WebAssembly's memory)
@@ -477,6 +491,7 @@ export class OpfsFile {
   _resize(FS, size) {
     this.blocks.clear(); // (bytes past a new end read as zeros if the file grows again)
     try {
+      this._orderAfterPeers();
       this._write();
       this.access.truncate(size);
     } catch (error) {
@@ -583,6 +598,7 @@ export class OpfsStorage {
   // nothing in it is not replayed). A journal with contents is there at startup: the next read rolls back
   // the commit it belongs to.
   mount(FS, folder, path) {
+    for (const file of this.files.values()) file.peers = [...this.files.values()].filter((other) => other !== file);
     const dir = FS.lookupPath(folder).node;
     const ops = dir.node_ops;
     const files = this.files;
