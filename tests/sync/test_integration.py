@@ -8,6 +8,7 @@ deadline and fails with what it saw.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import json
 import time
@@ -26,7 +27,7 @@ from offline.store import App
 from offline.store.database import ACKED, PENDING, REJECTED
 from offline.store.replication import delivery_watermark
 from offline.sync import protocol as p
-from offline.sync.transport import WebSocketTransport
+from offline.sync.transport import ConnectionLost, WebSocketTransport
 from server_runtime.stores import create_relational_server_store, create_sqlite_server_store
 from tests.support.servers import ServerProcess, schema_from_source, write_entry
 
@@ -462,6 +463,132 @@ def test_dropped_connection_mid_stream_loses_nothing(backend: Backend, tmp_path:
                 await c.sync.connect()
                 assert await converge(a, b, c) == final
                 assert own_ids(a) <= all_ids(c)
+
+    asyncio.run(scenario())
+
+
+class DroppingTransport:
+    """The real WebSocket transport, counting every operation id the server's batches deliver (``counts``).
+
+    ``lose_next()``: the next batch with operations is dropped with its socket before the client sees it, and
+    connecting fails until ``reconnect()`` (the device stays offline meanwhile). ``drop_after(n)``: once
+    ``n`` operations were delivered, the socket drops under the client just after it receives the batch
+    that crossed ``n`` (it applies it; its acknowledgement is lost with the socket)."""
+
+    def __init__(self) -> None:
+        self.inner = WebSocketTransport()
+        self.counts: collections.Counter[str] = collections.Counter()
+        self.losing = False
+        self.offline = False
+        self.drop_at: int | None = None
+        self.connections = 0
+
+    def lose_next(self) -> None:
+        self.losing = self.offline = True
+
+    def reconnect(self) -> None:
+        self.offline = False
+
+    def drop_after(self, delivered: int) -> None:
+        self.drop_at = delivered
+
+    async def connect(self, url: str) -> Any:
+        if self.offline:
+            raise ConnectionLost("offline (test)")
+        self.connections += 1
+        return _DroppingConnection(await self.inner.connect(url), self)
+
+
+class _DroppingConnection:
+    def __init__(self, inner: Any, owner: DroppingTransport) -> None:
+        self.inner = inner
+        self.owner = owner
+
+    async def send(self, text: str) -> None:
+        await self.inner.send(text)
+
+    async def recv(self) -> str:
+        frame: str = await self.inner.recv()
+        message = json.loads(frame)
+        ids = (
+            [op["id"] for op in message.get("operations", [])] if message["type"] == "operation-batch" else []
+        )
+        owner = self.owner
+        if ids and owner.losing:
+            owner.losing = False
+            self.drop()
+            raise ConnectionLost("socket dropped (test): this batch never arrived")
+        owner.counts.update(ids)
+        if ids and owner.drop_at is not None and owner.counts.total() >= owner.drop_at:
+            owner.drop_at = None
+            self.drop()  # the client applies this batch, then cannot acknowledge it
+        return frame
+
+    def drop(self) -> None:
+        """The TCP connection goes without a closing handshake (a lost network, not a goodbye)."""
+        self.inner._ws.transport.abort()
+
+    async def close(self, code: int = 1000, reason: str = "") -> None:
+        await self.inner.close(code, reason)
+
+
+def test_a_client_whose_socket_drops_mid_stream_receives_each_operation_once(
+    backend: Backend, tmp_path: Path
+) -> None:
+    """A subscriber cut off twice while another client writes (a batch lost with its socket, then a batch
+    applied whose acknowledgement is lost) is delivered every operation, and none twice: it resumes after
+    its watermark, from the server's stored log while it is far behind (the relay keeps only the latest
+    200 operations in memory here), then from memory once it is live again.
+
+    The server's resend of unacknowledged batches (after ``ack_timeout``, for frames lost on a live link)
+    is put out of reach: it repeats a batch to a client that is merely slow, by design, which is not what
+    this counts."""
+    server = backend.server(env={"OFFLINE_RECENT_OPERATIONS": "200", "OFFLINE_ACK_TIMEOUT": "600"})
+
+    async def scenario() -> None:
+        a = client(tmp_path, "a", server.sync_url, batch_size=250)
+        transport = DroppingTransport()
+        b = client(tmp_path, "b", server.sync_url, transport=transport, initial_sync="operations")
+        written: list[str] = []
+
+        async def write(count: int, pause: bool = False) -> None:
+            for start in range(0, count, 50):
+                with a.batch():
+                    for i in range(start, min(count, start + 50)):
+                        a.items.insert({"title": f"w{len(written) + i}"})
+                written.extend(sorted(own_ids(a) - set(written)))
+                if pause:
+                    await asyncio.sleep(0.01)  # b catches up while this goes on
+
+        async with clients(a, b):
+            await a.sync.connect()
+            await b.sync.connect()
+            await b.sync.wait_until_synced(TIMEOUT)
+            await write(250)
+            await wait_for(
+                lambda: transport.counts.total() == 250, lambda: f"{transport.counts.total()} at b"
+            )
+
+            transport.lose_next()
+            await write(250)
+            await a.sync.wait_until_synced(TIMEOUT)
+            await wait_for(lambda: b.sync.status != "connected", lambda: f"b noticed ({b.sync.status})")
+            await write(1500)  # b is offline: the relay's memory moves past its watermark
+            await a.sync.wait_until_synced(TIMEOUT)
+
+            transport.drop_after(1250)
+            transport.reconnect()
+            await write(1000, pause=True)
+            await a.sync.wait_until_synced(TIMEOUT)
+            await wait_for(lambda: b.items.count() == 3000, lambda: f"{b.items.count()} items at b")
+            await b.sync.wait_until_synced(TIMEOUT)
+
+        assert len(written) == 3000
+        assert transport.connections >= 3  # both drops happened
+        assert transport.drop_at is None
+        twice = {op_id: n for op_id, n in transport.counts.items() if n > 1}
+        assert not twice, f"{len(twice)} operations delivered more than once"
+        assert set(transport.counts) == set(written)
 
     asyncio.run(scenario())
 
