@@ -59,7 +59,7 @@ recognised as a repeat by the log as before.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from offline.core.operations import Operation, operation_from_text
@@ -451,7 +451,10 @@ def rename_fields(app: App, renames: Mapping[str, Sequence[tuple[str, str]]]) ->
 
 
 def adopt_states(
-    app: App, states: Sequence[tuple[str, str, str, Mapping[str, int]]]
+    app: App,
+    states: Sequence[tuple[str, str, str, Mapping[str, int]]],
+    *,
+    stored: Callable[[], None] | None = None,
 ) -> list[tuple[str, str]]:
     """Take the server's state of these records (state-based catch-up after a server compaction, or a fresh
     replica's state-based first sync).
@@ -466,8 +469,11 @@ def adopt_states(
     In bulk, one transaction for the message: a record with no operation left in the log (every record of
     a fresh replica) takes the server's state text as it is, its row materialised from it, a statement per
     table for all of them; only the records with operations of their own left are refolded one by one.
+
+    ``stored``: called inside that transaction once the states are stored (the sync client notes there how
+    far the catch-up got), so a message costs one commit, not one for its states and one for its progress.
     """
-    if not states:
+    if not states and stored is None:
         return []
     app.flush()
     db = app.db
@@ -477,6 +483,9 @@ def adopt_states(
         if collection in known_collections:
             parsed[(collection, record_id)] = (text, {str(n): int(s) for n, s in versions.items()})
     if not parsed:
+        if stored is not None:
+            with db.lock, db.transaction():
+                stored()
         return []
     written = list(parsed)
     # A bad state refuses the message with nothing stored: it is read (by SQLite or as a RecordState)
@@ -513,6 +522,8 @@ def adopt_states(
         if own:
             db.advance_vector({app.node_id: own})
             _note_dropped_own(app, own)
+            # (Some of this node's waiting operations left the log: where the waiting ones start moved.)
+            db.advance_pending(app.node_id)
         write_rows(
             conn,
             "INSERT OR REPLACE INTO _offline_compacted (collection, record_id, state, versions)",
@@ -524,6 +535,8 @@ def adopt_states(
         _adopt_plain(app, plain)
         for key in refold_keys:
             refold_and_persist(app, *key)
+        if stored is not None:
+            stored()
     touched: dict[str, list[str]] = {}
     for collection, record_id in written:
         touched.setdefault(collection, []).append(record_id)

@@ -703,21 +703,28 @@ class SyncEngine:
         """The server's record states (state-based catch-up after a compaction, see `p.RecordStates`): each
         replaces this replica's state of its record; the final one moves the watermark to the horizon."""
         app = self.app
+        horizon = message.horizon if message.is_final else None
+        through = message.through if horizon is None else None
+
+        def progress() -> None:
+            # Every record the server's log touched up to ``through`` is now held: a cut from here on
+            # resumes from it (issue 28: a first sync cut before its last message started over from 0).
+            # Stored in the states' transaction: one commit a message.
+            replication.note_states_through(app, through)
+
         # (The protocol checked each entry: string names and state, versions an object of numbers.)
         compaction.adopt_states(
-            app, [(s["collection"], s["recordId"], s["state"], s["versions"]) for s in message.states]
+            app,
+            [(s["collection"], s["recordId"], s["state"], s["versions"]) for s in message.states],
+            stored=progress if through is not None else None,
         )
-        horizon = message.horizon if message.is_final else None
         if horizon is not None:
             app.apply_verified([], None, watermark=horizon)
             replication.note_states_through(app, None)
             self._cursor = max(self._cursor, horizon)
-        elif message.through is not None:
-            # Every record the server's log touched up to ``through`` is now held: a cut from here on
-            # resumes from it (issue 28: a first sync cut before its last message started over from 0).
-            replication.note_states_through(app, message.through)
-            self._states_through = max(self._states_through, message.through)
-            self._cursor = max(self._cursor, message.through)
+        elif through is not None:
+            self._states_through = max(self._states_through, through)
+            self._cursor = max(self._cursor, through)
         if self._scope_filters and message.states:
             # A record the server's state puts outside this scope is dropped, as one moved away would be.
             self._forget_outside([(str(s["collection"]), str(s["recordId"])) for s in message.states])

@@ -19,10 +19,11 @@ from offline.core.operations import Operation
 from offline.merge.engine import MergeEngine
 from offline.store import App, compaction
 from offline.store.compaction import adopt_states
-from offline.store.database import PENDING, REJECTED
+from offline.store.database import PENDING, PENDING_FROM_KEY, REJECTED
 from offline.store.replication import (
     forget_records,
     mark_acknowledged,
+    pending_operations,
     reject_operation,
     rejected,
     restamp,
@@ -656,3 +657,28 @@ def test_a_schema_migration_after_compaction_keeps_the_compacted_values(tmp_path
     assert record is not None
     assert (record["name"], record["done"], record["priority"]) == ("renamed later", True, 5)
     device.close()
+
+
+def test_states_covering_waiting_operations_move_where_the_waiting_ones_start(tmp_path: Path) -> None:
+    """The server's states hold two of this node's three waiting writes (it stored them before the states
+    were read): those leave the log, and the search for waiting operations starts at the third."""
+    app = create_app(SCHEMA, path=str(tmp_path / "a.db"))
+    try:
+        ids = [app.items.insert({"title": f"t{i}"})["id"] for i in range(3)]
+        app.flush()
+        states = [
+            (
+                "items",
+                record_id,
+                str(app.db.load_state_texts([("items", record_id)])[("items", record_id)]),
+                {},
+            )
+            for record_id in ids[:2]
+        ]
+        sequences = {record_id: seq for seq, record_id in enumerate(ids, start=1)}
+        adopt_states(app, [(c, r, s, {app.node_id: sequences[r]}) for c, r, s, _ in states])
+        with app.db.lock:
+            assert app.db.get_meta(PENDING_FROM_KEY) == "3"
+        assert [o.record_id for o in pending_operations(app)] == [ids[2]]
+    finally:
+        app.close()
