@@ -31,7 +31,10 @@ for it), and `App.operations` exports only what is kept: a peer behind the compa
 server (which sends record states, see `adopt_states`).
 
 The same table holds what a server's state-based catch-up gave (`adopt_states`): the server's state of a
-record as base and its per-node numbers, so the operations the server streams after it are recognised.
+record as base and its per-node numbers, so the operations the server streams after it are recognised. The
+record's merge state is then that same text: it is stored once, as the base, the merge state holding
+`STATE_BASE` (read through the base) until something is folded on it, which stores its own text (a
+compaction about to change the base writes such a state out first, as it does a `STATE_REFERENCE`).
 
 Automatic compaction (issue 24: "automatically past a size") drops *superseded* history only, and runs when
 the log has grown by as much again as it holds records:
@@ -66,7 +69,7 @@ from offline.core.operations import Operation, operation_from_text
 from offline.merge.engine import RecordState
 
 from . import state_rows
-from .database import ACKED, REJECTED, STATE_REFERENCE, storage_error
+from .database import ACKED, REJECTED, STATE_BASE, STATE_REFERENCE, storage_error
 from .many_rows import write_rows
 
 if TYPE_CHECKING:
@@ -141,8 +144,16 @@ def compact(app: App, *, superseded_only: bool = False) -> int:
         if newest is not None and str(newest) > clock:
             clock = str(newest)
         own = int(own or 0)
-        # A state stored as a reference to its operation is written out (that operation is about to go).
+        # A state stored as a reference to its operation is written out (that operation is about to go), and
+        # one stored as its base (`STATE_BASE`, whose base is about to change).
         _write_out_dropping_references(app)
+        conn.execute(
+            "UPDATE _offline_state SET state = (SELECT c.state FROM _offline_compacted c "
+            "WHERE c.collection = _offline_state.collection AND c.record_id = _offline_state.record_id) "
+            "WHERE state = ? AND (collection, record_id) IN "
+            "(SELECT collection, record_id FROM temp._offline_dropping)",
+            (STATE_BASE,),
+        )
         # Records that keep operations (pending ones), or have no merge state: their base is folded here.
         conn.execute(
             "UPDATE temp._offline_dropping SET special = 1 WHERE (collection, record_id) IN "
@@ -467,8 +478,8 @@ def adopt_states(
     operations streamed afterwards that the state holds already count as repeats. Returns the keys written.
 
     In bulk, one transaction for the message: a record with no operation left in the log (every record of
-    a fresh replica) takes the server's state text as it is, its row materialised from it, a statement per
-    table for all of them; only the records with operations of their own left are refolded one by one.
+    a fresh replica) takes the server's state text as it is, as its base, its merge state referring to that
+    (`STATE_BASE`), its row materialised from it, a statement per table for all of them; only the records with operations of their own left are refolded one by one.
 
     ``stored``: called inside that transaction once the states are stored (the sync client notes there how
     far the catch-up got), so a message costs one commit, not one for its states and one for its progress.
@@ -574,7 +585,8 @@ def _adopt_plain(app: App, plain: list[tuple[str, str, str]]) -> None:
             record = materialize(collection, record_id, state)
             decoded.append((collection, record_id, text, app._row(collection, state, record)))
     if stored:
-        app.db.save_states(stored)
+        # Each state is its base, written just before (`STATE_BASE`: not the same text twice).
+        app.db.save_states([(collection, record_id, STATE_BASE) for collection, record_id, _ in stored])
         for collection, ids in by_sql.items():
             found = state_rows.statements(app.engine, app.codecs[collection])
             assert found is not None

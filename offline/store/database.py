@@ -98,6 +98,11 @@ _INTERNAL = (
 # text would only cost its encoding and its bytes. Readers refold the operation; a state text is JSON, so
 # never starts with "@".
 STATE_REFERENCE = "@"
+# A record whose merge state is its compaction base (``_offline_compacted.state``: a server's state taken by
+# a state-based catch-up, `compaction.adopt_states`, with nothing folded on it since) stores "=" instead of
+# the same text a second time (issue 28: the first sync of a fresh browser wrote every state twice, ~45 % of
+# its bytes). Readers read the base; the first write folding anything on the record stores its text.
+STATE_BASE = "="
 
 
 def _upgrade_operation_log(conn: sqlite3.Connection) -> None:
@@ -492,6 +497,8 @@ class LocalDatabase:
         if type(text) is str and text[:1] == STATE_REFERENCE:
             key = (collection, record_id)
             return self._refold_one(collection, record_id, self.referenced_operations({key: text[1:]})[key])
+        if text == STATE_BASE:
+            text = self.base_texts([(collection, record_id)])[(collection, record_id)]
         return RecordState.from_json(text)
 
     def load_states(self, keys: list[tuple[str, str]]) -> dict[tuple[str, str], RecordState]:
@@ -508,6 +515,7 @@ class LocalDatabase:
         for collection, record_id in keys:
             by_collection.setdefault(collection, []).append(record_id)
         references: dict[tuple[str, str], str] = {}
+        bases: list[tuple[str, str]] = []
         for collection, ids in by_collection.items():
             for start in range(0, len(ids), 500):
                 chunk = ids[start : start + 500]
@@ -517,12 +525,42 @@ class LocalDatabase:
                     [collection, *chunk],
                 ):
                     out[(collection, record_id)] = state
-                    if refold and type(state) is str and state[:1] == STATE_REFERENCE:
+                    if state == STATE_BASE:
+                        bases.append((collection, record_id))
+                    elif refold and type(state) is str and state[:1] == STATE_REFERENCE:
                         references[(collection, record_id)] = state[1:]
+        if bases:
+            out.update(self.base_texts(bases))
         if references:
             refold_one = self._refold_one
             for key, op in self.referenced_operations(references).items():
                 out[key] = refold_one(*key, op).to_json()
+        return out
+
+    def base_texts(self, keys: list[tuple[str, str]]) -> dict[tuple[str, str], str]:
+        """The compaction base text of each of these records, whose state is stored as `STATE_BASE`."""
+        out: dict[tuple[str, str], str] = {}
+        by_collection: dict[str, list[str]] = {}
+        for collection, record_id in keys:
+            by_collection.setdefault(collection, []).append(record_id)
+        for collection, ids in by_collection.items():
+            for start in range(0, len(ids), 500):
+                chunk = ids[start : start + 500]
+                marks = ",".join("?" * len(chunk))
+                for record_id, state in self.conn.execute(
+                    f"SELECT record_id, state FROM _offline_compacted WHERE collection = ? "
+                    f"AND record_id IN ({marks})",
+                    [collection, *chunk],
+                ):
+                    out[(collection, str(record_id))] = str(state)
+        for collection, record_id in keys:
+            if (collection, record_id) not in out:
+                raise storage_error(
+                    "a record's merge state is stored as its compaction base, which is missing (the local "
+                    "database is damaged: restore it, or start a fresh one and sync it from the server)",
+                    collection=collection,
+                    recordId=record_id,
+                )
         return out
 
     def referenced_operations(

@@ -38,12 +38,11 @@ _ALIVE = (
     "CASE json_type(s.state, '$.i') WHEN 'true' THEN coalesce(json_extract(s.state, '$.e[1]'), 'delete') "
     "!= 'delete' WHEN 'false' THEN 0 ELSE json('not a record state') END"
 )
-# The stored states of the batch's records (``?1`` the collection, ``?2`` a JSON array of record ids); a
-# CROSS JOIN keeps the ids the outer loop (SQLite's planner, knowing nothing of json_each's size, would scan
-# every state of the collection and the ids for each).
-_FROM = (
-    "FROM json_each(?2) AS j CROSS JOIN _offline_state AS s ON s.collection = ?1 AND s.record_id = j.value"
-)
+# The stored states of the batch's records (``?1`` the collection, ``?2`` a JSON array of record ids), read
+# where `adopt_states` keeps them, as their compaction base (their merge state refers to it: `STATE_BASE`);
+# a CROSS JOIN keeps the ids the outer loop (SQLite's planner, knowing nothing of json_each's size, would
+# scan every state of the collection and the ids for each).
+_FROM = "FROM json_each(?2) AS j CROSS JOIN _offline_compacted AS s ON s.collection = ?1 AND s.record_id = j.value"
 
 
 class _Statements:
@@ -114,7 +113,7 @@ def _literal(value: Any) -> str | None:
 
 
 def write(conn: Any, found: _Statements, collection: str, record_ids: Sequence[str]) -> None:
-    """Replace the rows of these records (whose states are stored) by what their states hold: removed,
+    """Replace the rows of these records (whose states are stored as their compaction bases) by what their states hold: removed,
     then written again for those alive. Raises ValueError when a state is not a state (the caller's
     transaction then rolls everything back)."""
     # (Characters outside ASCII as they are, not as \u escapes: no surrogate pair for SQLite to read.)

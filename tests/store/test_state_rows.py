@@ -15,6 +15,8 @@ from offline import create_app, define_schema, t
 from offline.merge.engine import RecordState
 from offline.store import state_rows
 from offline.store.compaction import adopt_states
+from offline.store.database import STATE_BASE
+from offline.store.replication import mark_acknowledged, pending_operations, reject_operation
 
 PLAIN = define_schema(
     {
@@ -241,3 +243,60 @@ def test_records_whose_ids_are_not_plain_ascii_get_their_rows(record_id: str) ->
         assert sorted(r["id"] for r in app.tasks.fetch()) == sorted([record_id, "plain"])
     finally:
         app.close()
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    writes=st.lists(
+        st.tuples(st.integers(0, 20), st.sampled_from(["insert", "update", "delete"]), FIELD_VALUES),
+        min_size=1,
+        max_size=10,
+    ),
+    after=st.lists(
+        st.tuples(
+            st.sampled_from(["write", "refuse", "acknowledge", "compact", "rebuild"]), st.integers(0, 20)
+        ),
+        max_size=8,
+    ),
+)
+def test_a_state_stored_as_its_base_reads_and_refolds_as_its_text(
+    writes: list[tuple[int, str, dict[str, Any]]], after: list[tuple[str, int]]
+) -> None:
+    """Adopted states are stored once, as the records' compaction bases, their merge states referring to
+    them (`STATE_BASE`). Writes folded on them, a refusal refolding from the base, a compaction and a rebuild
+    then leave the same records as on a replica that stored each state's text (the decoded path)."""
+    states = written_states(writes)
+    by_base, by_text = (create_app(PLAIN, path=":memory:") for _ in "bt")
+    try:
+        adopt_states(by_base, states)
+        with mock.patch.object(state_rows, "statements", return_value=None):
+            adopt_states(by_text, states)
+        stored = dict(by_base.db.conn.execute("SELECT record_id, state FROM _offline_state").fetchall())
+        # (A text with a \\u escape is decoded instead, and stored as text: see `_adopt_plain`.)
+        plain = {r for _, r, text, _ in states if "\\u" not in text}
+        assert stored and {r for r, s in stored.items() if s == STATE_BASE} == plain & set(stored)
+        ids = sorted(stored)
+        keys = [("tasks", r) for r in ids]
+        assert by_base.db.load_state_texts(keys) == by_text.db.load_state_texts(keys)
+        for verb, index in after:
+            record_id = ids[index % len(ids)]
+            for app in (by_base, by_text):
+                if verb == "write" and app.tasks.find_by_id(record_id) is not None:
+                    app.tasks.update(record_id, {"title": f"w{index}"})
+                elif verb in ("refuse", "acknowledge"):
+                    waiting = pending_operations(app)
+                    if waiting and verb == "refuse":
+                        reject_operation(app, waiting[-1].id, "FORBIDDEN", "no")
+                    elif waiting:
+                        mark_acknowledged(app, [o.sequence_number for o in waiting])
+                elif verb == "compact":
+                    app.compact()
+                elif verb == "rebuild":
+                    app.rebuild()
+                app.flush()
+            assert sorted(by_base.tasks.fetch(), key=lambda r: r["id"]) == sorted(
+                by_text.tasks.fetch(), key=lambda r: r["id"]
+            )
+    finally:
+        by_base.close()
+        by_text.close()
