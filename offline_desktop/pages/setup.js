@@ -58,13 +58,15 @@ $("#connect-form").addEventListener("submit", async (event) => {
       return;
     }
     $("#progress").textContent = `Connected to ${result.url}.`;
-    document.body.dataset.connected = result.url;
     if (view === "setup") {
+      document.body.dataset.connected = result.url;
       location.href = state.appUrl;
       return;
     }
     state = await window.pywebview.api.state();
     render();
+    // (Set once the page shows the new server: a test, or an assistive tool, reading it finds both.)
+    document.body.dataset.connected = result.url;
   } catch (error) {
     $("#progress").textContent = "";
     showError(String((error && error.message) || error), "SHELL_ERROR");
