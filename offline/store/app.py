@@ -936,9 +936,16 @@ class App:
                 current = int(self.db.get_meta("delivery_watermark") or 0)
                 if watermark > current:
                     self.db.set_meta("delivery_watermark", str(watermark))
-            if fresh:
-                # Held under another place (a peer re-sending an operation with a new sequence number).
-                for op_id in self.db.held_in_records(fresh.values()):
+            # Held under another place (a peer re-sending an operation with a new sequence number). One with
+            # a causal context is recognised by its number in its record's state, whatever its place
+            # (`RecordState.holds`; a compacted record's base keeps the clock), so the log is searched by id
+            # only for operations without one (a state recognises a bounded window of those) and for this
+            # node's own: a refused operation is in the log and out of its record's state, and only this
+            # node's are refused here (the server refuses what this replica sent).
+            node_id = self.node_id
+            unplaced = [op for op in fresh.values() if op.causal_context is None or op.node_id == node_id]
+            if unplaced:
+                for op_id in self.db.held_in_records(unplaced):
                     del fresh[op_id]
             if not fresh:
                 return []
@@ -1037,7 +1044,6 @@ class App:
                     # Inside app.batch(): the batch's copy is written again at commit; keep it current.
                     staged[(collection, record_id)] = state
             self._write_records(items)
-            node_id = self.node_id
             if wires is None:
                 op_row = self.db.op_row
                 rows = [

@@ -143,6 +143,53 @@ def test_an_operation_resent_under_a_new_sequence_number_long_after_is_a_duplica
     assert app.todos.find_by_id(record["id"])["votes"] == 1  # type: ignore[index]  # counted once
 
 
+def test_operations_with_causal_contexts_are_recognised_by_their_records_states_not_searched_by_id(
+    tmp_path: Path, app: App
+) -> None:
+    """A received operation with a causal context is recognised by its number in its record's state (the
+    clock, which a compacted record's base keeps), whatever its place: the batch does not search the log by
+    id for it (a search per operation received), and a resend under a new sequence number is still a
+    duplicate, before and after compaction."""
+    with create_app(SCHEMA, path=str(tmp_path / "other.db")) as other:
+        record = other.todos.insert({"title": "t"})
+        other.todos.update(record["id"], {"votes": 1})
+        for i in range(5):
+            other.todos.update(record["id"], {"title": f"t{i}"})
+        ops = other.operations()
+    assert all(op.causal_context is not None for op in ops)
+    statements: list[str] = []
+    app.db.conn.set_trace_callback(statements.append)
+    try:
+        assert len(app.apply(ops[:1])) == 1
+        assert len(app.apply(ops[1:])) == len(ops) - 1
+        moved = [dataclasses.replace(op, sequence_number=op.sequence_number + 1_000) for op in ops]
+        assert app.apply(moved) == []
+    finally:
+        app.db.conn.set_trace_callback(None)
+    assert not [s for s in statements if "o.id = wanted.i" in s]
+    log_before = _log(app)
+    assert app.todos.find_by_id(record["id"])["votes"] == 1  # type: ignore[index]
+    assert app.compact() == len(ops)
+    assert app.apply(moved) == []
+    assert app.todos.find_by_id(record["id"])["votes"] == 1  # type: ignore[index]  # counted once
+    assert _log(app) == []
+    assert len(log_before) == len(ops)
+
+
+def test_an_own_refused_operation_resent_under_a_new_sequence_number_stays_out(app: App) -> None:
+    """This node's refused operation is in the log but not in its record's state: a misbehaving peer
+    resending it under another sequence number finds it held (searched by id), not folded in again."""
+    record = app.todos.insert({"title": "mine"})
+    (op,) = app.operations()
+    assert op.causal_context is not None
+    assert reject_operation(app, op.id, "SCOPE_VIOLATION", "no") == op
+    log_before = _log(app)
+    moved = dataclasses.replace(op, sequence_number=op.sequence_number + 1_000)
+    assert app.apply([moved]) == []
+    assert _log(app) == log_before
+    assert app.todos.find_by_id(record["id"]) is None
+
+
 def test_two_operations_at_one_place_in_a_batch_are_refused(tmp_path: Path, app: App) -> None:
     ops = _remote_ops(tmp_path, 2)
     rewritten = create_operation(
