@@ -107,7 +107,6 @@ from typing import Any, cast
 
 from offline.core.fields import MAX_SAFE_INTEGER, FieldDescriptor
 from offline.core.frozen import FrozenDict, thaw
-from offline.core.json_text import ORJSON
 from offline.core.operations import Operation
 from offline.core.schema import CollectionDefinition, SchemaDefinition
 from offline.core.server_nodes import is_server_node_id
@@ -118,7 +117,15 @@ from offline.core.state_machine import (
 )
 
 from . import richtext
-from .values import OpKey, compact_json, element_key, fits, fraction_to_number, normalize
+from .values import (
+    OpKey,
+    compact_json,
+    element_key,
+    fits,
+    floatless_json,
+    fraction_to_number,
+    normalize,
+)
 
 log = logging.getLogger("offline.merge")
 
@@ -346,38 +353,10 @@ def _refuse_float(_text: str) -> Any:
 
 
 #: `_scan_once` for `apply_to_text`, raising _FloatInText at a float: a state decoded without one is
-#: written back by `_floatless_json`. (The C scanner calls these hooks only for such numbers.)
+#: written back by `floatless_json`. (The C scanner calls these hooks only for such numbers.)
 _scan_floatless: Callable[[str, int], tuple[Any, int]] = json.scanner.make_scanner(
     cast(Any, json.JSONDecoder(parse_float=_refuse_float, parse_constant=_refuse_float))
 )
-
-
-def _make_floatless_json() -> Callable[[Any], str]:
-    """`compact_json` for a tree of dicts with str keys, lists, str, int, bool and None (no float): on
-    orjson when installed, which writes those byte for byte the same (it writes floats in exponent form
-    differently: "1e-7" for "1e-07"), several times faster (~1 us vs ~12 for a vector state of two fields).
-    What orjson refuses (an integer past 64 bits, a lone surrogate, nesting past its limit) raises
-    TypeError and takes `compact_json`."""
-    fast = ORJSON
-    if fast is None:  # pragma: no cover - Pyodide, or OFFLINE_NO_ORJSON
-        return compact_json
-    dumps = fast.dumps
-
-    def encode(value: Any) -> str:
-        try:
-            text: str = dumps(value).decode()
-        except TypeError:
-            return compact_json(value)
-        return text
-
-    sample = {
-        "b": [1, -(2**63), 2**64 - 1, None, True, False, '\u00e9\n\x01\x7f\u2028\U0001f600"\\'],
-        "a": {"z": []},
-    }
-    return encode if encode(sample) == compact_json(sample) else compact_json
-
-
-_floatless_json = _make_floatless_json()
 
 
 #: The text of a state holding operations with a causal context: canonical JSON (sorted keys), so equal
@@ -1508,7 +1487,7 @@ class MergeEngine:
         nothing else (`after_fold` has nothing to do). The text is canonical (only `_encode_vector_state`
         writes this form): every object's keys stand in sorted order, and stay so here (a new key re-sorts
         its object), so the compact encoding of ``raw`` is the canonical text `to_json` writes. ``floats``: ``raw``
-        may hold a float (else `_floatless_json` writes it, unless the operation writes one)."""
+        may hold a float (else `floatless_json` writes it, unless the operation writes one)."""
         if tuple(raw) != _VECTOR_KEYS or op.schema_version != plan.schema_version:
             return None
         table = raw["K"]
@@ -1643,7 +1622,7 @@ class MergeEngine:
         for holder, slot in refs:
             holder[slot] = index[holder[slot]]
         record = self._record(plan, record_id, fields, None) if exist[1] != "delete" else None
-        return TextFold((compact_json if floats else _floatless_json)(raw), record, fields)
+        return TextFold((compact_json if floats else floatless_json)(raw), record, fields)
 
     def _insert_text(self, op: Operation, record_id: str) -> TextFold | None:
         """`apply_to_text` of the insert of a record with no state: what ``apply`` makes of it in a new

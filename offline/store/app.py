@@ -41,7 +41,7 @@ from offline.core.version_vector import topological_sort
 from offline.merge.constraints import Violation
 from offline.merge.engine import REPEATED, Conflict, MergeEngine, RecordState, TextFold
 from offline.merge.trace import MergeTrace
-from offline.merge.values import compact_json
+from offline.merge.values import compact_json, floatless_json, is_floatless
 
 from . import breaches, compaction, replication
 from .collection import Collection
@@ -1258,6 +1258,9 @@ def _local_operation(
     }
     if plain_context is not None:
         wire["causalContext"] = plain_context
+    # The rest of the wire is str, int and lists and dicts of them: only the data can hold a float.
+    if is_floatless(hashed) and is_floatless(hashed_previous):
+        return op, floatless_json(wire)
     return op, compact_json(wire)
 
 

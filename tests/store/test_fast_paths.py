@@ -120,6 +120,44 @@ def test_local_operations_equal_create_operation(app: App) -> None:
         assert wire == json.dumps(stored.to_wire(), separators=(",", ":"), ensure_ascii=False)
 
 
+def test_local_wire_text_is_json_dumps_with_floats_and_odd_strings(tmp_path: Path) -> None:
+    """A local write's wire text is orjson's when its data holds no float (`floatless_json`): the same bytes
+    as json.dumps, as is the text of a write holding floats (which json writes: "1e-07", "1e+16")."""
+    schema = define_schema(
+        {
+            "version": 1,
+            "collections": {
+                "notes": {
+                    "fields": {
+                        "text": t.string(),
+                        "n": t.number().optional(),
+                        "ns": t.array(t.number()).default([]),
+                        "words": t.array(t.string()).default([]),
+                    }
+                }
+            },
+        }
+    )
+    odd = 'q"\\ \n\t\x01\x1f\x7f \u2028 é 日本 \U0001f600'
+    with create_app(schema, path=str(tmp_path / "wire.db")) as app:
+        first = app.notes.insert({"text": odd, "n": 2**53 - 1, "words": [odd, ""]})
+        app.notes.insert({"id": f"id {odd}", "text": "x", "n": -(2**53 - 1), "ns": [0, -1]})
+        for number in (0.1, 1e-7, 1e16, 2.5, 1e21, -3.25):
+            app.notes.insert({"text": "f", "n": number, "ns": [1, number]})
+        app.notes.insert({"text": "in the array only", "ns": [1, 1e-7]})
+        app.notes.update(first["id"], {"n": 0.5, "text": odd + odd})
+        app.notes.update(first["id"], {"n": 7})
+        app.notes.delete(first["id"])
+        ops = app.operations()
+        rows = app.db.conn.execute("SELECT wire FROM _offline_ops ORDER BY sequence_number").fetchall()
+    assert len(rows) == 12
+    texts = [wire for (wire,) in rows]
+    assert any("1e-07" in text for text in texts) and any("1e+16" in text for text in texts)
+    for stored, text in zip(ops, texts, strict=True):
+        assert text == json.dumps(stored.to_wire(), separators=(",", ":"), ensure_ascii=False)
+        assert Operation.from_wire(json.loads(text)) == stored
+
+
 def test_local_write_with_invalid_text_is_refused_and_leaves_no_gap(app: App) -> None:
     with pytest.raises(OfflineError):
         app.todos.insert({"title": "bad\ud800"})
