@@ -7,7 +7,11 @@ is cut off where it passes the cap, so nothing past it is ever buffered. Either 
 ``{"error": {"code": "BODY_TOO_LARGE", ...}}``. A route that answers without reading the whole body is treated
 the same way: the rest of the upload is never read.
 
-Such a connection then ends: the server stops reading, sends its answer and a FIN, and drops the connection
+A small rest (``_DRAIN_BYTES`` declared, arriving within ``_DRAIN_SECONDS``) is read and dropped before the
+answer instead, and the connection serves the next request: ending a connection its client is about to reuse
+(nothing in the answer says it ends) makes that client's next request fail, and a POST is not retried.
+
+Otherwise such a connection ends: the server stops reading, sends its answer and a FIN, and drops the connection
 a moment later (``_LINGER``), so a client still uploading reads the answer before the reset that closing on
 unread data causes. Under uvicorn the transport comes from `TransportInScope`; embedded elsewhere, the answer
 carries ``Connection: close`` and the ASGI server closes as it sees fit.
@@ -36,6 +40,9 @@ BACKUP_IMPORT_PATH = "/__offline/backup/import"
 TRANSPORT_KEY = "offline.transport"
 # How long a connection whose upload is not read stays open after its answer, for the client to read it.
 _LINGER = 2.0
+# The most of an unread body read (and dropped) to keep its connection serving, and how long that may take.
+_DRAIN_BYTES = 64 * 1024
+_DRAIN_SECONDS = 1.0
 
 
 class TransportInScope:
@@ -184,4 +191,23 @@ class _CappedRequest:
             return  # the 413 went out instead
         if message["type"] == "http.response.start":
             self.started = True
+            if self.unread:
+                await self._drain()
         await self._answer(message)
+
+    async def _drain(self) -> None:
+        """Read the rest of a small declared body the app left unread (see the module's docstring)."""
+        declared = _content_length(self.scope.get("headers") or ())
+        if declared is None or declared - self.read > _DRAIN_BYTES:
+            return
+
+        async def rest() -> None:
+            while self.unread:
+                message = await self.receive()
+                if message["type"] != "http.request":
+                    return  # (the client went away: the connection ends anyway)
+                self.read += len(message.get("body", b""))
+                self.unread = bool(message.get("more_body", False))
+
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(rest(), _DRAIN_SECONDS)

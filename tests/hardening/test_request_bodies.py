@@ -84,3 +84,24 @@ def test_the_backup_import_has_its_own_larger_cap(server: ServerProcess) -> None
     assert too_large(over, 2 * MIB)
     declared = upload("127.0.0.1", server.port, "/__offline/backup/import", 8 * MIB, chunked=False)
     assert too_large(declared, 2 * MIB)
+
+
+def test_a_small_body_a_route_refuses_unread_leaves_the_connection_serving(server: ServerProcess) -> None:
+    """A route that answers before reading a small body (a wrong token on the backup import) leaves the
+    connection usable for the next request: the server reads the rest of that body instead of ending the
+    connection without saying so. (It ended it, unannounced: a client reusing the connection, as httpx does,
+    sent its next POST into a closing socket and got "Server disconnected", and a POST is not retried.)"""
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    try:
+        conn.request("POST", "/__offline/backup/import", body=b"x" * 1000)
+        refused = conn.getresponse()
+        refused.read()
+        assert refused.status == 401
+        assert (refused.getheader("connection") or "").lower() != "close"
+        conn.request("GET", "/health")  # the same connection
+        again = conn.getresponse()
+        assert again.status == 200 and json.loads(again.read())["status"] == "ok"
+    finally:
+        conn.close()
