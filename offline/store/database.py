@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from types import TracebackType
 from typing import Any
 
@@ -200,6 +200,18 @@ class _Transaction:
                 db._checkpointer.committed(db.conn)
         finally:
             db.lock.release()
+
+
+def _record_chunks(keys: Iterable[tuple[str, str]]) -> Iterator[tuple[str, list[str], str]]:
+    """(collection, record ids, their "?,?,..." placeholders) for ``keys`` grouped by collection, at most 500
+    ids a query (under the 999 bound parameters SQLite builds before 3.32 allow)."""
+    by_collection: dict[str, list[str]] = {}
+    for collection, record_id in keys:
+        by_collection.setdefault(collection, []).append(record_id)
+    for collection, ids in by_collection.items():
+        for start in range(0, len(ids), 500):
+            chunk = ids[start : start + 500]
+            yield collection, chunk, ",".join("?" * len(chunk))
 
 
 class LocalDatabase:
@@ -511,24 +523,18 @@ class LocalDatabase:
         """The merge state text of each of these records that has one. A state stored as a reference is
         refolded, or with ``refold=False`` returned as it is stored (`STATE_REFERENCE` + operation id)."""
         out: dict[tuple[str, str], str | bytes] = {}
-        by_collection: dict[str, list[str]] = {}
-        for collection, record_id in keys:
-            by_collection.setdefault(collection, []).append(record_id)
         references: dict[tuple[str, str], str] = {}
         bases: list[tuple[str, str]] = []
-        for collection, ids in by_collection.items():
-            for start in range(0, len(ids), 500):
-                chunk = ids[start : start + 500]
-                marks = ",".join("?" * len(chunk))
-                for record_id, state in self.conn.execute(
-                    f"SELECT record_id, state FROM _offline_state WHERE collection = ? AND record_id IN ({marks})",
-                    [collection, *chunk],
-                ):
-                    out[(collection, record_id)] = state
-                    if state == STATE_BASE:
-                        bases.append((collection, record_id))
-                    elif refold and type(state) is str and state[:1] == STATE_REFERENCE:
-                        references[(collection, record_id)] = state[1:]
+        for collection, chunk, marks in _record_chunks(keys):
+            for record_id, state in self.conn.execute(
+                f"SELECT record_id, state FROM _offline_state WHERE collection = ? AND record_id IN ({marks})",
+                [collection, *chunk],
+            ):
+                out[(collection, record_id)] = state
+                if state == STATE_BASE:
+                    bases.append((collection, record_id))
+                elif refold and type(state) is str and state[:1] == STATE_REFERENCE:
+                    references[(collection, record_id)] = state[1:]
         if bases:
             out.update(self.base_texts(bases))
         if references:
@@ -540,19 +546,12 @@ class LocalDatabase:
     def base_texts(self, keys: list[tuple[str, str]]) -> dict[tuple[str, str], str]:
         """The compaction base text of each of these records, whose state is stored as `STATE_BASE`."""
         out: dict[tuple[str, str], str] = {}
-        by_collection: dict[str, list[str]] = {}
-        for collection, record_id in keys:
-            by_collection.setdefault(collection, []).append(record_id)
-        for collection, ids in by_collection.items():
-            for start in range(0, len(ids), 500):
-                chunk = ids[start : start + 500]
-                marks = ",".join("?" * len(chunk))
-                for record_id, state in self.conn.execute(
-                    f"SELECT record_id, state FROM _offline_compacted WHERE collection = ? "
-                    f"AND record_id IN ({marks})",
-                    [collection, *chunk],
-                ):
-                    out[(collection, str(record_id))] = str(state)
+        for collection, chunk, marks in _record_chunks(keys):
+            for record_id, state in self.conn.execute(
+                f"SELECT record_id, state FROM _offline_compacted WHERE collection = ? AND record_id IN ({marks})",
+                [collection, *chunk],
+            ):
+                out[(collection, str(record_id))] = str(state)
         for collection, record_id in keys:
             if (collection, record_id) not in out:
                 raise storage_error(
@@ -568,19 +567,13 @@ class LocalDatabase:
     ) -> dict[tuple[str, str], Operation]:
         """The operation each (collection, record id) -> operation id names (a state stored as a reference)."""
         wires: dict[tuple[str, str], str] = {}
-        by_collection: dict[str, list[str]] = {}
-        for collection, record_id in references:
-            by_collection.setdefault(collection, []).append(record_id)
-        for collection, ids in by_collection.items():
-            for start in range(0, len(ids), 500):
-                chunk = ids[start : start + 500]
-                marks = ",".join("?" * len(chunk))
-                for record_id, op_id, wire in self.conn.execute(
-                    f"SELECT record_id, id, wire FROM _offline_ops WHERE collection = ? AND record_id IN ({marks})",
-                    [collection, *chunk],
-                ):
-                    if references[(collection, record_id)] == op_id:
-                        wires[(collection, record_id)] = wire
+        for collection, chunk, marks in _record_chunks(references):
+            for record_id, op_id, wire in self.conn.execute(
+                f"SELECT record_id, id, wire FROM _offline_ops WHERE collection = ? AND record_id IN ({marks})",
+                [collection, *chunk],
+            ):
+                if references[(collection, record_id)] == op_id:
+                    wires[(collection, record_id)] = wire
         out: dict[tuple[str, str], Operation] = {}
         for key, op_id in references.items():
             wire = wires.get(key)
