@@ -4,8 +4,8 @@ SQLite in WAL mode appends every commit to the ``-wal`` file; every ~4 MiB the c
 those pages into the database file and syncs it (a checkpoint). That copy ran inside whichever commit crossed
 the line: ~8 % of a 100,000-operation initial sync, on the thread that also decodes and applies. A checkpoint
 is one SQLite call, which runs without Python's global lock, so a second connection on a thread of its own
-does it in parallel: the writer's commits only append, and tell the thread to look (at most every 20 ms)
-whether the log holds 4 MiB with some not yet copied back (read from the WAL index, see `_due`). A
+does it in parallel: the writer's commits only append, and tell the thread to look (it looks at most every
+20 ms, and once more after a burst's last commit) whether the log holds 4 MiB with some not yet copied back (read from the WAL index, see `_due`). A
 PASSIVE checkpoint never waits for or blocks the
 writer; the writer reuses the log from its start once a checkpoint has copied all of it, as it does after
 its own checkpoints. Under sustained writes on a busy machine the thread can fall behind (it is not
@@ -35,7 +35,7 @@ log = logging.getLogger("offline.store")
 
 # iVersion of the WAL-index header SQLite writes (every version since 3.7.0).
 _WAL_INDEX_VERSION = 3007000
-# A writer asks the thread to look at the log at most this often (a commit costs a clock read, not a wake).
+# The thread looks at the log at most this often (a commit sets a flag; the thread is woken once an interval).
 _LOOK_EVERY_S = 0.02
 
 
@@ -54,6 +54,7 @@ class Checkpointer:
         self._conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         self._conn.execute(f"PRAGMA synchronous={synchronous}")
         self._wake = threading.Event()
+        self._closed = threading.Event()  # (ends the thread's pause between two looks at once)
         self._closing = False
         self._next_look = 0.0
         self.checkpoints = 0  # how many ran on the thread (tests read it)
@@ -67,10 +68,13 @@ class Checkpointer:
         With the ``writer``'s connection (outside any transaction), also checkpoints on it, blocking, when
         the log has grown to ``BLOCKING_CHECKPOINT_BYTES`` without being copied back.
         """
+        if not self._wake.is_set():
+            # (The thread spaces its looks itself: a commit while it sleeps between two only sets the flag,
+            # and the look after the interval covers it, so the last commit of a burst is never left out.)
+            self._wake.set()
         now = time.monotonic()
         if now >= self._next_look:
             self._next_look = now + _LOOK_EVERY_S
-            self._wake.set()
             if writer is not None and self._log_bytes() >= BLOCKING_CHECKPOINT_BYTES:
                 try:
                     # RESTART: copy everything (waiting for the thread's checkpoint to end) and make the
@@ -82,11 +86,17 @@ class Checkpointer:
 
     def _run(self) -> None:
         try:
+            looked = 0.0
             while True:
                 self._wake.wait()
+                # At most one look an interval: commits meanwhile set the flag again and get the next look.
+                pause = looked + _LOOK_EVERY_S - time.monotonic()
+                if pause > 0 and not self._closing:
+                    self._closed.wait(pause)
                 self._wake.clear()
                 if self._closing:
                     return
+                looked = time.monotonic()
                 try:
                     if self._due():
                         busy = self._conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()[0]
@@ -142,6 +152,7 @@ class Checkpointer:
     def stop(self) -> None:
         """Ask the thread to end (it closes its connection): for an owner collected without being closed."""
         self._closing = True
+        self._closed.set()
         self._wake.set()
 
     def close(self) -> None:

@@ -8,6 +8,8 @@ import sqlite3
 import time
 from pathlib import Path
 
+import pytest
+
 from offline import create_app, define_schema, t
 from offline.store import checkpoint
 from offline.store.database import LocalDatabase
@@ -72,6 +74,32 @@ def test_a_file_database_checkpoints_on_its_thread_not_in_commits(tmp_path: Path
         assert reopened.get_meta("blob-29") == "x" * 250_000 + "79"  # index 79, the last write
     finally:
         reopened.close()
+
+
+def test_a_burst_that_ends_above_the_threshold_is_checkpointed_once_writes_stop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The thread looks at most once an interval (1 s here), so a burst of commits comes within one interval:
+    the look after the burst's last commit still happens, with nothing more written. (It did not: a commit
+    woke the thread only when an interval had passed since the last wake, so a burst that crossed the
+    threshold in between stayed in the log until the next write, however long the app then sat idle.)"""
+    monkeypatch.setattr(checkpoint, "_LOOK_EVERY_S", 1.0)
+    path = str(tmp_path / "local.db")
+    db = LocalDatabase(path)
+    try:
+        checkpointer = _checkpointer(db)
+        blob = "z" * 250_000
+        for index in range(20):  # 5 MB, past CHECKPOINT_BYTES, and under BLOCKING_CHECKPOINT_BYTES
+            with db.transaction():
+                db.set_meta(f"blob-{index}", blob)
+        deadline = time.monotonic() + 30
+        while checkpointer.checkpoints == 0 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert checkpointer.checkpoints >= 1
+        assert checkpointer.blocking_checkpoints == 0  # (the thread did it, not the writer)
+        assert checkpointer._log_bytes() == 0  # every frame copied back
+    finally:
+        db.close()
 
 
 def test_the_writer_checkpoints_itself_when_the_thread_falls_behind(tmp_path: Path) -> None:
