@@ -311,13 +311,68 @@ def build_strategies(users: list[User], legit_frames: list[str], legit_ops: list
         )
     ]
     user_index = st.integers(0, 1)
+    # Every strategy that does not depend on a drawn value is built once, here, rather than inside the
+    # composites: hypothesis validates and analyses a strategy object on its first draw, and rebuilding them
+    # at every draw was most of this test's generation time (~3 ms a message, over 10,000 messages). The
+    # draws, and so the messages, are the same.
+    template = st.sampled_from(templates)
+    mutations = st.integers(1, 3)
+    action_of = st.sampled_from(["drop", "retype", "huge", "long", "type"])
+    long_length = st.integers(129, 4000)
+    message_type = st.sampled_from([*p.MESSAGE_TYPES, "Operation-Batch", ""]) | st.text(max_size=12)
+    junk_frame = (
+        st.text(max_size=200)
+        | st.binary(max_size=200)
+        | json_values.map(json.dumps)
+        | st.builds(
+            raw_number_frame,
+            st.sampled_from(templates),
+            st.sampled_from(["messageId", "batchIndex", "lastDeliverySequence", "lastSequenceNumber"]),
+            number_literals,
+        )
+        | st.builds(nested_frame, st.integers(60, 3000), st.sampled_from(["array", "object", "data"]))
+        | st.integers(MAX_MESSAGE + 1, MAX_MESSAGE + 900).map(
+            lambda n: '{"type":"acknowledgment","x":"' + "y" * n + '"}'
+        )
+        | st.just('{"type":"acknowledgment","type":"operation"}')  # duplicate keys
+    )
+    text = st.text(min_size=1, max_size=40)
+    choices = st.integers(0, 13)
+    todos_of = [st.sampled_from(user.todos) for user in users]
+    unknown_collection = st.from_regex(r"[a-z][a-z0-9_]{0,15}", fullmatch=True).filter(
+        lambda n: n not in SCHEMA.collections
+    )
+    wrong_title = SAFE_INTS | st.booleans() | st.lists(SAFE_INTS, max_size=2)
+    wrong_rank = st.text(max_size=5) | st.booleans()
+    unknown_field = st.sampled_from(["color", "owner", "__proto__", "id2"])
+    ahead_by = st.integers(10 * 60_000, 10**12)
+    unknown_version = st.integers(2, 10**6)
+    oversized = st.integers(MAX_OPERATION, MAX_OPERATION * 4)
+    forged_key = st.sampled_from(["nodeId", "recordId", "type", "sequenceNumber", "timestamp"])
+    # The number is not hashed: a new number of the node's own makes a legitimate write. A forged one is out
+    # of range, or a number the node has given another operation already.
+    forged_number = [
+        (json_values | huge_numbers).filter(lambda v: not (type(v) is int and 1 <= v < 2**53))
+        | st.integers(1, len(user.todos))
+        for user in users
+    ]
+    forged_value = json_values | huge_numbers
+    replayed_ops = st.lists(st.sampled_from(legit_ops), max_size=3)
+    replayed_frame = st.sampled_from(legit_frames)
+    replayed_batch = st.lists(st.sampled_from(legit_ops), min_size=1, max_size=8)
+    token_kind = st.sampled_from(
+        ["tampered", "alg-none", "other-secret", "expired", "refresh", "random", "empty"]
+    )
+    random_token = st.text(min_size=1, max_size=300)
+    not_a_handshake_kind = st.integers(0, 4)
+    not_a_handshake = st.sampled_from(templates[1:]).map(json.dumps) | st.text(max_size=50)
 
     @st.composite
     def mutated(draw: Any) -> Hostile:
-        message = copy.deepcopy(draw(st.sampled_from(templates)))
-        for _ in range(draw(st.integers(1, 3))):
+        message = copy.deepcopy(draw(template))
+        for _ in range(draw(mutations)):
             key = draw(st.sampled_from([*sorted(message), "operations", "nodeId", "zz"]))
-            action = draw(st.sampled_from(["drop", "retype", "huge", "long", "type"]))
+            action = draw(action_of)
             if action == "drop":
                 message.pop(key, None)
             elif action == "retype":
@@ -325,105 +380,75 @@ def build_strategies(users: list[User], legit_frames: list[str], legit_ops: list
             elif action == "huge":
                 message[key] = draw(huge_numbers)
             elif action == "long":
-                message[key] = "x" * draw(st.integers(129, 4000))
+                message[key] = "x" * draw(long_length)
             else:
-                message["type"] = draw(
-                    st.sampled_from([*p.MESSAGE_TYPES, "Operation-Batch", ""]) | st.text(max_size=12)
-                )
+                message["type"] = draw(message_type)
         return Hostile(draw(user_index), json.dumps(message), note=f"mutated {message.get('type')!r}")
 
     @st.composite
     def junk(draw: Any) -> Hostile:
-        frame = draw(
-            st.text(max_size=200)
-            | st.binary(max_size=200)
-            | json_values.map(json.dumps)
-            | st.builds(
-                raw_number_frame,
-                st.sampled_from(templates),
-                st.sampled_from(["messageId", "batchIndex", "lastDeliverySequence", "lastSequenceNumber"]),
-                number_literals,
-            )
-            | st.builds(nested_frame, st.integers(60, 3000), st.sampled_from(["array", "object", "data"]))
-            | st.integers(MAX_MESSAGE + 1, MAX_MESSAGE + 900).map(
-                lambda n: '{"type":"acknowledgment","x":"' + "y" * n + '"}'
-            )
-            | st.just('{"type":"acknowledgment","type":"operation"}')  # duplicate keys
-        )
+        frame = draw(junk_frame)
         return Hostile(draw(user_index), frame, note="junk")
 
     @st.composite
     def hostile_operation(draw: Any, who: int) -> dict[str, Any]:
         user, other = users[who], users[1 - who]
-        text = st.text(min_size=1, max_size=40)
         w = user.writer
-        choice = draw(st.integers(0, 13))
+        choice = draw(choices)
         if choice == 0:  # into the other user's list
             return w.op("todos", {"ownerId": other.id, "title": draw(text)})
         if choice == 1:  # edit the other user's record
-            return w.op(
-                "todos", {"title": draw(text)}, record_id=draw(st.sampled_from(other.todos)), kind="update"
-            )
+            return w.op("todos", {"title": draw(text)}, record_id=draw(todos_of[1 - who]), kind="update")
         if choice == 2:  # delete the other user's record
-            return w.op("todos", None, record_id=draw(st.sampled_from(other.todos)), kind="delete")
+            return w.op("todos", None, record_id=draw(todos_of[1 - who]), kind="delete")
         if choice == 3:  # move an own record into the other user's scope
-            return w.op(
-                "todos", {"ownerId": other.id}, record_id=draw(st.sampled_from(user.todos)), kind="update"
-            )
+            return w.op("todos", {"ownerId": other.id}, record_id=draw(todos_of[who]), kind="update")
         if choice == 4:  # a collection the schema does not have
-            name = draw(
-                st.from_regex(r"[a-z][a-z0-9_]{0,15}", fullmatch=True).filter(
-                    lambda n: n not in SCHEMA.collections
-                )
-            )
+            name = draw(unknown_collection)
             return w.op(name, {"title": draw(text)})
         if choice == 5:  # wrong field types
             return w.op(
                 "todos",
                 {
                     "ownerId": user.id,
-                    "title": draw(SAFE_INTS | st.booleans() | st.lists(SAFE_INTS, max_size=2)),
+                    "title": draw(wrong_title),
                 },
             )
         if choice == 6:
-            return w.op("boards", {"name": draw(text), "rank": draw(st.text(max_size=5) | st.booleans())})
+            return w.op("boards", {"name": draw(text), "rank": draw(wrong_rank)})
         if choice == 7:  # a field the schema does not have
             return w.op(
                 "boards",
-                {"name": draw(text), draw(st.sampled_from(["color", "owner", "__proto__", "id2"])): 1},
+                {"name": draw(text), draw(unknown_field): 1},
             )
         if choice == 8:  # stamped far in the future
-            ahead = HLCTimestamp(int(time.time() * 1000) + draw(st.integers(10 * 60_000, 10**12)), 0, w.node)
+            ahead = HLCTimestamp(int(time.time() * 1000) + draw(ahead_by), 0, w.node)
             return w.op("boards", {"name": draw(text)}, timestamp=ahead)
         if choice == 9:  # a schema version the server does not know
-            return w.op("boards", {"name": draw(text)}, schema_version=draw(st.integers(2, 10**6)))
+            return w.op("boards", {"name": draw(text)}, schema_version=draw(unknown_version))
         if choice == 10:  # larger than max_operation_bytes
-            return w.op("boards", {"name": "n" * draw(st.integers(MAX_OPERATION, MAX_OPERATION * 4))})
+            return w.op("boards", {"name": "n" * draw(oversized)})
         wire = w.op("boards", {"name": draw(text)})  # a valid write, then forged: it must never be stored
         if choice == 11:
             wire["id"] = draw(st.sampled_from([os.urandom(32).hex(), legit_ops[0]["id"], "", "z" * 64]))
         elif choice == 12:
             wire["data"] = {"name": wire["data"]["name"] + "!"}
         else:
-            key = draw(st.sampled_from(["nodeId", "recordId", "type", "sequenceNumber", "timestamp"]))
-            if key == "sequenceNumber":
-                # The number is not hashed: a new number of the node's own makes a legitimate write. A
-                # forged one is out of range, or a number the node has given another operation already.
-                wire[key] = draw(
-                    (json_values | huge_numbers).filter(lambda v: not (type(v) is int and 1 <= v < 2**53))
-                    | st.integers(1, len(user.todos))
-                )
-            else:
-                wire[key] = draw(json_values | huge_numbers)
+            key = draw(forged_key)
+            wire[key] = draw(forged_number[who] if key == "sequenceNumber" else forged_value)
         return wire
+
+    operation_lists = [
+        st.lists(hostile_operation(who) | json_values, min_size=1, max_size=6) for who in range(len(users))
+    ]
 
     @st.composite
     def operation_batch(draw: Any) -> Hostile:
         who = draw(user_index)
-        ops = draw(st.lists(hostile_operation(who) | json_values, min_size=1, max_size=6))
+        ops = draw(operation_lists[who])
         ops = [op if isinstance(op, dict) else {"id": op} if draw(st.booleans()) else op for op in ops]
         if draw(st.booleans()):  # replays mixed in, the other user's included
-            ops += draw(st.lists(st.sampled_from(legit_ops), max_size=3))
+            ops += draw(replayed_ops)
         ops = draw(st.permutations(ops))
         if len(ops) == 1 and draw(st.booleans()):
             frame = json.dumps({"type": "operation", "messageId": p.new_message_id(), "operation": ops[0]})
@@ -443,8 +468,8 @@ def build_strategies(users: list[User], legit_frames: list[str], legit_ops: list
     def replay(draw: Any) -> Hostile:
         who = draw(user_index)
         if draw(st.booleans()):
-            return Hostile(who, draw(st.sampled_from(legit_frames)), note="replayed frame")
-        ops = draw(st.lists(st.sampled_from(legit_ops), min_size=1, max_size=8))
+            return Hostile(who, draw(replayed_frame), note="replayed frame")
+        ops = draw(replayed_batch)
         frame = p.encode_batch_frame(
             p.new_message_id(), [json.dumps(op) for op in ops], is_final=True, batch_index=0
         )
@@ -453,9 +478,7 @@ def build_strategies(users: list[User], legit_frames: list[str], legit_ops: list
     @st.composite
     def first_frame(draw: Any) -> Hostile:
         user = users[draw(user_index)]
-        token = draw(
-            st.sampled_from(["tampered", "alg-none", "other-secret", "expired", "refresh", "random", "empty"])
-        )
+        token = draw(token_kind)
         if token == "tampered":
             value = user.token[:-2] + ("AA" if not user.token.endswith("AA") else "BB")
         elif token == "alg-none":
@@ -471,11 +494,11 @@ def build_strategies(users: list[User], legit_frames: list[str], legit_ops: list
         elif token == "refresh":
             value = user.refresh
         elif token == "random":
-            value = draw(st.text(min_size=1, max_size=300))
+            value = draw(random_token)
         else:
             value = ""
-        if draw(st.integers(0, 4)) == 0:  # not a handshake at all, or not a message
-            frame = draw(st.sampled_from(templates[1:]).map(json.dumps) | st.text(max_size=50))
+        if draw(not_a_handshake_kind) == 0:  # not a handshake at all, or not a message
+            frame = draw(not_a_handshake)
             return Hostile(0, frame, first=True, note="first frame not a handshake")
         hello = p.Handshake(
             p.new_message_id(), generate_uuid_v7(), {}, SCHEMA.version, 0, auth_token=value or None
