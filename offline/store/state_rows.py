@@ -32,8 +32,11 @@ _AS_IS = frozenset({"string", "enum", "timestamp", "number"})
 
 # Whether the record is alive (RecordState.alive: the insert held, an existence whose kind is not a
 # delete), and a text that is not a state (not JSON, or no boolean "i", which every form holds) stopping the
-# statement with an error (json() of what is not JSON), which rolls the batch back. Each JSON function call
-# parses the text again (SQLite 3.39, Pyodide's, caches no parse across calls): as few calls as can be.
+# statement with an error (json() of what is not JSON), which rolls the batch back. A statement's JSON
+# functions share a small cache of parsed texts (json.c's, in SQLite long before Pyodide's 3.39): the first
+# call on a state parses it, the next ones look it up. Measured on 500 to-do states (SQLite 3.40.1): one
+# call 1.6 us a state, each further call ~0.6 us; one json_extract of all the paths, its array then read
+# field by field under a MATERIALIZED CTE (so as to parse each state once), took twice as long in all.
 _ALIVE = (
     "CASE json_type(s.state, '$.i') WHEN 'true' THEN coalesce(json_extract(s.state, '$.e[1]'), 'delete') "
     "!= 'delete' WHEN 'false' THEN 0 ELSE json('not a record state') END"
