@@ -22,16 +22,20 @@ def c_compact_encoder(
     *,
     sort_keys: bool = False,
     allow_nan: bool = True,
+    ensure_ascii: bool = False,
 ) -> Callable[[Any], str]:
-    """A compact (``separators=(",", ":")``), non-ASCII-escaping encoder on json's C iterencoder, calling
-    ``default`` for values JSON has no form for; ``fallback`` when the interpreter lacks the C encoder, or
-    when the built one disagrees with ``fallback`` on ``sample`` (or on a plain string).
+    """A compact (``separators=(",", ":")``) encoder on json's C iterencoder, non-ASCII-escaping unless
+    ``ensure_ascii``, calling ``default`` for values JSON has no form for; ``fallback`` when the interpreter
+    lacks the C encoder, or when the built one disagrees with ``fallback`` on ``sample`` (or on a plain
+    string).
 
     No cycle check (``markers=None``): callers encode trees, or values their own walk has bounded. Its output
     is otherwise the same.
     """
     make = getattr(json.encoder, "c_make_encoder", None)
-    basestring = getattr(json.encoder, "c_encode_basestring", None)
+    basestring = getattr(
+        json.encoder, "c_encode_basestring_ascii" if ensure_ascii else "c_encode_basestring", None
+    )
     if make is None or basestring is None:  # pragma: no cover - interpreters without the _json module
         return fallback
     try:
@@ -41,7 +45,7 @@ def c_compact_encoder(
         def encode(value: Any) -> str:
             return "".join(iterencode(value, 0))
 
-        if encode(sample) != fallback(sample) or encode("x") != fallback("x"):  # pragma: no cover
+        if encode(sample) != fallback(sample) or encode("x\u00e9") != fallback("x\u00e9"):  # pragma: no cover
             return fallback
     except Exception:  # pragma: no cover - a changed private interface
         return fallback

@@ -14,8 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from offline import create_app, define_schema, t
+from offline import create_app, define_schema, t, worker
 from offline.store import App
 from offline.worker import PROTOCOL_VERSION, WorkerBridge, open_app
 
@@ -593,3 +595,19 @@ def test_live_queries_send_only_real_changes_and_keep_a_full_window_without_runn
         assert runs == []  # the window stayed full: never run again
 
     asyncio.run(scenario())
+
+
+record_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
+    max_leaves=10,
+)
+
+
+@given(record=st.dictionaries(st.text(max_size=6), record_values, max_size=5))
+def test_a_record_is_sent_as_the_text_json_dumps_writes(record: dict[str, Any]) -> None:
+    """Live queries write records with an encoder built once: the same text as for any other message
+    (``_dumps``), non-ASCII escaped, what the page and the change hashes have always seen."""
+    assert worker._record_text(record) == worker._dumps(record)
+    odd = {"at": Path("x"), "n": record}  # (what JSON has no form for is written as its str, as before)
+    assert worker._record_text(odd) == worker._dumps(odd)

@@ -20,16 +20,24 @@ values = st.recursive(
 
 @pytest.mark.parametrize("sort_keys", [False, True])
 @pytest.mark.parametrize("allow_nan", [False, True])
+@pytest.mark.parametrize("ensure_ascii", [False, True])
 @given(value=values)
-def test_same_text_as_json_dumps(value: Any, sort_keys: bool, allow_nan: bool) -> None:
+def test_same_text_as_json_dumps(value: Any, sort_keys: bool, allow_nan: bool, ensure_ascii: bool) -> None:
     options: dict[str, Any] = {
         "separators": (",", ":"),
-        "ensure_ascii": False,
+        "ensure_ascii": ensure_ascii,
         "sort_keys": sort_keys,
         "allow_nan": allow_nan,
     }
     public = json.JSONEncoder(**options).encode
-    encode = c_compact_encoder(None, public, {"a": [1, "\u00e9"]}, sort_keys=sort_keys, allow_nan=allow_nan)
+    encode = c_compact_encoder(
+        None,
+        public,
+        {"a": [1, "\u00e9"]},
+        sort_keys=sort_keys,
+        allow_nan=allow_nan,
+        ensure_ascii=ensure_ascii,
+    )
     assert encode is not public  # the C encoder was built
     try:
         expected = public(value)
@@ -53,6 +61,14 @@ def test_default_is_called_for_other_values() -> None:
     assert encode({"b": b"\x00\xff", "t": (1, 2)}) == '{"b":"00ff","t":[1,2]}'
     with pytest.raises(TypeError):
         encode({1, 2})
+
+
+def test_an_encoder_escaping_otherwise_than_the_fallback_gives_way_to_it() -> None:
+    def fallback(value: Any) -> str:  # escapes what is not ASCII, as the C encoder asked for does not
+        return json.dumps(value, separators=(",", ":"))
+
+    assert c_compact_encoder(None, fallback, {"a": [1, 2]}) is fallback
+    assert c_compact_encoder(None, fallback, {"a": [1, 2]}, ensure_ascii=True) is not fallback
 
 
 def test_a_disagreeing_encoder_gives_way_to_the_fallback() -> None:
