@@ -78,7 +78,12 @@ def deploy_cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Cli]
         return None
 
     def build(environment: Environment) -> Services:
-        services = replace(real_build(environment), bundler=FakeBundler(), health_probe=probe)
+        # No real pause between status polls: the fake vendor CLIs advance a deployment one status per call,
+        # not with time, so each 5 s poll_interval only cost wall time (10 s of a Railway deploy and redeploy).
+        # The polls still happen, and the health deadline still counts their nominal pauses (_cli.py).
+        services = replace(
+            real_build(environment), bundler=FakeBundler(), health_probe=probe, sleep=lambda seconds: None
+        )
         return replace(services, **runner.overrides)
 
     monkeypatch.setattr(deploy_command, "build_services", build)
