@@ -119,12 +119,7 @@ def compact(app: App, *, superseded_only: bool = False) -> int:
         conn = db.conn
         conn.execute(_DROPPING_TABLE)
         conn.execute("DELETE FROM temp._offline_dropping")
-        conn.execute(
-            "INSERT INTO temp._offline_dropping (collection, record_id, node_id, seq, hlc, n, special) "
-            "SELECT collection, record_id, node_id, max(sequence_number), max(hlc), count(*), 0 "
-            "FROM _offline_ops WHERE status = ? GROUP BY collection, record_id, node_id",
-            (ACKED,),
-        )
+        _fill_dropping(conn, app.node_id)
         if superseded_only:
             # A record's one acknowledged operation stays (its whole history: nothing superseded).
             conn.execute(
@@ -137,8 +132,12 @@ def compact(app: App, *, superseded_only: bool = False) -> int:
             app._log_growth = 0
             return 0
         clock = db.get_meta(CLOCK_KEY) or ""
+        # A node's clocks grow with its sequence numbers (as `LocalDatabase.max_hlc` reads them): the highest
+        # dropped clock is that of one node's highest dropped operation, read through the log's key.
         newest, own = conn.execute(
-            "SELECT max(hlc), max(CASE WHEN node_id = ? THEN seq END) FROM temp._offline_dropping",
+            "SELECT max(o.hlc), max(CASE WHEN d.node_id = ? THEN d.seq END) FROM (SELECT node_id, "
+            "max(seq) AS seq FROM temp._offline_dropping GROUP BY node_id) d "
+            "JOIN _offline_ops o ON o.node_id = d.node_id AND o.sequence_number = d.seq",
             (app.node_id,),
         ).fetchone()
         if newest is not None and str(newest) > clock:
@@ -155,12 +154,13 @@ def compact(app: App, *, superseded_only: bool = False) -> int:
             (STATE_BASE,),
         )
         # Records that keep operations (pending ones), or have no merge state: their base is folded here.
+        # (Only this node's operations wait: its part of the log's key, not the whole log, is read.)
         conn.execute(
             "UPDATE temp._offline_dropping SET special = 1 WHERE (collection, record_id) IN "
-            "(SELECT collection, record_id FROM _offline_ops WHERE status NOT IN (?, ?)) "
+            "(SELECT collection, record_id FROM _offline_ops WHERE node_id = ? AND status NOT IN (?, ?)) "
             "OR NOT EXISTS (SELECT 1 FROM _offline_state s WHERE s.collection = _offline_dropping.collection "
             "AND s.record_id = _offline_dropping.record_id)",
-            (ACKED, REJECTED),
+            (app.node_id, ACKED, REJECTED),
         )
         special: dict[tuple[str, str], list[tuple[str, int]]] = {}
         for collection, record_id, node_id, seq in conn.execute(
@@ -239,6 +239,34 @@ _DROPPING_TABLE = """CREATE TEMP TABLE IF NOT EXISTS _offline_dropping (
         special INTEGER NOT NULL,
         PRIMARY KEY (collection, record_id, node_id)
     ) WITHOUT ROWID"""
+
+
+def _fill_dropping(conn: Any, node_id: str) -> None:
+    """Fill ``temp._offline_dropping`` with each (record, node)'s highest number and count among the
+    acknowledged operations of the log (its ``hlc`` column left empty).
+
+    Read off the index on (collection, record id, id), which holds every row's key (node, number) and is
+    already in record order, instead of the log's rows (each several hundred bytes of wire text) in key
+    order, sorted again: the fill was about a quarter of a compaction. The index has no status, but only
+    this node's operations are ever other than acknowledged (a received operation is stored acknowledged,
+    and only this node's are waiting or refused), so the records holding one of those, found by a walk of
+    this node's part of the key, are counted again from their acknowledged rows."""
+    conn.execute(
+        "INSERT INTO temp._offline_dropping (collection, record_id, node_id, seq, hlc, n, special) "
+        "SELECT collection, record_id, node_id, max(sequence_number), '', count(*), 0 "
+        "FROM _offline_ops INDEXED BY _offline_ops_record_id GROUP BY collection, record_id, node_id"
+    )
+    inexact = "SELECT collection, record_id FROM _offline_ops WHERE node_id = ? AND status != ?"
+    conn.execute(
+        f"DELETE FROM temp._offline_dropping WHERE (collection, record_id) IN ({inexact})", (node_id, ACKED)
+    )
+    conn.execute(
+        "INSERT INTO temp._offline_dropping (collection, record_id, node_id, seq, hlc, n, special) "
+        "SELECT collection, record_id, node_id, max(sequence_number), '', count(*), 0 FROM _offline_ops "
+        f"WHERE (collection, record_id) IN ({inexact}) AND status = ? "
+        "GROUP BY collection, record_id, node_id",
+        (node_id, ACKED, ACKED),
+    )
 
 
 def due(app: App) -> int:
