@@ -5,15 +5,15 @@ those pages into the database file and syncs it (a checkpoint). That copy ran in
 the line: ~8 % of a 100,000-operation initial sync, on the thread that also decodes and applies. A checkpoint
 is one SQLite call, which runs without Python's global lock, so a second connection on a thread of its own
 does it in parallel: the writer's commits only append, and tell the thread to look (it looks at most every
-20 ms, and once more after a burst's last commit) whether the log holds 4 MiB with some not yet copied back (read from the WAL index, see `_due`). A
-PASSIVE checkpoint never waits for or blocks the
-writer; the writer reuses the log from its start once a checkpoint has copied all of it, as it does after
-its own checkpoints. Under sustained writes on a busy machine the thread can fall behind (it is not
-scheduled, or the writer appends while it copies, so the log is never all copied and never starts over):
-when the log's frames in use reach twice the threshold, the writer itself checkpoints between two commits
-with RESTART, which waits for the copy to finish and starts the log over, so the log stays bounded however
-the thread fares. Nothing about durability changes: the checkpointing connection syncs as the writer's
-``synchronous`` setting says, and a commit is durable once it is in the log either way.
+20 ms, and once more after a burst's last commit) whether the log holds 4 MiB with some not yet copied back
+(read from the WAL index, see `_due`). A PASSIVE checkpoint never waits for or blocks the writer; the writer
+reuses the log from its start once a checkpoint has copied all of it, as it does after its own checkpoints.
+Under sustained writes on a busy machine the thread can fall behind (it is not scheduled, or the writer
+appends while it copies, so the log is never all copied and never starts over): when the log's frames in use
+reach twice the threshold, the writer itself checkpoints between two commits with RESTART, which waits for the
+copy to finish and starts the log over, so the log stays bounded however the thread fares. Nothing about
+durability changes: the checkpointing connection syncs as the writer's ``synchronous`` setting says, and a
+commit is durable once it is in the log either way.
 """
 
 from __future__ import annotations
@@ -54,8 +54,8 @@ class Checkpointer:
         self._conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         self._conn.execute(f"PRAGMA synchronous={synchronous}")
         self._wake = threading.Event()
-        self._closed = threading.Event()  # (ends the thread's pause between two looks at once)
-        self._closing = False
+        # Set on closing: the thread ends, at once even in its pause between two looks.
+        self._closed = threading.Event()
         self._next_look = 0.0
         self.checkpoints = 0  # how many ran on the thread (tests read it)
         self.blocking_checkpoints = 0  # how many the writer ran because the thread fell behind
@@ -91,10 +91,10 @@ class Checkpointer:
                 self._wake.wait()
                 # At most one look an interval: commits meanwhile set the flag again and get the next look.
                 pause = looked + _LOOK_EVERY_S - time.monotonic()
-                if pause > 0 and not self._closing:
+                if pause > 0:
                     self._closed.wait(pause)
                 self._wake.clear()
-                if self._closing:
+                if self._closed.is_set():
                     return
                 looked = time.monotonic()
                 try:
@@ -151,7 +151,6 @@ class Checkpointer:
 
     def stop(self) -> None:
         """Ask the thread to end (it closes its connection): for an owner collected without being closed."""
-        self._closing = True
         self._closed.set()
         self._wake.set()
 

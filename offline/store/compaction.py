@@ -62,14 +62,14 @@ recognised as a repeat by the log as before.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from offline.core.operations import Operation, operation_from_text
 from offline.merge.engine import RecordState
 
 from . import state_rows
-from .database import ACKED, REJECTED, STATE_BASE, STATE_REFERENCE, storage_error
+from .database import ACKED, REJECTED, STATE_BASE, STATE_REFERENCE, record_chunks, storage_error
 from .many_rows import write_rows
 
 if TYPE_CHECKING:
@@ -95,8 +95,6 @@ FLAG_KEY = "compacted"
 #: Meta key: this node's highest sequence number among its own operations that left the log (JSON
 #: ``{"node", "sequence"}``), acknowledged by a server and so never sent again (see `dropped_own`).
 OWN_KEY = "compacted_own"
-
-_CHUNK = 500
 
 
 def compact(app: App, *, superseded_only: bool = False) -> int:
@@ -320,7 +318,7 @@ def load(
 
 def _rows(app: App, keys: Iterable[tuple[str, str]]) -> list[tuple[str, str, str, str]]:
     found: list[tuple[str, str, str, str]] = []
-    for collection, chunk, marks in _chunks(keys):
+    for collection, chunk, marks in record_chunks(keys):
         found.extend(
             (collection, str(r), str(s), str(v))
             for r, s, v in app.db.conn.execute(
@@ -335,7 +333,7 @@ def _rows(app: App, keys: Iterable[tuple[str, str]]) -> list[tuple[str, str, str
 def _versions_rows(app: App, keys: Iterable[tuple[str, str]]) -> dict[tuple[str, str], str]:
     """The per-node numbers text of each of these records that was compacted."""
     found: dict[tuple[str, str], str] = {}
-    for collection, chunk, marks in _chunks(keys):
+    for collection, chunk, marks in record_chunks(keys):
         for record_id, versions in app.db.conn.execute(
             f"SELECT record_id, versions FROM _offline_compacted WHERE collection = ? "
             f"AND record_id IN ({marks})",
@@ -634,28 +632,13 @@ def _any_logged(app: App) -> bool:
 def _logged(app: App, keys: Sequence[tuple[str, str]]) -> dict[tuple[str, str], list[tuple[str, int]]]:
     """The (node id, sequence number) of each of these records' operations in the log, refused ones aside."""
     out: dict[tuple[str, str], list[tuple[str, int]]] = {}
-    for collection, chunk, marks in _chunks(keys):
+    for collection, chunk, marks in record_chunks(keys):
         for record_id, node_id, seq in app.db.conn.execute(
             f"SELECT record_id, node_id, sequence_number FROM _offline_ops WHERE collection = ? "
             f"AND record_id IN ({marks}) AND status != ?",
             [collection, *chunk, REJECTED],
         ):
             out.setdefault((collection, str(record_id)), []).append((str(node_id), int(seq)))
-    return out
-
-
-def _chunks(keys: Iterable[tuple[str, str]]) -> Iterator[tuple[str, list[str], str]]:
-    """(collection, up to _CHUNK of its record ids, their `?` marks) for an `IN (...)` read of these records."""
-    for collection, ids in _by_collection(keys).items():
-        for start in range(0, len(ids), _CHUNK):
-            chunk = ids[start : start + _CHUNK]
-            yield collection, chunk, ",".join("?" * len(chunk))
-
-
-def _by_collection(keys: Iterable[tuple[str, str]]) -> dict[str, list[str]]:
-    out: dict[str, list[str]] = {}
-    for collection, record_id in dict.fromkeys(keys):
-        out.setdefault(collection, []).append(record_id)
     return out
 
 

@@ -202,11 +202,11 @@ class _Transaction:
             db.lock.release()
 
 
-def _record_chunks(keys: Iterable[tuple[str, str]]) -> Iterator[tuple[str, list[str], str]]:
-    """(collection, record ids, their "?,?,..." placeholders) for ``keys`` grouped by collection, at most 500
-    ids a query (under the 999 bound parameters SQLite builds before 3.32 allow)."""
+def record_chunks(keys: Iterable[tuple[str, str]]) -> Iterator[tuple[str, list[str], str]]:
+    """(collection, record ids, their "?,?,..." placeholders) for ``keys`` grouped by collection, each key
+    once, at most 500 ids a query (under the 999 bound parameters SQLite builds before 3.32 allow)."""
     by_collection: dict[str, list[str]] = {}
-    for collection, record_id in keys:
+    for collection, record_id in dict.fromkeys(keys):
         by_collection.setdefault(collection, []).append(record_id)
     for collection, ids in by_collection.items():
         for start in range(0, len(ids), 500):
@@ -525,7 +525,7 @@ class LocalDatabase:
         out: dict[tuple[str, str], str | bytes] = {}
         references: dict[tuple[str, str], str] = {}
         bases: list[tuple[str, str]] = []
-        for collection, chunk, marks in _record_chunks(keys):
+        for collection, chunk, marks in record_chunks(keys):
             for record_id, state in self.conn.execute(
                 f"SELECT record_id, state FROM _offline_state WHERE collection = ? AND record_id IN ({marks})",
                 [collection, *chunk],
@@ -546,7 +546,7 @@ class LocalDatabase:
     def base_texts(self, keys: list[tuple[str, str]]) -> dict[tuple[str, str], str]:
         """The compaction base text of each of these records, whose state is stored as `STATE_BASE`."""
         out: dict[tuple[str, str], str] = {}
-        for collection, chunk, marks in _record_chunks(keys):
+        for collection, chunk, marks in record_chunks(keys):
             for record_id, state in self.conn.execute(
                 f"SELECT record_id, state FROM _offline_compacted WHERE collection = ? AND record_id IN ({marks})",
                 [collection, *chunk],
@@ -567,7 +567,7 @@ class LocalDatabase:
     ) -> dict[tuple[str, str], Operation]:
         """The operation each (collection, record id) -> operation id names (a state stored as a reference)."""
         wires: dict[tuple[str, str], str] = {}
-        for collection, chunk, marks in _record_chunks(references):
+        for collection, chunk, marks in record_chunks(references):
             for record_id, op_id, wire in self.conn.execute(
                 f"SELECT record_id, id, wire FROM _offline_ops WHERE collection = ? AND record_id IN ({marks})",
                 [collection, *chunk],
