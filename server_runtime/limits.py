@@ -40,9 +40,12 @@ What each limit does when it is hit (codes are the protocol's, see ``offline.syn
 - ``max_body_bytes`` / ``max_backup_body_bytes``: the largest HTTP request body (every route / the backup
   import); a larger one gets HTTP 413 ``BODY_TOO_LARGE`` and nothing past the cap is read (see
   ``server_runtime.request_limits``).
+- ``snapshot_builds``: fresh devices' first syncs built as database files (``POST <sync path>/snapshot``,
+  ``server_runtime.snapshot``) at once (1); one more is answered 503 and that device syncs by socket. 0 turns
+  snapshots off.
 
 ``allowed_origins`` (option ``sync_options={"allowed_origins": [...]}`` or ``OFFLINE_ALLOWED_ORIGINS``, a
-comma list) restricts which web pages may open the sync WebSocket: a request whose ``Origin`` header is not
+comma list) restricts which web pages may open the sync WebSocket (and ask for a snapshot): a request whose ``Origin`` header is not
 listed is refused with HTTP 403 before the upgrade. A request without ``Origin`` comes from a non-browser
 client (browsers always send it) and is allowed; ``*`` allows every origin.
 """
@@ -92,6 +95,7 @@ class ConnectionLimits:
 
 
 _OPTIONAL = frozenset({"ping_interval", "ping_timeout"})  # 0 or None turns pings off
+_ZERO_TURNS_OFF = frozenset({"snapshot_builds"})  # 0: the feature is off
 
 
 def env_name(field: str) -> str:
@@ -114,8 +118,11 @@ def _parse(field: str, value: Any, kind: Any, source: str) -> Any:
             )
     except (TypeError, ValueError, OverflowError):
         number = None
-    if number is None or not math.isfinite(number) or number <= 0:
+    zero_ok = field in _ZERO_TURNS_OFF
+    if number is None or not math.isfinite(number) or number < 0 or (number == 0 and not zero_ok):
         expected = "a positive whole number" if want_int else "a positive number"
+        if zero_ok:
+            expected = "a whole number, 0 or more (0: off)"
         raise OfflineError(
             f"limit {field} must be {expected}, got {value!r} (from {source}); fix or remove it",
             CONFIG_ERROR,

@@ -116,6 +116,10 @@ class ProductionServer:
                 {"status": "ok", "version": VERSION, "uptime": round(time.time() - self.started_at, 3)}
             )
 
+        from .snapshot import Snapshots
+
+        snapshots = Snapshots(self.sync, self.origins)
+
         async def sync(websocket: WebSocket) -> None:
             await sync_endpoint(websocket, self.sync, self.guard, self.origins)
 
@@ -140,6 +144,7 @@ class ProductionServer:
         routes: list[Any] = [
             Route("/health", health),
             WebSocketRoute(self.sync_path, sync),
+            Route(self.sync_path.rstrip("/") + "/snapshot", snapshots.endpoint, methods=["POST"]),
             Route("/__offline/status", ops.status_endpoint),
             Route("/__offline/metrics", ops.metrics_endpoint),
             Route("/__offline/events", ops.events_endpoint),

@@ -265,6 +265,9 @@ class SyncLimits:
     # streamed as operations (cheap either way, and the device keeps the operations). A scoped session is
     # judged by the operations its scope holds (see SyncService._sees_more_than).
     state_sync_after: int = 1000
+    # Snapshots (``POST <sync path>/snapshot``, server_runtime.snapshot: a fresh device's first sync as one
+    # database file the server builds) built at once; a request beyond it syncs by socket instead. 0: off.
+    snapshot_builds: int = 1
 
 
 class SyncService:
@@ -303,6 +306,8 @@ class SyncService:
             "server_ops": 0,
             "history_sent": 0,  # records sent whole to a session because they moved into its scope
             "states_sent": 0,  # record states sent (state-based catch-up after a compaction)
+            "snapshots_built": 0,  # replica files built for fresh devices (server_runtime.snapshot)
+            "snapshots_served": 0,  # and sent (a file is sent again while the log has not moved)
         }
         self.rejections: dict[str, int] = {}
         self.conflicts: dict[str, int] = {}

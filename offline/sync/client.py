@@ -26,6 +26,7 @@ from offline.merge.values import operation_text
 from offline.store import compaction, replication
 
 from . import protocol as p
+from . import snapshot
 from .transport import ConnectionLost, Transport, TransportRefused, default_transport
 
 if TYPE_CHECKING:
@@ -706,28 +707,17 @@ class SyncEngine:
         horizon = message.horizon if message.is_final else None
         through = message.through if horizon is None else None
 
-        def progress() -> None:
-            # Every record the server's log touched up to ``through`` is now held: a cut from here on
-            # resumes from it (issue 28: a first sync cut before its last message started over from 0).
-            # Stored in the states' transaction: one commit a message.
-            replication.note_states_through(app, through)
-
+        # Each message is stored in one transaction with how far the server's scan got (``through``): a
+        # cut from here on resumes from it (issue 28: a first sync cut before its last message started over
+        # from 0). A record the server's state puts outside this scope is dropped, as one moved away would be.
         # (The protocol checked each entry: string names and state, versions an object of numbers.)
-        compaction.adopt_states(
-            app,
-            [(s["collection"], s["recordId"], s["state"], s["versions"]) for s in message.states],
-            stored=progress if through is not None else None,
-        )
+        snapshot.adopt(app, message.states, self._scope_filters, through=through)
         if horizon is not None:
-            app.apply_verified([], None, watermark=horizon)
-            replication.note_states_through(app, None)
+            snapshot.finish(app, horizon)
             self._cursor = max(self._cursor, horizon)
         elif through is not None:
             self._states_through = max(self._states_through, through)
             self._cursor = max(self._cursor, through)
-        if self._scope_filters and message.states:
-            # A record the server's state puts outside this scope is dropped, as one moved away would be.
-            self._forget_outside([(str(s["collection"]), str(s["recordId"])) for s in message.states])
         ack = p.Acknowledgment(
             message_id=p.new_message_id(),
             acknowledged_message_id=message.message_id,
@@ -899,20 +889,9 @@ class SyncEngine:
 
     def _forget_outside(self, keys: list[tuple[str, str]]) -> None:
         """Drop those of these records that are outside this session's scope."""
-        touched: dict[str, set[str]] = {}
-        for collection, record_id in keys:
-            if collection in self._scope_filters:
-                touched.setdefault(collection, set()).add(record_id)
-        for collection, record_ids in touched.items():
-            # One statement per chunk of ids (a state-based first sync asks this of every record it gets).
-            records = self.app.collection(collection).all().among(record_ids)
-            gone = replication.forget_outside_scope(
-                self.app, collection, self._scope_filters[collection], records
-            )
-            if gone:
-                log.info(
-                    "sync: %d %s record(s) left this device's scope and were removed", len(gone), collection
-                )
+        gone = snapshot.forget_outside(self.app, self._scope_filters, keys)
+        if gone:
+            log.info("sync: %d record(s) left this device's scope and were removed", len(gone))
 
 
 def _describe(op: Operation) -> dict[str, Any]:

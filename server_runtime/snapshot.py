@@ -1,0 +1,276 @@
+"""``POST <sync path>/snapshot``: a fresh device's first sync as one server-built database file.
+
+See `offline.sync.snapshot` for why. The request is judged like a sync handshake (the same token, the same
+scope resolution, the same schema and ``Origin`` checks); the server then runs the session's state-based
+first sync into a local database of its own (the replica the device would have built from the socket's
+``record-states`` messages, built by the same library) and sends that file, gzip-encoded when the client
+accepts it. The device opens it as its database and connects from its watermark.
+
+Cost, and what bounds it: the build is the state catch-up the socket would have streamed (the same store
+reads, bounded by what the scope sees) plus writing the replica, off the event loop. At most
+``SyncLimits.snapshot_builds`` run at once (0: snapshots off); a request beyond that is answered 503, and the
+device syncs over the socket instead (as it does on any answer but 200). The last file built is kept for
+the same scope while the log has not moved, so a crowd of fresh devices on a quiet server costs one build.
+A short log (no state-based first sync for this scope, see `SyncService._sees_more_than`) is answered 204.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response
+
+import offline
+from offline.core.errors import STORAGE_ERROR, OfflineError
+from offline.store.app import create_app
+from offline.sync import protocol as p
+from offline.sync import snapshot
+
+from .limits import OriginPolicy
+from .sync import Session
+
+if TYPE_CHECKING:
+    from .sync import SyncService
+
+log = logging.getLogger("offline.server.snapshot")
+
+#: Largest request body read (the request is a few fields; a scope is small).
+MAX_REQUEST_BYTES = 64 * 1024
+MEDIA_TYPE = "application/vnd.sqlite3"
+#: Error code of a request that is not what the endpoint reads (the field named in ``field``).
+INVALID_REQUEST = "INVALID_REQUEST"
+
+
+@dataclass(frozen=True, slots=True)
+class Built:
+    """A finished snapshot: the gzip-encoded file, and what it was built from."""
+
+    key: str  # the scope and log position it holds (see `Snapshots._key`)
+    body: bytes  # gzip of the database file
+    horizon: int
+    records: int
+
+
+def _refuse(status: int, code: str, message: str, **extra: Any) -> JSONResponse:
+    headers = {"Cache-Control": "no-store"}
+    if status == 503:
+        headers["Retry-After"] = "5"
+    return JSONResponse({"error": code, "message": message, **extra}, status_code=status, headers=headers)
+
+
+class Snapshots:
+    """The snapshot endpoint of one server process."""
+
+    def __init__(self, service: SyncService, origins: OriginPolicy) -> None:
+        self.service = service
+        self.origins = origins
+        self._building = 0
+        self._last: Built | None = None
+        # Built at most once at a time for the same key: a second request for it waits for the first.
+        self._same: dict[str, asyncio.Future[Built | None]] = {}
+
+    async def endpoint(self, request: Request) -> Response:
+        service = self.service
+        if not self.origins.permits(request.headers.get("origin")):
+            return _refuse(403, "ORIGIN_NOT_ALLOWED", "this origin may not sync with this server")
+        limit = service.limits.snapshot_builds
+        if limit <= 0:
+            return Response(status_code=204, headers={"Cache-Control": "no-store"})
+        try:
+            asked = await _read_request(request)
+        except _BadRequest as exc:
+            return _refuse(400, INVALID_REQUEST, exc.message, field=exc.field)
+        except ClientDisconnect:
+            return Response(status_code=400)
+        if not service.started:
+            return _refuse(503, p.SERVER_SHUTDOWN, "the server is starting or shutting down; sync by socket")
+        if asked["format"] != snapshot.FORMAT or asked["offline"] != offline.__version__:
+            # Another build of the library writes and reads another layout: the socket serves it.
+            return Response(status_code=204, headers={"Cache-Control": "no-store"})
+        schema = service.schema
+        if asked["schemaVersion"] != schema.version:
+            lo, hi = service.supported_schema
+            if lo <= asked["schemaVersion"] <= hi:
+                return Response(status_code=204, headers={"Cache-Control": "no-store"})
+            return _refuse(
+                409,
+                "SCHEMA_MISMATCH",
+                f"client schema version {asked['schemaVersion']}, server supports {lo} to {hi}",
+            )
+        token = _bearer(request.headers.get("authorization"))
+        try:
+            claims = await service.authenticate(token)
+        except OfflineError as exc:
+            if exc.code == p.OVERLOADED:
+                return _refuse(503, p.OVERLOADED, "the sign-in could not be checked now; sync by socket")
+            if exc.code == STORAGE_ERROR:
+                return _refuse(503, STORAGE_ERROR, "the server could not check the sign-in now")
+            return _refuse(401, p.AUTH_FAILED, "authentication failed")
+        filters = service.resolve_scope(claims, asked["syncScope"])
+        session = Session(node_id="", filters=filters, claims=claims, send=_unsent, wants_states=True)
+        selectors = service.catch_up_selectors(session)
+        if not await service._sees_more_than(selectors, 0):
+            return Response(status_code=204, headers={"Cache-Control": "no-store"})
+        key = self._key(filters)
+        built = self._last if self._last is not None and self._last.key == key else None
+        if built is None:
+            waiting = self._same.get(key)
+            if waiting is not None:
+                built = await asyncio.shield(waiting)
+            elif self._building >= limit:
+                return _refuse(503, p.OVERLOADED, "the server is building other snapshots; sync by socket")
+            else:
+                built = await self._build_once(key, session, selectors, filters)
+            if built is None:
+                return _refuse(503, STORAGE_ERROR, "the snapshot could not be built; sync by socket")
+        service.counters["snapshots_served"] += 1
+        headers = {
+            "Cache-Control": "no-store",
+            "X-Offline-Snapshot-Format": str(snapshot.FORMAT),
+            "X-Offline-Snapshot-Horizon": str(built.horizon),
+            "X-Offline-Snapshot-Records": str(built.records),
+        }
+        if "gzip" in request.headers.get("accept-encoding", "").lower():
+            headers["Content-Encoding"] = "gzip"
+            return Response(built.body, media_type=MEDIA_TYPE, headers=headers)
+        return Response(
+            await asyncio.to_thread(gzip.decompress, built.body), media_type=MEDIA_TYPE, headers=headers
+        )
+
+    def _key(self, filters: Mapping[str, Any]) -> str:
+        service = self.service
+        scope = json.dumps(filters, sort_keys=True, separators=(",", ":"), default=str)
+        return f"{service.watermark} {service.delivery_epoch} {scope}"
+
+    async def _build_once(
+        self, key: str, session: Session, selectors: Any, filters: Mapping[str, Any]
+    ) -> Built | None:
+        future: asyncio.Future[Built | None] = asyncio.get_running_loop().create_future()
+        self._same[key] = future
+        self._building += 1
+        built: Built | None = None
+        try:
+            built = await self._build(key, session, selectors, filters)
+        except Exception:
+            log.exception("building a snapshot failed; the device syncs by socket instead")
+        finally:
+            self._building -= 1
+            del self._same[key]
+            future.set_result(built)
+        if built is not None:
+            self._last = built
+        return built
+
+    async def _build(self, key: str, session: Session, selectors: Any, filters: Mapping[str, Any]) -> Built:
+        service = self.service
+        folder = tempfile.mkdtemp(prefix="offline-snapshot-")
+        path = os.path.join(folder, "replica.db")
+        try:
+            app = await asyncio.to_thread(create_app, service.schema, None, path, compact_after=None)
+            try:
+                kept = snapshot.scope_filters(filters)
+                await asyncio.to_thread(
+                    snapshot.begin,
+                    app,
+                    server_node_id=service.node_id,
+                    delivery_epoch=service.delivery_epoch,
+                    accepted_scope=filters,
+                )
+                horizon: list[int] = []
+                records = 0
+
+                async def store(text: str) -> None:
+                    # A message the socket would have sent: adopted as the client adopts it.
+                    nonlocal records
+                    message = json.loads(text)
+                    states = message.get("states") or []
+                    final = bool(message.get("isFinal"))
+                    through = None if final else message.get("through")
+                    await asyncio.to_thread(snapshot.adopt, app, states, kept, through=through)
+                    records += len(states)
+                    if final:
+                        horizon.append(int(message["horizon"]))
+                        await asyncio.to_thread(snapshot.finish, app, horizon[0])
+
+                session.send = store
+                await service._catch_up_states(session, selectors, service.watermark)
+                if not horizon:
+                    raise RuntimeError("the state catch-up ended without its final message")
+            finally:
+                await asyncio.to_thread(app.close)
+            await asyncio.to_thread(snapshot.seal, path)
+            body = await asyncio.to_thread(_gzip_file, path)
+            service.counters["snapshots_built"] += 1
+            log.info(
+                "built a snapshot of %d record(s) up to delivery %d (%d bytes)",
+                records,
+                horizon[0],
+                len(body),
+            )
+            return Built(key=key, body=body, horizon=horizon[0], records=records)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+async def _unsent(text: str) -> None:  # replaced before anything is sent (see Snapshots._build)
+    raise RuntimeError("a snapshot session sends nothing before its build starts")
+
+
+def _gzip_file(path: str) -> bytes:
+    with open(path, "rb") as file:
+        # Level 1: most of the saving (SQLite pages of JSON text compress well) at a fraction of the time.
+        return gzip.compress(file.read(), compresslevel=1)
+
+
+def _bearer(header: str | None) -> str | None:
+    if not header:
+        return None
+    scheme, _, token = header.partition(" ")
+    return token.strip() or None if scheme.lower() == "bearer" else None
+
+
+class _BadRequest(Exception):
+    def __init__(self, message: str, field: str) -> None:
+        super().__init__(message)
+        self.message = message
+        self.field = field
+
+
+async def _read_request(request: Request) -> dict[str, Any]:
+    """The request's JSON body, checked: ``format``, ``offline``, ``schemaVersion``, ``syncScope``."""
+    body = bytearray()
+    async for chunk in request.stream():
+        body.extend(chunk)
+        if len(body) > MAX_REQUEST_BYTES:
+            raise _BadRequest(f"the request body is larger than {MAX_REQUEST_BYTES} bytes", "body")
+    try:
+        data = json.loads(body or b"null")
+    except (ValueError, UnicodeDecodeError):
+        raise _BadRequest("the request body must be a JSON object", "body") from None
+    if not isinstance(data, dict):
+        raise _BadRequest("the request body must be a JSON object", "body")
+    for name in ("format", "schemaVersion"):
+        value = data.get(name)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise _BadRequest(f"{name} must be an integer", name)
+    if not isinstance(data.get("offline"), str):
+        raise _BadRequest("offline must be the client's library version (a string)", "offline")
+    scope = data.get("syncScope")
+    if scope is not None and not isinstance(scope, dict):
+        raise _BadRequest("syncScope must be an object or null", "syncScope")
+    return {
+        "format": data["format"],
+        "offline": data["offline"],
+        "schemaVersion": data["schemaVersion"],
+        "syncScope": scope,
+    }

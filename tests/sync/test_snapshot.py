@@ -1,0 +1,324 @@
+"""A fresh device's first sync from a server-built snapshot (``POST <sync path>/snapshot``), end to end: a
+real server process (memory, SQLite, PostgreSQL stores), the file it sends opened as a real replica, real
+WebSocket sessions afterwards.
+
+The snapshot is the replica a state-based first sync would have built: the same records, no received
+operation in its log, a watermark from which the device syncs by operations (no ``record-states`` over the
+socket), and no node id of its own (every device opening it makes one). Anything but a usable snapshot is an
+answer the device falls back from (204, or an error with a code naming what was wrong).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+import sqlite3
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import offline
+from offline import op
+from offline.store.replication import delivery_watermark
+from offline.sync import snapshot
+from tests.merge._support import SCHEMA
+from tests.sync.test_integration import (
+    SCOPED,
+    SCOPED_SOURCE,
+    TIMEOUT,
+    Backend,
+    client,
+    clients,
+    collect,
+    converge,
+    wait_for,
+)
+from tests.sync.test_state_first_sync import ENTRY, received_in_log
+
+SECRET = "s" * 43
+
+
+def ask(
+    base: str,
+    body: Any = None,
+    *,
+    token: str | None = None,
+    gzip_ok: bool = True,
+    origin: str | None = None,
+) -> tuple[int, dict[str, str], bytes]:
+    """POST a snapshot request; (status, headers in lower case, body decoded from gzip)."""
+    if body is None:
+        body = {
+            "format": snapshot.FORMAT,
+            "offline": offline.__version__,
+            "schemaVersion": 1,
+            "syncScope": None,
+        }
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    headers = {"content-type": "application/json"}
+    if gzip_ok:
+        headers["accept-encoding"] = "gzip"
+    if token:
+        headers["authorization"] = f"Bearer {token}"
+    if origin:
+        headers["origin"] = origin
+    request = urllib.request.Request(
+        base + "/offline-sync/snapshot", data=data, headers=headers, method="POST"
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            status, got, raw = response.status, dict(response.headers), response.read()
+    except urllib.error.HTTPError as exc:
+        status, got, raw = exc.code, dict(exc.headers), exc.read()
+    got = {k.lower(): v for k, v in got.items()}
+    if got.get("content-encoding") == "gzip":
+        raw = gzip.decompress(raw)
+    return status, got, raw
+
+
+def meta(path: Path) -> dict[str, str]:
+    conn = sqlite3.connect(path)
+    try:
+        return dict(conn.execute("SELECT key, value FROM _offline_meta").fetchall())
+    finally:
+        conn.close()
+
+
+def test_a_device_opening_a_snapshot_holds_the_servers_records_and_syncs_on_by_operations(
+    server_backend: Backend, tmp_path: Path
+) -> None:
+    server = server_backend.server(ENTRY, name="snapshot", env={"OFFLINE_STATE_SYNC_AFTER": "1"})
+
+    async def scenario() -> None:
+        writer = client(tmp_path, "writer", server.sync_url, SCHEMA)
+        async with clients(writer):
+            await writer.sync.connect()
+            ids = []
+            with writer.batch():
+                for i in range(120):
+                    ids.append(
+                        writer.items.insert(
+                            {"title": f"item {i}", "count": i, "tags": ["a"], "body": "text"}
+                        )["id"]
+                    )
+            for record_id in ids[:40]:
+                writer.items.update(record_id, {"count": op.increment(5), "tags": op.append("b")})
+            writer.items.richtext(ids[0], "body").insert(0, "rich ")
+            for record_id in ids[100:]:
+                writer.items.delete(record_id)
+            await writer.sync.wait_until_synced(TIMEOUT)
+
+            status, headers, body = ask(server.http_url)
+            assert status == 200, body
+            assert headers["content-type"] == snapshot_media()
+            assert headers["x-offline-snapshot-format"] == str(snapshot.FORMAT)
+            assert headers["content-encoding"] == "gzip"  # asked for: sent compressed
+            assert "no-store" in headers["cache-control"]
+            horizon = int(headers["x-offline-snapshot-horizon"])
+            assert horizon >= 181  # every operation the writer made is accounted for
+            assert body.startswith(snapshot.SQLITE_HEADER)
+            # One file, two devices: each makes its own node id (the file has none).
+            for name in ("first", "second"):
+                (tmp_path / f"{name}.db").write_bytes(body)
+            stored = meta(tmp_path / "first.db")
+            assert "node_id" not in stored and stored[snapshot.FORMAT_KEY] == str(snapshot.FORMAT)
+            assert int(stored["delivery_watermark"]) == horizon
+
+            first = client(tmp_path, "first", server.sync_url, SCHEMA)
+            second = client(tmp_path, "second", server.sync_url, SCHEMA)
+            assert first.node_id != second.node_id and writer.node_id not in (first.node_id, second.node_id)
+            # Before any connection: the server's records, as of the horizon.
+            assert {r["id"] for r in first.items.fetch()} == set(ids[:100])
+            assert received_in_log(first) == 0
+            assert delivery_watermark(first) == horizon
+            states = collect(first, "sync:states")
+            async with clients(first, second):
+                await first.sync.connect()
+                await second.sync.connect()
+                records = await converge(writer, first, second)
+                assert {r["id"] for r in records["items"]} == set(ids[:100])
+                [one] = [r for r in records["items"] if r["id"] == ids[0]]
+                assert one["count"] == 5 and sorted(one["tags"]) == ["a", "b"] and one["body"] == "rich text"
+                assert not states  # nothing was sent again by states: operations from the horizon only
+
+                # All three write to the same records: they converge, counters adding up.
+                first.items.update(ids[1], {"count": op.increment(7), "title": "first"})
+                second.items.update(ids[1], {"count": op.increment(11), "tags": op.append("second")})
+                writer.items.update(ids[1], {"count": op.increment(13)})
+                second.items.delete(ids[2])
+                records = await converge(writer, first, second)
+                [two] = [r for r in records["items"] if r["id"] == ids[1]]
+                assert two["count"] == 1 + 5 + 7 + 11 + 13
+                assert ids[2] not in {r["id"] for r in records["items"]}
+
+    asyncio.run(scenario())
+
+
+def snapshot_media() -> str:
+    from server_runtime.snapshot import MEDIA_TYPE
+
+    return MEDIA_TYPE
+
+
+def test_a_scoped_snapshot_holds_exactly_the_scope(server_backend: Backend, tmp_path: Path) -> None:
+    """A snapshot asked with a scope holds that scope's records only: not another user's, and not a record
+    that moved out of it (the state the server sends of it only tells a device to drop it)."""
+    server = server_backend.server(SCOPED_SOURCE, "scoped-snapshot", env={"OFFLINE_STATE_SYNC_AFTER": "1"})
+
+    async def scenario() -> None:
+        admin = client(tmp_path, "admin", server.sync_url, schema=SCOPED)
+        async with clients(admin):
+            await admin.sync.connect()
+            with admin.batch():
+                mine = [admin.todos.insert({"ownerId": "a", "title": f"a{i}"}) for i in range(30)]
+                for i in range(30):
+                    admin.todos.insert({"ownerId": "b", "title": f"b{i}"})
+            admin.todos.update(mine[0]["id"], {"ownerId": "b"})  # moved away from A
+            admin.todos.update(mine[1]["id"], {"title": "renamed"})
+            await admin.sync.wait_until_synced(TIMEOUT)
+
+            body = {
+                "format": snapshot.FORMAT,
+                "offline": offline.__version__,
+                "schemaVersion": 1,
+                "syncScope": {"todos": {"ownerId": "a"}},
+            }
+            status, _, raw = ask(server.http_url, body)
+            assert status == 200, raw
+            (tmp_path / "a.db").write_bytes(raw)
+            device = client(tmp_path, "a", server.sync_url, schema=SCOPED, scope={"userId": "a"})
+            by_states = client(tmp_path, "a-states", server.sync_url, schema=SCOPED, scope={"userId": "a"})
+            expected = {m["id"] for m in mine[1:]}
+            assert {r["id"] for r in device.todos.fetch()} == expected
+            restarted = collect(device, "sync:states")
+            async with clients(device, by_states):
+                await device.sync.connect()
+                await by_states.sync.connect()
+                await device.sync.wait_until_synced(TIMEOUT)
+                # The scope the snapshot was built under is the one the handshake accepts: no resync.
+                assert not restarted
+                admin.todos.insert({"ownerId": "a", "title": "after the snapshot"})
+                await wait_for(
+                    lambda: len(device.todos.fetch()) == len(expected) + 1, "the new record of A arrives"
+                )
+                await wait_for(
+                    lambda: device.todos.fetch() == by_states.todos.fetch(),
+                    "the same records as a device synced by states over the socket",
+                )
+
+    asyncio.run(scenario())
+
+
+def test_requests_a_snapshot_cannot_serve_are_answered_with_a_status_and_a_code(
+    memory_backend: Backend, tmp_path: Path
+) -> None:
+    server = memory_backend.server(ENTRY, name="snapshot-refusals")  # the default threshold: 1,000
+
+    async def scenario() -> None:
+        writer = client(tmp_path, "writer", server.sync_url, SCHEMA)
+        async with clients(writer):
+            await writer.sync.connect()
+            with writer.batch():
+                for i in range(20):
+                    writer.items.insert({"title": f"item {i}"})
+            await writer.sync.wait_until_synced(TIMEOUT)
+
+    asyncio.run(scenario())
+    base = server.http_url
+    good = {"format": snapshot.FORMAT, "offline": offline.__version__, "schemaVersion": 1, "syncScope": None}
+    # A short log: the socket's first sync by operations is cheap, nothing to build.
+    assert ask(base)[0] == 204
+    # Another build of the library, another format, another (supported) schema: the socket serves them.
+    assert ask(base, {**good, "offline": "0.0.0-other"})[0] == 204
+    assert ask(base, {**good, "format": snapshot.FORMAT + 1})[0] == 204
+    status, _, raw = ask(base, {**good, "schemaVersion": 7})
+    assert status == 409 and json.loads(raw)["error"] == "SCHEMA_MISMATCH"
+    for bad, field in (
+        (b"not json", "body"),
+        ([1, 2], "body"),
+        ({**good, "format": "1"}, "format"),
+        ({**good, "schemaVersion": True}, "schemaVersion"),
+        ({**good, "offline": None}, "offline"),
+        ({**good, "syncScope": "all"}, "syncScope"),
+        (b"{" + b" " * 60_000, "body"),
+    ):
+        status, _, raw = ask(base, bad)
+        answer = json.loads(raw)
+        assert (status, answer["error"], answer["field"]) == (400, "INVALID_REQUEST", field), (bad, answer)
+    # Past the server's request body limit: refused before it is read.
+    assert ask(base, b"{" + b" " * 70_000 + b"}")[0] == 413
+    # The server keeps serving: a health check and a socket session.
+    with urllib.request.urlopen(base + "/health", timeout=10) as response:
+        assert response.status == 200
+
+
+def test_a_server_with_sign_in_builds_snapshots_for_signed_in_devices_only(
+    memory_backend: Backend, tmp_path: Path
+) -> None:
+    server = memory_backend.server(
+        ENTRY, name="snapshot-auth", env={"AUTH_SECRET": SECRET, "OFFLINE_STATE_SYNC_AFTER": "1"}
+    )
+    base = server.http_url
+    request = urllib.request.Request(
+        base + "/auth/sign-up",
+        data=json.dumps({"email": "snap@example.com", "password": "correct horse battery staple"}).encode(),
+        headers={"content-type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        token = str(json.loads(response.read())["accessToken"])
+
+    async def scenario() -> None:
+        writer = client(tmp_path, "writer", server.sync_url, SCHEMA, auth_client=_Token(token))
+        async with clients(writer):
+            await writer.sync.connect()
+            with writer.batch():
+                for i in range(10):
+                    writer.items.insert({"title": f"item {i}"})
+            await writer.sync.wait_until_synced(TIMEOUT)
+
+    asyncio.run(scenario())
+    for bad in (None, "not-a-token", token[:-4] + "AAAA"):
+        status, _, raw = ask(base, token=bad)
+        assert status == 401 and json.loads(raw)["error"] == "AUTH_FAILED", raw
+        assert b"SQLite" not in raw
+    status, _, raw = ask(base, token=token)
+    assert status == 200 and raw.startswith(snapshot.SQLITE_HEADER)
+
+
+class _Token:
+    """An auth client holding one access token."""
+
+    def __init__(self, token: str) -> None:
+        self.token = token
+
+    async def get_access_token(self) -> str:
+        return self.token
+
+
+def test_snapshots_can_be_turned_off_and_origins_are_checked(memory_backend: Backend, tmp_path: Path) -> None:
+    off = memory_backend.server(
+        ENTRY, name="snapshot-off", env={"OFFLINE_SNAPSHOT_BUILDS": "0", "OFFLINE_STATE_SYNC_AFTER": "1"}
+    )
+    guarded = memory_backend.server(
+        ENTRY,
+        name="snapshot-origins",
+        env={"OFFLINE_ALLOWED_ORIGINS": "https://app.example.com", "OFFLINE_STATE_SYNC_AFTER": "1"},
+    )
+
+    async def scenario() -> None:
+        for server, name in ((off, "w-off"), (guarded, "w-guarded")):
+            writer = client(tmp_path, name, server.sync_url, SCHEMA)
+            async with clients(writer):
+                await writer.sync.connect()
+                writer.items.insert({"title": "one"})
+                writer.items.insert({"title": "two"})
+                await writer.sync.wait_until_synced(TIMEOUT)
+
+    asyncio.run(scenario())
+    assert ask(off.http_url)[0] == 204
+    status, _, raw = ask(guarded.http_url, origin="https://evil.example.com")
+    assert status == 403 and json.loads(raw)["error"] == "ORIGIN_NOT_ALLOWED"
+    status, headers, raw = ask(guarded.http_url, origin="https://app.example.com", gzip_ok=False)
+    assert status == 200 and "content-encoding" not in headers and raw.startswith(snapshot.SQLITE_HEADER)
