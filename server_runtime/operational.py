@@ -369,6 +369,12 @@ class Operational:
                 "rejected": dict(sync.rejections),
             },
             "records": stats.get("records", {}),
+            # Fresh devices' first syncs built as files (server_runtime.snapshot) and sent (a file is sent
+            # again while the log has not moved).
+            "snapshots": {
+                "built": sync.counters["snapshots_built"],
+                "served": sync.counters["snapshots_served"],
+            },
             "conflicts": dict(sync.conflicts),
             "connectedClients": len(sync.sessions),
             "clients": [

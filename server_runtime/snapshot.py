@@ -20,9 +20,6 @@ import asyncio
 import gzip
 import json
 import logging
-import os
-import shutil
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -173,63 +170,68 @@ class Snapshots:
 
     async def _build(self, key: str, session: Session, selectors: Any, filters: Mapping[str, Any]) -> Built:
         service = self.service
-        folder = tempfile.mkdtemp(prefix="offline-snapshot-")
-        path = os.path.join(folder, "replica.db")
+        # In memory: a replica nobody keeps needs no journal, no fsync and no checkpoints.
+        app = await asyncio.to_thread(create_app, service.schema, None, ":memory:", compact_after=None)
         try:
-            app = await asyncio.to_thread(create_app, service.schema, None, path, compact_after=None)
-            try:
-                kept = snapshot.scope_filters(filters)
-                await asyncio.to_thread(
-                    snapshot.begin,
-                    app,
-                    server_node_id=service.node_id,
-                    delivery_epoch=service.delivery_epoch,
-                    accepted_scope=filters,
-                )
-                horizon: list[int] = []
-                records = 0
-
-                async def store(text: str) -> None:
-                    # A message the socket would have sent: adopted as the client adopts it.
-                    nonlocal records
-                    message = json.loads(text)
-                    states = message.get("states") or []
-                    final = bool(message.get("isFinal"))
-                    through = None if final else message.get("through")
-                    await asyncio.to_thread(snapshot.adopt, app, states, kept, through=through)
-                    records += len(states)
-                    if final:
-                        horizon.append(int(message["horizon"]))
-                        await asyncio.to_thread(snapshot.finish, app, horizon[0])
-
-                session.send = store
-                await service._catch_up_states(session, selectors, service.watermark)
-                if not horizon:
-                    raise RuntimeError("the state catch-up ended without its final message")
-            finally:
-                await asyncio.to_thread(app.close)
-            await asyncio.to_thread(snapshot.seal, path)
-            body = await asyncio.to_thread(_gzip_file, path)
-            service.counters["snapshots_built"] += 1
-            log.info(
-                "built a snapshot of %d record(s) up to delivery %d (%d bytes)",
-                records,
-                horizon[0],
-                len(body),
+            kept = snapshot.scope_filters(filters)
+            await asyncio.to_thread(
+                snapshot.begin,
+                app,
+                server_node_id=service.node_id,
+                delivery_epoch=service.delivery_epoch,
+                accepted_scope=filters,
             )
-            return Built(key=key, body=body, horizon=horizon[0], records=records)
+            horizon: list[int] = []
+            # The states of one message are stored (in a thread) while the next are read: the store's reads
+            # and the replica's writes overlap, one message of each at a time.
+            storing: asyncio.Future[None] | None = None
+
+            async def store(states: list[dict[str, Any]], end: int | None, through: int | None) -> None:
+                nonlocal storing
+                if storing is not None:
+                    await storing
+                storing = asyncio.ensure_future(
+                    asyncio.to_thread(snapshot.adopt, app, states, kept, through=through)
+                )
+                if end is not None:
+                    await storing
+                    storing = None
+                    horizon.append(end)
+                    await asyncio.to_thread(snapshot.finish, app, end)
+
+            session.take_states = store
+            try:
+                await service._catch_up_states(session, selectors, service.watermark)
+            finally:
+                if storing is not None:
+                    await storing
+            if not horizon:
+                raise RuntimeError("the state catch-up ended without its final message")
+            records = await asyncio.to_thread(_count_records, app)
+            data = await asyncio.to_thread(snapshot.seal, app)
         finally:
-            shutil.rmtree(folder, ignore_errors=True)
-
-
-async def _unsent(text: str) -> None:  # replaced before anything is sent (see Snapshots._build)
-    raise RuntimeError("a snapshot session sends nothing before its build starts")
-
-
-def _gzip_file(path: str) -> bytes:
-    with open(path, "rb") as file:
+            await asyncio.to_thread(app.close)
         # Level 1: most of the saving (SQLite pages of JSON text compress well) at a fraction of the time.
-        return gzip.compress(file.read(), compresslevel=1)
+        body = await asyncio.to_thread(gzip.compress, data, 1)
+        service.counters["snapshots_built"] += 1
+        log.info(
+            "built a snapshot of %d record(s) up to delivery %d (%d bytes, %d gzip-encoded)",
+            records,
+            horizon[0],
+            len(data),
+            len(body),
+        )
+        return Built(key=key, body=body, horizon=horizon[0], records=records)
+
+
+def _count_records(app: Any) -> int:
+    """The records the replica holds (deleted ones aside)."""
+    return sum(app.collection(name).count() for name in app.codecs)
+
+
+async def _unsent(text: str) -> None:
+    # A snapshot's session has no socket: its states go to `Session.take_states` (see Snapshots._build).
+    raise RuntimeError("a snapshot session sends no frame")
 
 
 def _bearer(header: str | None) -> str | None:

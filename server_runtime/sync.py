@@ -122,6 +122,10 @@ class Session:
     last_ack: float = field(default_factory=time.monotonic)
     # The client asked for the state-based first sync (handshake ``initialSync: "states"``).
     wants_states: bool = False
+    # Takes each ``record-states`` message's content (states, horizon, through) instead of ``send`` taking
+    # it encoded: a session with no socket (a snapshot being built, server_runtime.snapshot) stores the
+    # states itself, and would only decode the frame again.
+    take_states: Callable[[list[dict[str, Any]], int | None, int | None], Awaitable[None]] | None = None
     principal: str = field(init=False)
 
     def __post_init__(self) -> None:
@@ -1268,6 +1272,10 @@ class SyncService:
             last = index == len(chunks) - 1 and horizon is not None
             states = await self._states(chunk, session) if chunk else []
             if not states and not last:
+                continue
+            if session.take_states is not None:
+                await session.take_states(states, horizon if last else None, None if last else through)
+                self.counters["states_sent"] += len(states)
                 continue
             message = p.RecordStates(
                 message_id=p.new_message_id(),

@@ -15,7 +15,6 @@ the socket would have made. The file carries no node id: each device that opens 
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -98,18 +97,12 @@ def forget_outside(
     return gone
 
 
-def seal(path: str) -> None:
-    """Make the closed database at ``path`` a snapshot any device can open as its own: no node id (each
-    device makes its own), the format noted, and a rollback journal instead of a write-ahead log (the file
-    is then the whole database: no ``-wal`` file to send along)."""
-    conn = sqlite3.connect(path, isolation_level=None)
-    try:
-        conn.execute("PRAGMA journal_mode=DELETE")
-        conn.execute("BEGIN IMMEDIATE")
-        conn.execute("DELETE FROM _offline_meta WHERE key = 'node_id'")
-        conn.execute(
-            "INSERT OR REPLACE INTO _offline_meta (key, value) VALUES (?, ?)", (FORMAT_KEY, str(FORMAT))
-        )
-        conn.execute("COMMIT")
-    finally:
-        conn.close()
+def seal(app: App) -> bytes:
+    """The replica ``app`` (a database in memory) as a snapshot file any device can open as its own: no node
+    id (each device makes its own) and the format noted. An in-memory database has a rollback journal, so
+    the file is the whole database (no ``-wal`` file to send along)."""
+    app.flush()
+    with app.db.lock, app.db.transaction():
+        app.db.conn.execute("DELETE FROM _offline_meta WHERE key = 'node_id'")
+        app.db.set_meta(FORMAT_KEY, str(FORMAT))
+    return bytes(app.db.conn.serialize())

@@ -112,6 +112,10 @@ def test_a_device_opening_a_snapshot_holds_the_servers_records_and_syncs_on_by_o
 
             status, headers, body = ask(server.http_url)
             assert status == 200, body
+            # Asked again while the log has not moved: the same file, not built again.
+            again = ask(server.http_url)
+            assert again[0] == 200 and again[2] == body
+            assert served(server.http_url) == {"built": 1, "served": 2}
             assert headers["content-type"] == snapshot_media()
             assert headers["x-offline-snapshot-format"] == str(snapshot.FORMAT)
             assert headers["content-encoding"] == "gzip"  # asked for: sent compressed
@@ -149,11 +153,20 @@ def test_a_device_opening_a_snapshot_holds_the_servers_records_and_syncs_on_by_o
                 writer.items.update(ids[1], {"count": op.increment(13)})
                 second.items.delete(ids[2])
                 records = await converge(writer, first, second)
+                # The log moved: the next fresh device's snapshot is built anew.
+                assert ask(server.http_url)[0] == 200
+                assert served(server.http_url) == {"built": 2, "served": 3}
                 [two] = [r for r in records["items"] if r["id"] == ids[1]]
                 assert two["count"] == 1 + 5 + 7 + 11 + 13
                 assert ids[2] not in {r["id"] for r in records["items"]}
 
     asyncio.run(scenario())
+
+
+def served(base: str) -> dict[str, int]:
+    """The server's count of snapshots built and sent (its status endpoint)."""
+    with urllib.request.urlopen(base + "/__offline/status", timeout=30) as response:
+        return dict(json.loads(response.read())["snapshots"])
 
 
 def snapshot_media() -> str:
