@@ -42,7 +42,8 @@ What each limit does when it is hit (codes are the protocol's, see ``offline.syn
   ``server_runtime.request_limits``).
 - ``snapshot_builds``: fresh devices' first syncs built as database files (``POST <sync path>/snapshot``,
   ``server_runtime.snapshot``) at once (1); one more is answered 503 and that device syncs by socket. 0 turns
-  snapshots off.
+  snapshots off. ``snapshot_max_bytes``: the largest replica built (in memory, 96 MiB); a scope holding more
+  is answered 204 and its devices sync by socket.
 
 ``allowed_origins`` (option ``sync_options={"allowed_origins": [...]}`` or ``OFFLINE_ALLOWED_ORIGINS``, a
 comma list) restricts which web pages may open the sync WebSocket (and ask for a snapshot): a request whose ``Origin`` header is not

@@ -58,6 +58,10 @@ class Built:
     records: int
 
 
+# What a build too large for ``snapshot_max_bytes`` gives: the request (and any waiting on it) get 204.
+_TOO_LARGE = Built(key="", body=b"", horizon=0, records=0)
+
+
 def _refuse(status: int, code: str, message: str, **extra: Any) -> JSONResponse:
     headers = {"Cache-Control": "no-store"}
     if status == 503:
@@ -130,6 +134,8 @@ class Snapshots:
                 built = await self._build_once(key, session, selectors, filters)
             if built is None:
                 return _refuse(503, STORAGE_ERROR, "the snapshot could not be built; sync by socket")
+            if built is _TOO_LARGE:
+                return Response(status_code=204, headers={"Cache-Control": "no-store"})
         service.counters["snapshots_served"] += 1
         headers = {
             "Cache-Control": "no-store",
@@ -158,18 +164,22 @@ class Snapshots:
         built: Built | None = None
         try:
             built = await self._build(key, session, selectors, filters)
+        except _TooLarge as exc:
+            log.info("no snapshot for a fresh device: %s (snapshot_max_bytes); it syncs by socket", exc)
+            built = _TOO_LARGE
         except Exception:
             log.exception("building a snapshot failed; the device syncs by socket instead")
         finally:
             self._building -= 1
             del self._same[key]
             future.set_result(built)
-        if built is not None:
+        if built is not None and built is not _TOO_LARGE:
             self._last = built
         return built
 
     async def _build(self, key: str, session: Session, selectors: Any, filters: Mapping[str, Any]) -> Built:
         service = self.service
+        limit = service.limits.snapshot_max_bytes
         # In memory: a replica nobody keeps needs no journal, no fsync and no checkpoints.
         app = await asyncio.to_thread(create_app, service.schema, None, ":memory:", compact_after=None)
         try:
@@ -191,7 +201,7 @@ class Snapshots:
                 if storing is not None:
                     await storing
                 storing = asyncio.ensure_future(
-                    asyncio.to_thread(snapshot.adopt, app, states, kept, through=through)
+                    asyncio.to_thread(_adopt_within, app, states, kept, through, limit)
                 )
                 if end is not None:
                     await storing
@@ -222,6 +232,20 @@ class Snapshots:
             len(body),
         )
         return Built(key=key, body=body, horizon=horizon[0], records=records)
+
+
+class _TooLarge(Exception):
+    """The replica outgrew ``snapshot_max_bytes``: the device syncs by socket instead."""
+
+
+def _adopt_within(
+    app: Any, states: list[dict[str, Any]], filters: Mapping[str, Any], through: int | None, limit: int
+) -> None:
+    snapshot.adopt(app, states, filters, through=through)
+    (pages,) = app.db.conn.execute("PRAGMA page_count").fetchone()
+    (size,) = app.db.conn.execute("PRAGMA page_size").fetchone()
+    if pages * size > limit:
+        raise _TooLarge(f"the replica passed {limit} bytes")
 
 
 def _count_records(app: Any) -> int:

@@ -272,6 +272,9 @@ class SyncLimits:
     # Snapshots (``POST <sync path>/snapshot``, server_runtime.snapshot: a fresh device's first sync as one
     # database file the server builds) built at once; a request beyond it syncs by socket instead. 0: off.
     snapshot_builds: int = 1
+    # Largest snapshot (the replica's database, built in memory) in bytes: a scope holding more syncs by socket
+    # (whose catch-up streams pages), so one fresh device of a huge scope cannot take the server's memory.
+    snapshot_max_bytes: int = 96 * 1024 * 1024
 
 
 class SyncService:

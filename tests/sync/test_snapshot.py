@@ -335,3 +335,34 @@ def test_snapshots_can_be_turned_off_and_origins_are_checked(memory_backend: Bac
     assert status == 403 and json.loads(raw)["error"] == "ORIGIN_NOT_ALLOWED"
     status, headers, raw = ask(guarded.http_url, origin="https://app.example.com", gzip_ok=False)
     assert status == 200 and "content-encoding" not in headers and raw.startswith(snapshot.SQLITE_HEADER)
+
+
+def test_a_scope_larger_than_snapshot_max_bytes_syncs_by_socket(
+    memory_backend: Backend, tmp_path: Path
+) -> None:
+    """The replica is built in the server's memory: past ``snapshot_max_bytes`` the build stops and the device
+    is answered 204 (it syncs by socket, whose catch-up streams pages); the server keeps serving snapshots
+    of scopes within the limit."""
+    server = memory_backend.server(
+        SCOPED_SOURCE,
+        name="snapshot-max-bytes",
+        env={"OFFLINE_STATE_SYNC_AFTER": "1", "OFFLINE_SNAPSHOT_MAX_BYTES": str(256 * 1024)},
+    )
+
+    async def scenario() -> None:
+        admin = client(tmp_path, "admin", server.sync_url, schema=SCOPED)
+        async with clients(admin):
+            await admin.sync.connect()
+            with admin.batch():
+                for i in range(1500):
+                    admin.todos.insert({"ownerId": "big", "title": f"big {i} " + "x" * 200})
+                for i in range(5):
+                    admin.todos.insert({"ownerId": "small", "title": f"small {i}"})
+            await admin.sync.wait_until_synced(TIMEOUT)
+
+    asyncio.run(scenario())
+    body = {"format": snapshot.FORMAT, "offline": offline.__version__, "schemaVersion": 1}
+    assert ask(server.http_url, {**body, "syncScope": {"todos": {"ownerId": "big"}}})[0] == 204
+    status, _, raw = ask(server.http_url, {**body, "syncScope": {"todos": {"ownerId": "small"}}})
+    assert status == 200 and raw.startswith(snapshot.SQLITE_HEADER)
+    assert served(server.http_url) == {"built": 1, "served": 1}
