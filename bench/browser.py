@@ -52,13 +52,18 @@ a Chromium started on a fresh profile folder, as users run it, not a private con
   the worker's thread, Python; ``page_cpu_ms``: the renderers' main threads; ``v8_background_cpu_ms``: V8's
   threads compiling WebAssembly and JavaScript); the stages: ``created`` (the page's script ran),
   ``starting`` (the worker's), ``fetched <file>`` (Pyodide's files and the code archive arrived),
-  ``python-loaded``, ``code-loaded``, ``python-imported``, ``storage-opened``, ``sync-socket-opened`` and
+  ``python-loaded``, ``code-loaded``, ``python-imported``, ``snapshot-requested``, ``snapshot-answered`` and
+  ``snapshot-written`` (the server's replica of the database, built by the server and written as the
+  worker's database while Python loads: web/snapshot.js; ``snapshot-declined`` when the server sent none and
+  the records come over the socket instead), ``storage-opened``, ``sync-socket-opened`` and
   ``sync-socket-handed-over`` (the sync connection the worker opens while the app opens, given to its sync
   engine: web/early-socket.js; ``-replaced`` or ``-closed`` when it was not), ``app-opened``, ``ready``,
-  ``sync-connected`` (the first handshake accepted), ``first-states`` (the first records stored),
+  ``sync-connected`` (the first handshake accepted), ``first-states`` (the first records stored from the
+  socket; none after a snapshot),
   ``first-records-shown``, ``shown``. ``cpu_by_thread_ms``: Chromium's CPU time until shown by process
   type and thread. On a shared machine the CPU times are the figures to compare; wall times say how busy
-  the others were. The server sends a fresh device its records' states (the default for a log this long);
+  the others were. The server sends a fresh device its records' states (the default for a log this long),
+  as one snapshot file where it builds them (the default);
   ``by_operations``: the same with a server that streams every operation instead (``state_sync_after``
   above the log's length), for comparison. ``python -m bench.browser first-sync N... [--states-only]`` runs
   these figures alone (``--states-only``: without ``by_operations``), with the load average.

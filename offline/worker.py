@@ -37,6 +37,7 @@ import importlib
 import inspect
 import json
 import logging
+import os
 import sqlite3
 import sys
 import traceback
@@ -914,8 +915,24 @@ def _import(name: str, role: str) -> ModuleType:
         ) from exc
 
 
-def open_app(config: Mapping[str, Any]) -> tuple[App, ModuleType | None]:
-    """Open the app a worker config describes: its schema module, database path, sync URL."""
+def _remove_database(path: str) -> None:
+    """Delete the database file at ``path`` and its rollback journal (in the browser, storage.js empties
+    the files it keeps in the browser's storage when they are deleted)."""
+    for name in (path, f"{path}-journal"):
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(name)
+
+
+def open_app(
+    config: Mapping[str, Any], progress: Callable[[str], Any] | None = None
+) -> tuple[App, ModuleType | None]:
+    """Open the app a worker config describes: its schema module, database path, sync URL.
+
+    ``snapshot`` true in the config: the database file is a replica the server built (web/snapshot.js). If
+    it does not open here (damaged on the way, or built by a library whose layout this one does not read),
+    it is deleted and a new database opened, which the sync engine fills over the socket; ``progress`` then
+    hears ``"snapshot-discarded"``.
+    """
     schema_module = _import(str(config.get("schemaModule") or "schema"), "schema")
     schema = getattr(schema_module, "schema", None)
     if not isinstance(schema, SchemaDefinition):
@@ -928,7 +945,23 @@ def open_app(config: Mapping[str, Any]) -> tuple[App, ModuleType | None]:
     actions = _import(str(actions_name), "actions") if actions_name else None
     sync_url = config.get("syncUrl")
     sync = {"url": sync_url, **(config.get("syncOptions") or {})} if sync_url else None
-    app = create_app(schema, sync=sync, path=str(config.get("dbPath") or "app.db"))
+    path = str(config.get("dbPath") or "app.db")
+    try:
+        app = create_app(schema, sync=sync, path=path)
+    except Exception:
+        if not config.get("snapshot"):
+            raise
+        # Nothing of this device is in the file yet (it was written at this start, before anything else):
+        # a new database loses nothing, and the server sends the same records over the socket.
+        traceback.print_exc()
+        print(
+            "the server's snapshot of the database did not open: a new database syncs instead",
+            file=sys.stderr,
+        )
+        _remove_database(path)
+        if progress is not None:
+            progress("snapshot-discarded")
+        app = create_app(schema, sync=sync, path=path)
     if IS_BROWSER:
         # A rollback journal, no WAL. Where the file is kept in OPFS (web/storage.js), the journal is there
         # too, and storage.js keeps the two files' changes in SQLite's order; where it is kept in IndexedDB,
@@ -986,15 +1019,15 @@ async def start(
     """Open the app and start serving a page; the worker's JavaScript calls this once.
 
     ``config`` is a mapping (or a JS object converted by Pyodide) with ``schemaModule``, ``actionsModule``,
-    ``dbPath``, ``syncUrl`` and ``syncOptions``. When the app cannot open (a damaged database, a project
-    module that does not import), the page gets ``{"type": "fatal", "code", "message", "context"}`` and
-    this returns None. ``progress(stage)`` reports the startup stage reached (``"app-opened"``: the schema
+    ``dbPath``, ``snapshot`` (see `open_app`), ``syncUrl`` and ``syncOptions``. When the app cannot open (a
+    damaged database, a project module that does not import), the page gets ``{"type": "fatal", "code",
+    "message", "context"}`` and this returns None. ``progress(stage)`` reports the startup stage reached (``"app-opened"``: the schema
     imported and the database opened), for the page's timings.
     """
     if hasattr(config, "to_py"):  # a JsProxy
         config = config.to_py()
     try:
-        app, actions = open_app(config)
+        app, actions = open_app(config, progress)
     except Exception as exc:
         traceback.print_exc()  # the details, for the developer: the worker's console
         error = _startup_error(exc)

@@ -14,7 +14,8 @@ The output is self-contained, so a page never fetches anything from another site
   packages it imports, as the browser's ES modules, their bare imports rewritten to relative paths (a module
   worker has no import maps); only when the project has yjs installed (the template pins it);
 - ``config.js``: the sync URL (``BUILD_SYNC_URL``, default ``ws://localhost:3001/offline-sync``; a path such
-  as ``/offline-sync`` means the server the page came from) and the module names the worker loads;
+  as ``/offline-sync`` means the server the page came from), the module names the worker loads, and the
+  library's and the schema's versions (a first visit's snapshot request says them before Python runs);
 - ``sw.js`` with this build's file list, so the service worker can cache all of it for offline starts;
 - ``<file>.gz`` beside each file gzip shrinks (the WebAssembly and the scripts; not the zip archives, already
   compressed): the server sends the copy to a browser that accepts gzip (server_runtime/static.py), so a
@@ -251,6 +252,43 @@ def _package_files(name: str) -> list[tuple[Path, str]]:
                 )
             found.append((path, (Path(name.replace(".", "/")) / path.relative_to(base)).as_posix()))
     return found
+
+
+#: Run by `schema_version` in a Python of its own: the project's schema module imported as the worker imports
+#: it (from the project's folder), its ``schema.version`` printed last.
+_SCHEMA_VERSION = """
+import importlib, sys
+sys.path.insert(0, sys.argv[1])
+schema = getattr(importlib.import_module(sys.argv[2]), "schema", None)
+print("schema-version", getattr(schema, "version", None))
+"""
+
+
+def schema_version(project: WebProject) -> int | None:
+    """The version of the project's schema (``schema.version`` of its schema module), or None after saying
+    why on stderr. The worker sends it with a snapshot request (web/snapshot.js) before Python has started;
+    read in a Python of its own, so the project's modules run nothing inside the build."""
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _SCHEMA_VERSION, str(project.root), project.schema_module],
+            cwd=project.root,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        lines = done.stdout.strip().splitlines()
+        version = int(lines[-1].removeprefix("schema-version ")) if done.returncode == 0 and lines else None
+    except (OSError, subprocess.TimeoutExpired, ValueError):
+        version = None
+    if version is None:
+        print(
+            f"note: the schema module {project.schema_module!r} could not be imported here, so a first visit "
+            "syncs over the sync connection instead of downloading the server's snapshot; "
+            f"import it with {sys.executable} to see why",
+            file=sys.stderr,
+        )
+    return version
 
 
 def python_bundle(project: WebProject) -> bytes:
@@ -509,6 +547,10 @@ def build_web_client(
             "actionsModule": project.actions_module,
             "python": bundle_name,
             "pyodideVersion": version,
+            # What a first visit's snapshot request says (web/snapshot.js): the server sends a snapshot only
+            # to the library version that wrote it, and the schema version is checked as a handshake's is.
+            "offlineVersion": importlib.import_module("offline").__version__,
+            "schemaVersion": schema_version(project),
             "richtext": richtext,
             # The app's code has its bytecode beside it: the worker keeps none of its own (see worker.js).
             "bytecode": compiled is not None,

@@ -421,18 +421,21 @@ def run_in_browser(
     scenario: Callable[[Any, str], Awaitable[T]],
     *,
     seed_count: int = 0,
+    limits: Mapping[str, Any] | None = None,
     **context_options: Any,
 ) -> T:
     """Serve ``project``'s build from a live server (its store in ``tmp_path``, seeded with ``seed_count``
-    to-dos) and run ``scenario(context, base URL)`` in a new context (`new_context`, with
-    ``context_options``) of a guarded headless Chromium."""
+    to-dos; ``limits``: the server's, as `live_server` takes them) and run ``scenario(context, base URL)`` in
+    a new context (`new_context`, with ``context_options``) of a guarded headless Chromium."""
     schema = load_module(project / "schema.py", "todo_app_schema").schema
 
     async def guarded(base: str) -> T:
         async with guarded_browser(chromium) as (browser, guard):
             return await scenario(await new_context(browser, guard, **context_options), base)
 
-    with live_server(schema, project / "dist", tmp_path / "server.db", seed_count=seed_count) as live:
+    with live_server(
+        schema, project / "dist", tmp_path / "server.db", seed_count=seed_count, limits=limits
+    ) as live:
         return asyncio.run(guarded(live.url))
 
 

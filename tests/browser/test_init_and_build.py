@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
+import offline
 from offline.core.schema import SchemaDefinition
 from offline_cli.environment import Environment
 from offline_cli.main import cli
@@ -181,6 +182,8 @@ def test_build_bundles_pyodide_the_python_code_and_the_default_sync_url(project:
     assert config["database"] == "my-todos"
     assert (config["schemaModule"], config["actionsModule"]) == ("schema", "todos")
     assert config["pyodideVersion"] == PYODIDE_VERSION and config["build"] == built.build_id
+    # What a first visit's snapshot request says before Python runs (web/snapshot.js).
+    assert (config["offlineVersion"], config["schemaVersion"]) == (offline.__version__, 1)
     # Only what a page needs of the npm package.
     assert sorted(p.name for p in (dist / "pyodide").iterdir()) == sorted(PYODIDE_FILES)
     with zipfile.ZipFile(dist / config["python"]) as bundle:
@@ -198,6 +201,19 @@ def test_build_bundles_pyodide_the_python_code_and_the_default_sync_url(project:
     )
     assert manifest == {"build": built.build_id, "files": files}
     assert list(built.files) == files
+
+
+def test_the_schema_version_is_read_from_the_projects_schema_module(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    schema = project / "schema.py"
+    schema.write_text(schema.read_text().replace('"version": 1,', '"version": 4,'))
+    assert read_config(build_web_client(project, env={}).out)["schemaVersion"] == 4
+    # A schema module that does not import here: built all the same, first visits sync over the socket.
+    schema.write_text("import not_installed_anywhere\n" + schema.read_text())
+    capsys.readouterr()
+    assert read_config(build_web_client(project, env={}).out)["schemaVersion"] is None
+    assert "could not be imported" in capsys.readouterr().err
 
 
 def test_build_writes_gzip_copies_of_the_files_gzip_shrinks(project: Path) -> None:

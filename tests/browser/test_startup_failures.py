@@ -63,6 +63,33 @@ def test_the_worker_reports_a_damaged_database_to_the_page_as_a_fatal_message(
     assert path.read_bytes() == GARBAGE
 
 
+def test_a_snapshot_that_does_not_open_is_replaced_by_a_new_database(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server's snapshot written as the database (web/snapshot.js) but not opening here: deleted, and the
+    app starts on a new database (synced over the socket), where a database of the device's own is kept."""
+    (tmp_path / "snapshot_case_schema.py").write_text(
+        "from offline import define_schema, t\n"
+        "schema = define_schema({'version': 1, 'collections': {'items': {'fields': {'name': t.string()}}}})\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    path = tmp_path / "app.db"
+    path.write_bytes(GARBAGE)
+    (tmp_path / "app.db-journal").write_bytes(b"")
+    posted: list[str] = []
+    stages: list[str] = []
+    config = {"schemaModule": "snapshot_case_schema", "dbPath": str(path), "snapshot": True}
+    bridge = asyncio.run(start(config, posted.append, None, stages.append))
+    assert bridge is not None
+    try:
+        assert not [text for text in posted if json.loads(text)["type"] == "fatal"]
+        assert stages[:2] == ["snapshot-discarded", "app-opened"]
+        assert bridge.app.collection("items").count() == 0
+        assert path.read_bytes()[:16] == b"SQLite format 3\x00"
+    finally:
+        bridge.app.close()
+
+
 # -- in Chromium --------------------------------------------------------------------------------------------
 
 # The worker first loses the browser's storage (IndexedDB and OPFS, as blocked site data does), then runs the

@@ -20,7 +20,11 @@
 // what is stored), `storage.mount(FS, folder, path)` (once it has: the file at `path` becomes the stored
 // database), `storage.save()` (after a commit: makes it durable; a write is acknowledged only after it) and
 // `storage.opened()` (the app opened the database: leftovers of a copy into OPFS may go) and
-// `storage.close()` (this worker will not serve the database: another tab's may open it).
+// `storage.close()` (this worker will not serve the database: another tab's may open it). Before mount,
+// `storage.empty` says whether a database is stored at all, and `storage.snapshotWriter()` writes a whole
+// database file the server built (snapshot.js) in its place: its first HEAD bytes last, so a write cut
+// short leaves a file starting with zeros, which the next open empties (a database file never starts
+// with zeros: SQLite writes its header with its first page).
 
 export const CHUNK = 16384;
 const LOAD_BATCH = 256; // chunks per IndexedDB request at startup
@@ -43,6 +47,10 @@ const committed = (tx) =>
   });
 
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+
+// Whether the first 16 bytes of a file (where a database has "SQLite format 3\0") are all zero: what a
+// snapshot whose writing was cut short leaves (see the comment at the top).
+export const cutShort = (first) => first.length >= 16 && first.subarray(0, 16).every((byte) => byte === 0);
 
 // A failure of the browser's storage, as the page shows it: a code, what happened and what to do next.
 export function storageFailure(reason, message, error) {
@@ -171,8 +179,55 @@ export class StoredFile {
       });
     });
     if (size === undefined) return;
+    this.savedSize = size;
+    if (size > 0 && cutShort(chunks[0] || new Uint8Array(16))) {
+      // An interrupted snapshot: a new database (the next save replaces what is stored).
+      this._mark(0, size);
+      return;
+    }
     this.chunks = chunks;
-    this.size = this.savedSize = size;
+    this.size = size;
+  }
+
+  get empty() {
+    return this.size === 0;
+  }
+
+  // Writes a database file (see the comment at the top) into this object's chunks as it comes, and stores
+  // it in one IndexedDB transaction: whole or not at all.
+  snapshotWriter() {
+    const chunks = [];
+    const write = (bytes, position) => {
+      for (let copied = 0; copied < bytes.length; ) {
+        const at = position + copied;
+        const i = Math.floor(at / CHUNK);
+        const from = at - i * CHUNK;
+        const n = Math.min(CHUNK - from, bytes.length - copied);
+        (chunks[i] ||= new Uint8Array(CHUNK)).set(bytes.subarray(copied, copied + n), from);
+        copied += n;
+      }
+    };
+    return {
+      write,
+      commit: async (head, size) => {
+        write(head, 0);
+        const count = Math.ceil(size / CHUNK);
+        const tx = this.db.transaction(["chunks", "meta"], "readwrite");
+        const store = tx.objectStore("chunks");
+        store.clear(); // (whatever an earlier file left)
+        for (let i = 0; i < count; i++) {
+          const chunk = chunks[i] || (chunks[i] = new Uint8Array(CHUNK));
+          const length = Math.min(CHUNK, size - i * CHUNK);
+          store.put(length === CHUNK ? chunk.buffer : chunk.slice(0, length).buffer, i);
+        }
+        tx.objectStore("meta").put(size, "size");
+        await committed(tx);
+        this.chunks = chunks;
+        this.size = this.savedSize = size;
+        this.dirty.clear();
+      },
+      discard: async () => {}, // (nothing was stored)
+    };
   }
 
   mount(FS, folder, path) {
@@ -559,6 +614,16 @@ export class OpfsStorage {
         journal.access.truncate(0); // (a journal left by an earlier file is not this one's)
         await this._import(db.access);
         await this.folder.removeEntry("import-pending");
+      } else if (db.access.getSize() > 0) {
+        const first = new Uint8Array(16);
+        db.access.read(first, { at: 0 });
+        if (cutShort(first)) {
+          // An interrupted snapshot (see the comment at the top): a new database, with no journal of its own.
+          db.access.truncate(0);
+          journal.access.truncate(0);
+          db.access.flush();
+          journal.access.flush();
+        }
       }
     } catch (error) {
       for (const file of this.files.values()) file.access.close();
@@ -591,6 +656,33 @@ export class OpfsStorage {
     } finally {
       db.close();
     }
+  }
+
+  get empty() {
+    return this.files.get(`${this.name}.db`).access.getSize() === 0;
+  }
+
+  // Writes a database file (see the comment at the top) straight into the OPFS file as it comes: all but its
+  // head, flushed to the disk, then its head, flushed.
+  snapshotWriter() {
+    const access = this.files.get(`${this.name}.db`).access;
+    const write = (bytes, at) => {
+      const written = access.write(bytes, { at });
+      if (written !== bytes.length) throw new Error(`${written} of ${bytes.length} bytes written`);
+    };
+    return {
+      write,
+      commit: async (head, size) => {
+        access.truncate(size);
+        access.flush();
+        write(head, 0);
+        access.flush();
+      },
+      discard: async () => {
+        access.truncate(0);
+        access.flush();
+      },
+    };
   }
 
   // Makes the files of `folder` named as the database and its journal keep their contents in OPFS: the
@@ -657,6 +749,29 @@ export class OpfsStorage {
     this.imported = false;
     const request = indexedDB.deleteDatabase(`offline:${this.name}`);
     request.onerror = () => console.warn(`the copy of the data kept in IndexedDB was not deleted: ${request.error}`);
+  }
+}
+
+// Whether nothing is stored yet for the database `name` (a first start: no OPFS file with contents, no
+// IndexedDB database), asked with a few calls into the browser: the worker asks the server for a snapshot
+// on this answer while the storage is still being opened (many more calls, each of which may wait for
+// Pyodide's long tasks on this thread). False when it cannot tell; `empty` of the opened storage decides
+// whether a snapshot is written. Asked only by the tab that owns the database.
+export async function nothingStored(name) {
+  try {
+    const root = await self.navigator.storage.getDirectory();
+    const folder = await (await root.getDirectoryHandle("offline")).getDirectoryHandle(name);
+    const file = await (await folder.getFileHandle(`${name}.db`)).getFile();
+    if (file.size > 0 && !cutShort(new Uint8Array(await file.slice(0, 16).arrayBuffer()))) return false;
+  } catch (error) {
+    // Not there (a first start), or no OPFS here: IndexedDB says whether anything is kept.
+    if (!error || (error.name !== "NotFoundError" && error.name !== "TypeError")) return false;
+  }
+  if (typeof indexedDB === "undefined" || !indexedDB.databases) return false;
+  try {
+    return !(await indexedDB.databases()).some((info) => info.name === `offline:${name}`);
+  } catch {
+    return false;
   }
 }
 

@@ -5,7 +5,8 @@
 import config from "./config.js";
 import { preconnect } from "./early-socket.js";
 import { loadPyodide } from "./pyodide/pyodide.mjs";
-import { openStorage } from "./storage.js";
+import { loadSnapshot } from "./snapshot.js";
+import { nothingStored, openStorage } from "./storage.js";
 import { Tabs } from "./tabs.js";
 
 const started = performance.now();
@@ -135,7 +136,9 @@ async function saveBytecode(pyodide) {
 // database is opened (in OPFS; from IndexedDB it is read, in the browser's storage process), and the app's
 // Python code is fetched. Opening the database after Pyodide (as one step after another) made a reload wait
 // for both in turn. It starts once this tab holds the database (tabs.lock), so it never sees another tab's
-// half-saved state.
+// half-saved state. A first start (nothing stored) also downloads the server's replica of the database
+// meanwhile (snapshot.js): the network is idle while Pyodide compiles, and the file is written before
+// Python opens it, instead of Python adopting every record from the sync connection after it is ready.
 async function main() {
   progress("starting");
   const yjs = loadYjs();
@@ -147,19 +150,24 @@ async function main() {
     progress("python-loaded");
     return pyodide;
   });
-  stored = tabs.lock().then(async () => {
+  const owned = tabs.lock();
+  stored = owned.then(async () => {
     progress("database-owned");
     const storage = await openStorage(config.database);
     progress("storage-read");
     return storage;
   });
+  // Only the tab that owns the database asks, and only for a new one (a reload never does); as soon as a
+  // first look says nothing is stored, not once the storage is open (see nothingStored).
+  const fresh = owned.then(() => nothingStored(config.database));
+  const snapshot = loadSnapshot(config, fresh, stored, { report: progress });
   const code = fetch(new URL(config.python, import.meta.url)).then((response) => {
     if (!response.ok) throw new Error(`cannot load the Python code ${config.python}: HTTP ${response.status}`);
     return response.arrayBuffer();
   });
   const bytecode = loadBytecode();
   // (A failure in one is reported by main's catch; the others are left to settle unobserved.)
-  for (const step of [stored, code]) step.catch(() => {});
+  for (const step of [stored, code, snapshot]) step.catch(() => {});
 
   const pyodide = await python;
   // The code (fetched while Pyodide loaded) is unpacked before waiting for yjs: yjs's many small modules
@@ -180,6 +188,9 @@ async function main() {
   const FS = pyodide.FS;
   FS.mkdirTree(folder);
   const storage = await stored;
+  // A snapshot still arriving is waited for: it is the first sync, which the socket would do slower (and
+  // one that fails or stops arriving gives up on its own, leaving the database new: see snapshot.js).
+  const fromSnapshot = await snapshot;
   storage.mount(FS, folder, dbPath);
   progress("storage-opened");
   // The sync connection opens while the app opens its database (see early-socket.js): only in the tab that
@@ -192,6 +203,8 @@ async function main() {
     schemaModule: config.schemaModule,
     actionsModule: config.actionsModule || null,
     dbPath,
+    // (Python opens a new database instead where the server's file does not open: see offline/worker.py.)
+    snapshot: fromSnapshot,
     syncUrl: url,
     syncOptions: config.syncOptions || {},
   });

@@ -1,0 +1,1 @@
+../../../offline_cli/templates/project/web/snapshot.js
