@@ -1276,9 +1276,8 @@ class SyncService:
             states = await self._states(chunk, session) if chunk else []
             if not states and not last:
                 continue
-            if session.take_states is not None:
+            if session.take_states is not None:  # (not sent: counted as the snapshot's, when it is)
                 await session.take_states(states, horizon if last else None, None if last else through)
-                self.counters["states_sent"] += len(states)
                 continue
             message = p.RecordStates(
                 message_id=p.new_message_id(),
