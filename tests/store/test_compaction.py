@@ -250,8 +250,12 @@ def test_automatic_compaction_drops_superseded_history_and_keeps_a_records_one_o
         source.notes.update(busy, {"votes": op.increment(1)})
     source.notes.update(once, {"body": "edited"})
     device.apply(source.operations())
-    # 8 acknowledged operations on 3 records: 5 beyond one each, at least max(3, 3): compacted, but the
-    # record whose log holds one operation keeps it (nothing of its history is superseded).
+    # 8 acknowledged operations on 3 records: 5 beyond one each, not yet max(3, 2 x 3).
+    assert stored_in_log(device) == {busy: 5, once: 2, alone: 1}
+    source.notes.update(busy, {"votes": op.increment(1)})
+    device.apply(source.operations(after=device.version_vector))
+    # 9: 6 beyond one each: compacted, but the record whose log holds one operation keeps it (nothing of
+    # its history is superseded).
     assert stored_in_log(device) == {alone: 1}
     assert device.notes.fetch() == source.notes.fetch()
     # An explicit compaction drops every acknowledged operation.
@@ -282,18 +286,18 @@ def test_new_records_alone_never_set_automatic_compaction_off(
     mine = [device.notes.insert({"body": f"mine {i}"})["id"] for i in range(10)]
     acknowledge_all(device)
     assert looked and sum(stored_in_log(device).values()) == 60
-    # Each of them written again and acknowledged: 10 beyond one per record of 60 is not yet max(2, 60)...
+    # Each of them written again and acknowledged: 10 beyond one per record of 60 is not yet max(2, 2 x 60)...
     for record_id in mine:
         device.notes.update(record_id, {"votes": op.increment(1)})
     acknowledge_all(device)
     assert sum(stored_in_log(device).values()) == 70
-    # ...but once the log holds as many again as it has records, what is superseded goes.
-    # (Due at 60 beyond one per record: at most 2 x 60 held, and the 5 of the last acknowledgement.)
+    # ...but once the log holds twice as many again as it has records, what is superseded goes.
+    # (Due at 120 beyond one per record: at most 3 x 60 held, and the 5 of the last acknowledgement.)
     for record_id in [*mine, *(o.record_id for o in ops)]:
         for _ in range(5):
             device.notes.update(record_id, {"votes": op.increment(1)})
         acknowledge_all(device)
-        assert sum(stored_in_log(device).values()) < 2 * 60 + 5
+        assert sum(stored_in_log(device).values()) < 3 * 60 + 5
     assert device.db.conn.execute("SELECT count(*) FROM _offline_compacted").fetchone() != (0,)
     votes = {r["id"]: r["votes"] for r in device.notes.fetch()}
     assert votes == {**{o.record_id: 5 for o in ops}, **{r: 6 for r in mine}}
