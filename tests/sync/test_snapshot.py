@@ -23,6 +23,7 @@ import offline
 from offline import op
 from offline.store.replication import delivery_watermark
 from offline.sync import snapshot
+from tests.hardening.test_secrets import TokenClient
 from tests.merge._support import SCHEMA
 from tests.sync.test_integration import (
     SCOPED,
@@ -35,7 +36,7 @@ from tests.sync.test_integration import (
     converge,
     wait_for,
 )
-from tests.sync.test_state_first_sync import ENTRY, received_in_log
+from tests.sync.test_state_first_sync import ENTRY, received_in_log, write_history
 
 SECRET = "s" * 43
 
@@ -95,20 +96,7 @@ def test_a_device_opening_a_snapshot_holds_the_servers_records_and_syncs_on_by_o
         writer = client(tmp_path, "writer", server.sync_url, SCHEMA)
         async with clients(writer):
             await writer.sync.connect()
-            ids = []
-            with writer.batch():
-                for i in range(120):
-                    ids.append(
-                        writer.items.insert(
-                            {"title": f"item {i}", "count": i, "tags": ["a"], "body": "text"}
-                        )["id"]
-                    )
-            for record_id in ids[:40]:
-                writer.items.update(record_id, {"count": op.increment(5), "tags": op.append("b")})
-            writer.items.richtext(ids[0], "body").insert(0, "rich ")
-            for record_id in ids[100:]:
-                writer.items.delete(record_id)
-            await writer.sync.wait_until_synced(TIMEOUT)
+            ids = await write_history(writer)
 
             status, headers, body = ask(server.http_url)
             assert status == 200, body
@@ -283,7 +271,7 @@ def test_a_server_with_sign_in_builds_snapshots_for_signed_in_devices_only(
         token = str(json.loads(response.read())["accessToken"])
 
     async def scenario() -> None:
-        writer = client(tmp_path, "writer", server.sync_url, SCHEMA, auth_client=_Token(token))
+        writer = client(tmp_path, "writer", server.sync_url, SCHEMA, auth_client=TokenClient(token))
         async with clients(writer):
             await writer.sync.connect()
             with writer.batch():
@@ -298,16 +286,6 @@ def test_a_server_with_sign_in_builds_snapshots_for_signed_in_devices_only(
         assert b"SQLite" not in raw
     status, _, raw = ask(base, token=token)
     assert status == 200 and raw.startswith(snapshot.SQLITE_HEADER)
-
-
-class _Token:
-    """An auth client holding one access token."""
-
-    def __init__(self, token: str) -> None:
-        self.token = token
-
-    async def get_access_token(self) -> str:
-        return self.token
 
 
 def test_snapshots_can_be_turned_off_and_origins_are_checked(memory_backend: Backend, tmp_path: Path) -> None:

@@ -48,6 +48,24 @@ def received_in_log(app: App) -> int:
     return int(row[0])
 
 
+async def write_history(writer: App) -> list[str]:
+    """120 items written by ``writer`` (the first 40 updated: counter and add-wins array; the first's rich
+    text edited; the last 20 deleted), synced: 181 operations. Returns the items' ids in order."""
+    ids = []
+    with writer.batch():
+        for i in range(120):
+            ids.append(
+                writer.items.insert({"title": f"item {i}", "count": i, "tags": ["a"], "body": "text"})["id"]
+            )
+    for record_id in ids[:40]:
+        writer.items.update(record_id, {"count": op.increment(5), "tags": op.append("b")})
+    writer.items.richtext(ids[0], "body").insert(0, "rich ")
+    for record_id in ids[100:]:
+        writer.items.delete(record_id)
+    await writer.sync.wait_until_synced(TIMEOUT)
+    return ids
+
+
 def test_a_fresh_device_synced_by_states_holds_the_servers_records_and_converges(
     server_backend: Backend, tmp_path: Path
 ) -> None:
@@ -58,20 +76,7 @@ def test_a_fresh_device_synced_by_states_holds_the_servers_records_and_converges
         writer = client(tmp_path, "writer", server.sync_url, SCHEMA)
         async with clients(writer):
             await writer.sync.connect()
-            ids = []
-            with writer.batch():
-                for i in range(120):
-                    ids.append(
-                        writer.items.insert(
-                            {"title": f"item {i}", "count": i, "tags": ["a"], "body": "text"}
-                        )["id"]
-                    )
-            for record_id in ids[:40]:
-                writer.items.update(record_id, {"count": op.increment(5), "tags": op.append("b")})
-            writer.items.richtext(ids[0], "body").insert(0, "rich ")
-            for record_id in ids[100:]:
-                writer.items.delete(record_id)
-            await writer.sync.wait_until_synced(TIMEOUT)
+            ids = await write_history(writer)
 
             by_states = client(tmp_path, "by-states", server.sync_url, SCHEMA)
             by_ops = client(tmp_path, "by-ops", server.sync_url, SCHEMA, initial_sync="operations")
