@@ -36,7 +36,7 @@ from tests.sync.test_integration import (
     converge,
     wait_for,
 )
-from tests.sync.test_state_first_sync import ENTRY, received_in_log, write_history
+from tests.sync.test_state_first_sync import ENTRY, received_in_log, write_history, write_scoped_history
 
 SECRET = "s" * 43
 
@@ -172,13 +172,7 @@ def test_a_scoped_snapshot_holds_exactly_the_scope(server_backend: Backend, tmp_
         admin = client(tmp_path, "admin", server.sync_url, schema=SCOPED)
         async with clients(admin):
             await admin.sync.connect()
-            with admin.batch():
-                mine = [admin.todos.insert({"ownerId": "a", "title": f"a{i}"}) for i in range(30)]
-                for i in range(30):
-                    admin.todos.insert({"ownerId": "b", "title": f"b{i}"})
-            admin.todos.update(mine[0]["id"], {"ownerId": "b"})  # moved away from A
-            admin.todos.update(mine[1]["id"], {"title": "renamed"})
-            await admin.sync.wait_until_synced(TIMEOUT)
+            mine = await write_scoped_history(admin)
 
             body = {
                 "format": snapshot.FORMAT,

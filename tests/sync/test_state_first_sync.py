@@ -157,6 +157,19 @@ def test_a_short_log_and_a_device_that_asks_for_operations_get_operations(
     assert error.code == "SYNC_ERROR" and error.context["field"] == "sync.initial_sync"
 
 
+async def write_scoped_history(admin: App) -> list[dict[str, Any]]:
+    """30 to-dos of user a and 30 of b written by ``admin``, the first of a's moved to b and the second
+    renamed, synced. Returns a's 30 as inserted."""
+    with admin.batch():
+        mine = [admin.todos.insert({"ownerId": "a", "title": f"a{i}"}) for i in range(30)]
+        for i in range(30):
+            admin.todos.insert({"ownerId": "b", "title": f"b{i}"})
+    admin.todos.update(mine[0]["id"], {"ownerId": "b"})  # moved away from A
+    admin.todos.update(mine[1]["id"], {"title": "renamed"})
+    await admin.sync.wait_until_synced(TIMEOUT)
+    return mine
+
+
 def test_a_scoped_fresh_device_synced_by_states_holds_its_scope_and_drops_what_left_it(
     server_backend: Backend, tmp_path: Path
 ) -> None:
@@ -168,13 +181,7 @@ def test_a_scoped_fresh_device_synced_by_states_holds_its_scope_and_drops_what_l
         admin = client(tmp_path, "admin", server.sync_url, schema=SCOPED)
         async with clients(admin):
             await admin.sync.connect()
-            with admin.batch():
-                mine = [admin.todos.insert({"ownerId": "a", "title": f"a{i}"}) for i in range(30)]
-                for i in range(30):
-                    admin.todos.insert({"ownerId": "b", "title": f"b{i}"})
-            admin.todos.update(mine[0]["id"], {"ownerId": "b"})  # moved away from A
-            admin.todos.update(mine[1]["id"], {"title": "renamed"})
-            await admin.sync.wait_until_synced(TIMEOUT)
+            mine = await write_scoped_history(admin)
 
             by_states = client(tmp_path, "a-states", server.sync_url, schema=SCOPED, scope={"userId": "a"})
             by_ops = client(
