@@ -496,11 +496,7 @@ class SyncEngine:
         self.server_delivery_sequence = reply.server_max_delivery_sequence
         # The server read its clock about halfway through the round trip.
         app.set_clock_offset(reply.server_time - (asked_at + answered_at) // 2)
-        self._scope_filters = {
-            name: dict(filt)
-            for name, filt in (reply.accepted_scope or {}).items()
-            if isinstance(filt, Mapping) and filt
-        }
+        self._scope_filters = snapshot.scope_filters(reply.accepted_scope or {})
         if replication.adopt_sync_scope(app, self._scope_filters) and hello.last_delivery_sequence > 0:
             # The replica synced under another scope until now (the user's claims changed, or the app asks
             # for another scope): what the new one adds was delivered before the watermark. Start over.
