@@ -46,8 +46,8 @@ What each limit does when it is hit (codes are the protocol's, see ``offline.syn
   is answered 204 and its devices sync by socket.
 
 ``allowed_origins`` (option ``sync_options={"allowed_origins": [...]}`` or ``OFFLINE_ALLOWED_ORIGINS``, a
-comma list) restricts which web pages may open the sync WebSocket (and ask for a snapshot): a request whose ``Origin`` header is not
-listed is refused with HTTP 403 before the upgrade. A request without ``Origin`` comes from a non-browser
+comma list) restricts which web pages may open the sync WebSocket (and ask for a snapshot): a request whose
+``Origin`` header is not listed is refused with HTTP 403 before the upgrade. A request without ``Origin`` comes from a non-browser
 client (browsers always send it) and is allowed; ``*`` allows every origin.
 """
 

@@ -62,6 +62,11 @@ class Built:
 _TOO_LARGE = Built(key="", body=b"", horizon=0, records=0)
 
 
+def _no_snapshot() -> Response:
+    """204: no snapshot for this request; the device syncs over the socket."""
+    return Response(status_code=204, headers={"Cache-Control": "no-store"})
+
+
 def _refuse(status: int, code: str, message: str, **extra: Any) -> JSONResponse:
     headers = {"Cache-Control": "no-store"}
     if status == 503:
@@ -75,9 +80,9 @@ class Snapshots:
     def __init__(self, service: SyncService, origins: OriginPolicy) -> None:
         self.service = service
         self.origins = origins
-        self._building = 0
         self._last: Built | None = None
-        # Built at most once at a time for the same key: a second request for it waits for the first.
+        # The builds in progress, by key: a second request for a key waits for its build, and their number
+        # is what ``snapshot_builds`` bounds.
         self._same: dict[str, asyncio.Future[Built | None]] = {}
 
     async def endpoint(self, request: Request) -> Response:
@@ -86,7 +91,7 @@ class Snapshots:
             return _refuse(403, "ORIGIN_NOT_ALLOWED", "this origin may not sync with this server")
         limit = service.limits.snapshot_builds
         if limit <= 0:
-            return Response(status_code=204, headers={"Cache-Control": "no-store"})
+            return _no_snapshot()
         try:
             asked = await _read_request(request)
         except _BadRequest as exc:
@@ -97,12 +102,12 @@ class Snapshots:
             return _refuse(503, p.SERVER_SHUTDOWN, "the server is starting or shutting down; sync by socket")
         if asked["format"] != snapshot.FORMAT or asked["offline"] != offline.__version__:
             # Another build of the library writes and reads another layout: the socket serves it.
-            return Response(status_code=204, headers={"Cache-Control": "no-store"})
+            return _no_snapshot()
         schema = service.schema
         if asked["schemaVersion"] != schema.version:
             lo, hi = service.supported_schema
             if lo <= asked["schemaVersion"] <= hi:
-                return Response(status_code=204, headers={"Cache-Control": "no-store"})
+                return _no_snapshot()
             return _refuse(
                 409,
                 "SCHEMA_MISMATCH",
@@ -121,21 +126,21 @@ class Snapshots:
         session = Session(node_id="", filters=filters, claims=claims, send=_unsent, wants_states=True)
         selectors = service.catch_up_selectors(session)
         if not await service._sees_more_than(selectors, 0):
-            return Response(status_code=204, headers={"Cache-Control": "no-store"})
+            return _no_snapshot()
         key = self._key(filters)
         built = self._last if self._last is not None and self._last.key == key else None
         if built is None:
             waiting = self._same.get(key)
             if waiting is not None:
                 built = await asyncio.shield(waiting)
-            elif self._building >= limit:
+            elif len(self._same) >= limit:
                 return _refuse(503, p.OVERLOADED, "the server is building other snapshots; sync by socket")
             else:
                 built = await self._build_once(key, session, selectors, filters)
             if built is None:
                 return _refuse(503, STORAGE_ERROR, "the snapshot could not be built; sync by socket")
             if built is _TOO_LARGE:
-                return Response(status_code=204, headers={"Cache-Control": "no-store"})
+                return _no_snapshot()
         service.counters["snapshots_served"] += 1
         headers = {
             "Cache-Control": "no-store",
@@ -160,7 +165,6 @@ class Snapshots:
     ) -> Built | None:
         future: asyncio.Future[Built | None] = asyncio.get_running_loop().create_future()
         self._same[key] = future
-        self._building += 1
         built: Built | None = None
         try:
             built = await self._build(key, session, selectors, filters)
@@ -170,7 +174,6 @@ class Snapshots:
         except Exception:
             log.exception("building a snapshot failed; the device syncs by socket instead")
         finally:
-            self._building -= 1
             del self._same[key]
             future.set_result(built)
         if built is not None and built is not _TOO_LARGE:
