@@ -76,6 +76,20 @@ function fullChunk(buffer) {
   return chunk;
 }
 
+// Copies `bytes` into `chunks` (CHUNK-byte arrays, made as needed) at file position `position`; `touched(i)`
+// hears the index of each chunk written.
+function putChunks(chunks, bytes, position, touched = () => {}) {
+  for (let copied = 0; copied < bytes.length; ) {
+    const at = position + copied;
+    const i = Math.floor(at / CHUNK);
+    const from = at - i * CHUNK;
+    const n = Math.min(CHUNK - from, bytes.length - copied);
+    (chunks[i] ||= new Uint8Array(CHUNK)).set(bytes.subarray(copied, copied + n), from);
+    touched(i);
+    copied += n;
+  }
+}
+
 // Makes `node` use `streamOps` (merged over its own) and resize through `resize(size)`.
 function override(FS, node, streamOps, resize) {
   node.stream_ops = { ...node.stream_ops, ...streamOps }; // (shared by every MEMFS file: copied, not changed)
@@ -197,16 +211,7 @@ export class StoredFile {
   // it in one IndexedDB transaction: whole or not at all.
   snapshotWriter() {
     const chunks = [];
-    const write = (bytes, position) => {
-      for (let copied = 0; copied < bytes.length; ) {
-        const at = position + copied;
-        const i = Math.floor(at / CHUNK);
-        const from = at - i * CHUNK;
-        const n = Math.min(CHUNK - from, bytes.length - copied);
-        (chunks[i] ||= new Uint8Array(CHUNK)).set(bytes.subarray(copied, copied + n), from);
-        copied += n;
-      }
-    };
+    const write = (bytes, position) => putChunks(chunks, bytes, position);
     return {
       write,
       commit: async (head, size) => {
@@ -301,16 +306,7 @@ export class StoredFile {
     if (!length) return 0;
     const node = this.node;
     if (position > node.usedBytes) this._mark(node.usedBytes, position); // the gap reads (and is stored) as zeros
-    for (let copied = 0; copied < length; ) {
-      const at = position + copied;
-      const i = Math.floor(at / CHUNK);
-      const from = at - i * CHUNK;
-      const n = Math.min(CHUNK - from, length - copied);
-      const chunk = this.chunks[i] || (this.chunks[i] = new Uint8Array(CHUNK));
-      chunk.set(buffer.subarray(offset + copied, offset + copied + n), from);
-      this.dirty.add(i);
-      copied += n;
-    }
+    putChunks(this.chunks, buffer.subarray(offset, offset + length), position, (i) => this.dirty.add(i));
     node.usedBytes = Math.max(node.usedBytes, position + length);
     node.mtime = node.ctime = Date.now();
     return length;
