@@ -79,6 +79,22 @@ def ask(
     return status, got, raw
 
 
+def write_items(tmp_path: Path, sync_url: str, name: str, count: int, **options: Any) -> None:
+    """``count`` items written by a client named ``name`` (with sync ``options``) and synced to the server
+    at ``sync_url``."""
+
+    async def scenario() -> None:
+        writer = client(tmp_path, name, sync_url, SCHEMA, **options)
+        async with clients(writer):
+            await writer.sync.connect()
+            with writer.batch():
+                for i in range(count):
+                    writer.items.insert({"title": f"item {i}"})
+            await writer.sync.wait_until_synced(TIMEOUT)
+
+    asyncio.run(scenario())
+
+
 def meta(path: Path) -> dict[str, str]:
     conn = sqlite3.connect(path)
     try:
@@ -210,17 +226,7 @@ def test_requests_a_snapshot_cannot_serve_are_answered_with_a_status_and_a_code(
     memory_backend: Backend, tmp_path: Path
 ) -> None:
     server = memory_backend.server(ENTRY, name="snapshot-refusals")  # the default threshold: 1,000
-
-    async def scenario() -> None:
-        writer = client(tmp_path, "writer", server.sync_url, SCHEMA)
-        async with clients(writer):
-            await writer.sync.connect()
-            with writer.batch():
-                for i in range(20):
-                    writer.items.insert({"title": f"item {i}"})
-            await writer.sync.wait_until_synced(TIMEOUT)
-
-    asyncio.run(scenario())
+    write_items(tmp_path, server.sync_url, "writer", 20)
     base = server.http_url
     good = {"format": snapshot.FORMAT, "offline": offline.__version__, "schemaVersion": 1, "syncScope": None}
     # A short log: the socket's first sync by operations is cheap, nothing to build.
@@ -263,17 +269,7 @@ def test_a_server_with_sign_in_builds_snapshots_for_signed_in_devices_only(
     )
     with urllib.request.urlopen(request, timeout=30) as response:
         token = str(json.loads(response.read())["accessToken"])
-
-    async def scenario() -> None:
-        writer = client(tmp_path, "writer", server.sync_url, SCHEMA, auth_client=TokenClient(token))
-        async with clients(writer):
-            await writer.sync.connect()
-            with writer.batch():
-                for i in range(10):
-                    writer.items.insert({"title": f"item {i}"})
-            await writer.sync.wait_until_synced(TIMEOUT)
-
-    asyncio.run(scenario())
+    write_items(tmp_path, server.sync_url, "writer", 10, auth_client=TokenClient(token))
     for bad in (None, "not-a-token", token[:-4] + "AAAA"):
         status, _, raw = ask(base, token=bad)
         assert status == 401 and json.loads(raw)["error"] == "AUTH_FAILED", raw
@@ -291,17 +287,8 @@ def test_snapshots_can_be_turned_off_and_origins_are_checked(memory_backend: Bac
         name="snapshot-origins",
         env={"OFFLINE_ALLOWED_ORIGINS": "https://app.example.com", "OFFLINE_STATE_SYNC_AFTER": "1"},
     )
-
-    async def scenario() -> None:
-        for server, name in ((off, "w-off"), (guarded, "w-guarded")):
-            writer = client(tmp_path, name, server.sync_url, SCHEMA)
-            async with clients(writer):
-                await writer.sync.connect()
-                writer.items.insert({"title": "one"})
-                writer.items.insert({"title": "two"})
-                await writer.sync.wait_until_synced(TIMEOUT)
-
-    asyncio.run(scenario())
+    for server, name in ((off, "w-off"), (guarded, "w-guarded")):
+        write_items(tmp_path, server.sync_url, name, 2)
     assert ask(off.http_url)[0] == 204
     status, _, raw = ask(guarded.http_url, origin="https://evil.example.com")
     assert status == 403 and json.loads(raw)["error"] == "ORIGIN_NOT_ALLOWED"
