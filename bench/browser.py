@@ -63,7 +63,9 @@ a Chromium started on a fresh profile folder, as users run it, not a private con
   ``first-records-shown``, ``shown``. ``cpu_by_thread_ms``: Chromium's CPU time until shown by process
   type and thread. On a shared machine the CPU times are the figures to compare; wall times say how busy
   the others were. The server sends a fresh device its records' states (the default for a log this long),
-  as one snapshot file where it builds them (the default);
+  as one snapshot file where it builds them (the default), here once the server has that file ready
+  (``snapshot_prepared_s``: how long after it started; a server without sign-in builds it as it starts and
+  whenever its log has moved and stayed still, so a device rarely waits for one);
   ``by_operations``: the same with a server that streams every operation instead (``state_sync_after``
   above the log's length), for comparison. ``python -m bench.browser first-sync N... [--states-only]`` runs
   these figures alone (``--states-only``: without ``by_operations``), with the load average.
@@ -736,7 +738,10 @@ def _first_syncs(
         for mode, limits in modes if by_operations else modes[:1]:
             db = folder / f"seeded-{n}-{mode}.db"
             with live_server(schema, dist, db, seed_count=n, limits=limits) as live:
+                prepared_s = _snapshot_prepared(live) if limits is None else None
                 measured = asyncio.run(_first_sync(executable, live.url, n, profile=profile))
+                if prepared_s is not None:
+                    measured["snapshot_prepared_s"] = prepared_s
             if limits is None:
                 figures.update(measured)
             else:
@@ -745,6 +750,17 @@ def _first_syncs(
         out[str(n)] = figures
         _note(f"first sync of {n}", figures)
     return out
+
+
+def _snapshot_prepared(live: Any, timeout: float = 300.0) -> float:
+    """Wait until the server has its open scope's snapshot ready (built in the background as it starts:
+    `server_runtime.snapshot`), as a server that has been up a while has; the seconds it took."""
+    start = time.perf_counter()
+    while live.server.sync.counters["snapshots_prepared"] < 1:
+        if time.perf_counter() - start > timeout:
+            raise RuntimeError("the server did not prepare its snapshot")
+        time.sleep(0.05)
+    return round(time.perf_counter() - start, 2)
 
 
 def run_first_sync(

@@ -43,7 +43,9 @@ What each limit does when it is hit (codes are the protocol's, see ``offline.syn
 - ``snapshot_builds``: fresh devices' first syncs built as database files (``POST <sync path>/snapshot``,
   ``server_runtime.snapshot``) at once (1); one more is answered 503 and that device syncs by socket. 0 turns
   snapshots off. ``snapshot_max_bytes``: the largest replica built (in memory, 96 MiB); a scope holding more
-  is answered 204 and its devices sync by socket.
+  is answered 204 and its devices sync by socket. ``snapshot_prepare_every``: a server without sign-in builds
+  its open scope's snapshot as it starts and again once the log has moved and stayed still, at most once per
+  this many seconds (30) and at most a tenth of the time; 0 builds only on request.
 
 ``allowed_origins`` (option ``sync_options={"allowed_origins": [...]}`` or ``OFFLINE_ALLOWED_ORIGINS``, a
 comma list) restricts which web pages may open the sync WebSocket (and ask for a snapshot): a request whose
@@ -96,7 +98,7 @@ class ConnectionLimits:
 
 
 _OPTIONAL = frozenset({"ping_interval", "ping_timeout"})  # 0 or None turns pings off
-_ZERO_TURNS_OFF = frozenset({"snapshot_builds"})  # 0: the feature is off
+_ZERO_TURNS_OFF = frozenset({"snapshot_builds", "snapshot_prepare_every"})  # 0: the feature is off
 
 
 def env_name(field: str) -> str:
@@ -123,7 +125,7 @@ def _parse(field: str, value: Any, kind: Any, source: str) -> Any:
     if number is None or not math.isfinite(number) or number < 0 or (number == 0 and not zero_ok):
         expected = "a positive whole number" if want_int else "a positive number"
         if zero_ok:
-            expected = "a whole number, 0 or more (0: off)"
+            expected = f"a {'whole ' if want_int else ''}number, 0 or more (0: off)"
         raise OfflineError(
             f"limit {field} must be {expected}, got {value!r} (from {source}); fix or remove it",
             CONFIG_ERROR,

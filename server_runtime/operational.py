@@ -369,11 +369,12 @@ class Operational:
                 "rejected": dict(sync.rejections),
             },
             "records": stats.get("records", {}),
-            # Fresh devices' first syncs built as files (server_runtime.snapshot) and sent (a file is sent
-            # again while the log has not moved).
+            # Fresh devices' first syncs built as files (server_runtime.snapshot), sent (a file is sent
+            # again while the log has not moved), and of those built, the ones built ahead of any request.
             "snapshots": {
                 "built": sync.counters["snapshots_built"],
                 "served": sync.counters["snapshots_served"],
+                "prepared": sync.counters["snapshots_prepared"],
             },
             "conflicts": dict(sync.conflicts),
             "connectedClients": len(sync.sessions),

@@ -118,7 +118,7 @@ class ProductionServer:
 
         from .snapshot import Snapshots
 
-        snapshots = Snapshots(self.sync, self.origins)
+        snapshots = self.snapshots = Snapshots(self.sync, self.origins)
 
         async def sync(websocket: WebSocket) -> None:
             await sync_endpoint(websocket, self.sync, self.guard, self.origins)
@@ -134,9 +134,11 @@ class ProductionServer:
             await self.sync.start()
             self._warn_open_sync()
             ops.install()
+            snapshots.start()
             try:
                 yield
             finally:
+                await snapshots.stop()
                 await self.guard.drain()
                 ops.uninstall()
                 await self.sync.stop()
@@ -199,6 +201,7 @@ class ProductionServer:
         self._warn_open_sync()  # before the dashboard log handler: its live history starts empty
         install_transport_warning_budget()  # asyncio's warning per write to a reset peer, bounded
         self.operational.install()
+        self.snapshots.start()
         from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
         from .keepalive import PatientWebSocketProtocol
@@ -243,6 +246,7 @@ class ProductionServer:
         """Stop listening, drain the sync sessions (see the module docstring), then stop everything else."""
         for listener in getattr(self._server, "servers", None) or []:
             listener.close()  # new connections are refused from here; open ones carry on
+        await self.snapshots.stop()
         await self.guard.drain()
         self.operational.uninstall()
         await self.sync.stop()

@@ -12,14 +12,23 @@ reads, bounded by what the scope sees) plus writing the replica, off the event l
 device syncs over the socket instead (as it does on any answer but 200). The last file built is kept for
 the same scope while the log has not moved, so a crowd of fresh devices on a quiet server costs one build.
 A short log (no state-based first sync for this scope, see `SyncService._sees_more_than`) is answered 204.
+
+Prepared ahead: a server without sign-in has one scope every fresh device asks for (the open one), so it
+builds that scope's file as it starts and again once the log has moved and then stayed still for a moment
+(``SyncLimits.snapshot_prepare_every`` bounds how often: a tenth of the time at most). The first device then
+gets a file at once instead of waiting for a build that competes with its own start for the CPU. A file is
+only ever served for the exact log position it holds (never a stale one: a device would briefly hold what
+was since deleted), so on a server whose log never stays still, devices wait for their build as before.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gzip
 import json
 import logging
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -77,13 +86,76 @@ def _refuse(status: int, code: str, message: str, **extra: Any) -> JSONResponse:
 class Snapshots:
     """The snapshot endpoint of one server process."""
 
-    def __init__(self, service: SyncService, origins: OriginPolicy) -> None:
+    def __init__(self, service: SyncService, origins: OriginPolicy, *, quiet: float = 2.0) -> None:
         self.service = service
         self.origins = origins
         self._last: Built | None = None
+        # The open scope's file built ahead of any request (kept apart from ``_last``, which requests for
+        # other scopes replace), and the task building it.
+        self._prepared: Built | None = None
+        self._preparing: asyncio.Task[None] | None = None
+        # How long the log must stay still before the open scope is prepared again.
+        self._quiet = quiet
         # The builds in progress, by key: a second request for a key waits for its build, and their number
         # is what ``snapshot_builds`` bounds.
         self._same: dict[str, asyncio.Future[Built | None]] = {}
+
+    @property
+    def preparing(self) -> bool:
+        """Whether the open scope's file is being kept ready in the background."""
+        return self._preparing is not None
+
+    def start(self) -> None:
+        """Keep the open scope's file ready (see the module docstring): only on a server without sign-in,
+        with snapshots and preparing on. Call once the sync service has started."""
+        limits = self.service.limits
+        if self.service.auth is not None or limits.snapshot_builds <= 0 or limits.snapshot_prepare_every <= 0:
+            return
+        if self._preparing is None:
+            self._preparing = asyncio.create_task(self._prepare(), name="offline-snapshot-prepare")
+
+    async def stop(self) -> None:
+        task, self._preparing = self._preparing, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _prepare(self) -> None:
+        service = self.service
+        every = service.limits.snapshot_prepare_every
+        filters = service.resolve_scope(None, None)
+        done: int | None = None  # the log position last looked at (prepared, or too short to need a file)
+        seen, still_since = service.watermark, time.monotonic()
+        not_before = 0.0
+        while True:
+            now = time.monotonic()
+            if service.watermark != seen:
+                seen, still_since = service.watermark, now
+            # As it starts (nothing looked at yet): at once; afterwards once the log stayed still a moment.
+            due = done is None or (seen != done and now - still_since >= self._quiet)
+            if due and now >= not_before and service.started:
+                key = self._key(filters)
+                if self._cached(key) is not None or key in self._same:
+                    done = seen  # a request built it (or is building it) already
+                elif len(self._same) < service.limits.snapshot_builds:
+                    done = seen
+                    session = _session(filters, None)
+                    selectors = service.catch_up_selectors(session)
+                    if await service._sees_more_than(selectors, 0):
+                        began = time.monotonic()
+                        built = await self._build_once(key, session, selectors, filters, prepared=True)
+                        took = time.monotonic() - began
+                        not_before = time.monotonic() + max(every, 10 * took)
+                        if built is not None and built is not _TOO_LARGE:
+                            service.counters["snapshots_prepared"] += 1
+            await asyncio.sleep(min(0.5, self._quiet / 2))
+
+    def _cached(self, key: str) -> Built | None:
+        for built in (self._prepared, self._last):
+            if built is not None and built.key == key:
+                return built
+        return None
 
     async def endpoint(self, request: Request) -> Response:
         service = self.service
@@ -123,12 +195,12 @@ class Snapshots:
                 return _refuse(503, STORAGE_ERROR, "the server could not check the sign-in now")
             return _refuse(401, p.AUTH_FAILED, "authentication failed")
         filters = service.resolve_scope(claims, asked["syncScope"])
-        session = Session(node_id="", filters=filters, claims=claims, send=_unsent, wants_states=True)
+        session = _session(filters, claims)
         selectors = service.catch_up_selectors(session)
         if not await service._sees_more_than(selectors, 0):
             return _no_snapshot()
         key = self._key(filters)
-        built = self._last if self._last is not None and self._last.key == key else None
+        built = self._cached(key)
         if built is None:
             waiting = self._same.get(key)
             if waiting is not None:
@@ -161,7 +233,13 @@ class Snapshots:
         return f"{service.watermark} {service.delivery_epoch} {scope}"
 
     async def _build_once(
-        self, key: str, session: Session, selectors: Any, filters: Mapping[str, Any]
+        self,
+        key: str,
+        session: Session,
+        selectors: Any,
+        filters: Mapping[str, Any],
+        *,
+        prepared: bool = False,
     ) -> Built | None:
         future: asyncio.Future[Built | None] = asyncio.get_running_loop().create_future()
         self._same[key] = future
@@ -177,7 +255,10 @@ class Snapshots:
             del self._same[key]
             future.set_result(built)
         if built is not None and built is not _TOO_LARGE:
-            self._last = built
+            if prepared:
+                self._prepared = built
+            else:
+                self._last = built
         return built
 
     async def _build(self, key: str, session: Session, selectors: Any, filters: Mapping[str, Any]) -> Built:
@@ -254,6 +335,11 @@ def _adopt_within(
 def _count_records(app: Any) -> int:
     """The records the replica holds (deleted ones aside)."""
     return sum(app.collection(name).count() for name in app.codecs)
+
+
+def _session(filters: dict[str, dict[str, Any]], claims: Mapping[str, Any] | None) -> Session:
+    """The socketless session a build runs the state catch-up of (its states go to `Session.take_states`)."""
+    return Session(node_id="", filters=filters, claims=claims, send=_unsent, wants_states=True)
 
 
 async def _unsent(text: str) -> None:

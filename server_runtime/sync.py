@@ -275,6 +275,10 @@ class SyncLimits:
     # Largest snapshot (the replica's database, built in memory) in bytes: a scope holding more syncs by socket
     # (whose catch-up streams pages), so one fresh device of a huge scope cannot take the server's memory.
     snapshot_max_bytes: int = 96 * 1024 * 1024
+    # A server without sign-in builds its open scope's snapshot in the background as it starts, and again once
+    # the log has moved and then stayed still, at most once per this many seconds (and at most a tenth of the
+    # time: never sooner than ten builds' durations after the last). 0: only on request.
+    snapshot_prepare_every: float = 30.0
 
 
 class SyncService:
@@ -315,6 +319,7 @@ class SyncService:
             "states_sent": 0,  # record states sent (state-based catch-up after a compaction)
             "snapshots_built": 0,  # replica files built for fresh devices (server_runtime.snapshot)
             "snapshots_served": 0,  # and sent (a file is sent again while the log has not moved)
+            "snapshots_prepared": 0,  # of those built, the ones built in the background (no device waiting)
         }
         self.rejections: dict[str, int] = {}
         self.conflicts: dict[str, int] = {}

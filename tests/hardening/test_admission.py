@@ -94,10 +94,12 @@ def test_limits_come_from_options_over_environment_and_are_checked() -> None:
         "OFFLINE_MAX_CONNECTIONS": "70",
         "OFFLINE_MAX_BATCH_OPERATIONS": "200",
         "OFFLINE_PING_INTERVAL": "0",
+        "OFFLINE_SNAPSHOT_PREPARE_EVERY": "0",
     }
     sync, conn = resolve_limits({"max_connections": 5}, env)
     assert conn.max_connections == 5  # the explicit option wins
     assert sync.max_batch_operations == 200 and conn.ping_interval is None  # 0 turns pings off
+    assert sync.snapshot_prepare_every == 0  # 0 turns background snapshot builds off
     assert resolve_limits(None, {}) == (SyncLimits(), ConnectionLimits())
     problems = [
         ({"max_conections": 5}, {}, "max_conections"),

@@ -79,3 +79,85 @@ def test_builds_beyond_the_limit_are_refused_and_the_same_scope_shares_one(tmp_p
             await service.stop()
 
     asyncio.run(scenario())
+
+
+def _open_body() -> dict[str, Any]:
+    return {"format": snapshot.FORMAT, "offline": offline.__version__, "schemaVersion": SCHEMA.version}
+
+
+async def _until(condition: Any, timeout: float = 60.0) -> None:
+    """Wait until ``condition()`` holds (polling; generous for a busy machine)."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.02)
+
+
+def test_the_open_scope_is_prepared_in_the_background_and_again_once_the_log_is_still() -> None:
+    """A server without sign-in builds its open scope's snapshot as it starts, so the first fresh device is
+    served without waiting for a build; once the log has moved and then stayed still, it builds it again."""
+
+    async def scenario() -> None:
+        store = MemoryServerStore()
+        await store.set_schema(SCHEMA)
+        limits = SyncLimits(state_sync_after=1, snapshot_prepare_every=0.01)
+        service = SyncService(store, limits=limits)
+        await service.start()
+        writers, node = Writers(), NODES[0]
+
+        async def write(n: int) -> None:
+            # One commit: the log moves once (a still moment between two would prepare the first).
+            ops = [
+                writers.op(node, "insert", "todos", generate_uuid_v7(), {"ownerId": "a", "title": "t"})
+                for _ in range(n)
+            ]
+            await service.commit(None, ops)
+
+        await write(3)
+        snapshots = Snapshots(service, OriginPolicy(None), quiet=0.05)
+        app = Starlette(routes=[Route("/sync/snapshot", snapshots.endpoint, methods=["POST"])])
+        snapshots.start()
+        try:
+            assert snapshots.preparing
+            await _until(lambda: service.counters["snapshots_prepared"] == 1)
+            async with httpx.AsyncClient(
+                transport=httpx.ASGITransport(app=app), base_url="http://test"
+            ) as http:
+                answer = await http.post("/sync/snapshot", json=_open_body())
+                assert answer.status_code == 200
+                assert answer.headers["x-offline-snapshot-horizon"] == str(service.watermark)
+                assert service.counters["snapshots_built"] == 1  # the prepared one, not a build of its own
+                await write(2)
+                await _until(lambda: service.counters["snapshots_prepared"] == 2)
+                answer = await http.post("/sync/snapshot", json=_open_body())
+                assert answer.status_code == 200 and answer.headers["x-offline-snapshot-records"] == "5"
+                assert answer.headers["x-offline-snapshot-horizon"] == str(service.watermark)
+                assert service.counters["snapshots_built"] == 2
+                assert service.counters["snapshots_served"] == 2
+        finally:
+            await snapshots.stop()
+            await service.stop()
+
+    asyncio.run(scenario())
+
+
+def test_nothing_is_prepared_where_devices_sign_in_or_preparing_is_off() -> None:
+    """Sign-in decides each device's scope, so there is no open scope to prepare; snapshot_prepare_every=0
+    turns preparing off (requests are still built on demand)."""
+
+    async def scenario() -> None:
+        store = MemoryServerStore()
+        await store.set_schema(SCHEMA)
+        signed = SyncService(store, auth=lambda token: {"sub": "u"} if token else None)
+        off = SyncService(store, limits=SyncLimits(snapshot_prepare_every=0))
+        for service in (signed, off):
+            await service.start()
+            snapshots = Snapshots(service, OriginPolicy(None))
+            snapshots.start()
+            try:
+                assert not snapshots.preparing
+            finally:
+                await snapshots.stop()
+                await service.stop()
+
+    asyncio.run(scenario())
