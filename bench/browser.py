@@ -58,8 +58,8 @@ a Chromium started on a fresh profile folder, as users run it, not a private con
   the records come over the socket instead), ``storage-opened``, ``sync-socket-opened`` and
   ``sync-socket-handed-over`` (the sync connection the worker opens while the app opens, given to its sync
   engine: web/early-socket.js; ``-replaced`` or ``-closed`` when it was not), ``app-opened``, ``ready``,
-  ``sync-connected`` (the first handshake accepted), ``first-states`` (the first records stored from the
-  socket; none after a snapshot),
+  ``results-first-part`` (the page got the first part of its list's results), ``sync-connected`` (the first
+  handshake accepted), ``first-states`` (the first records stored from the socket; none after a snapshot),
   ``first-records-shown``, ``shown``. ``cpu_by_thread_ms``: Chromium's CPU time until shown by process
   type and thread. On a shared machine the CPU times are the figures to compare; wall times say how busy
   the others were. The server sends a fresh device its records' states (the default for a log this long),

@@ -61,6 +61,8 @@ def test_a_fresh_browser_starts_from_the_servers_snapshot_and_syncs_on(
             for stage in ("snapshot-requested", "snapshot-answered", "snapshot-written"):
                 assert stage in timings, timings
             assert timings["snapshot-written"] <= timings["storage-opened"] <= timings["app-opened"]
+            # (The page's list's first results came after the worker was ready: the bench's cold path.)
+            assert timings["ready"] <= timings["results-first-part"]
             assert "snapshot-declined" not in timings and "snapshot-discarded" not in timings
             # The records came in the file (built once, sent once), and the socket carried no record state:
             # the engine never stored any (its first "sync:states" reports first-states), and the server

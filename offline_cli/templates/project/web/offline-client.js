@@ -397,6 +397,7 @@ export class OfflineClient {
           // A large snapshot comes in parts (the worker never holds it whole): the results are replaced
           // once the last part is here.
           const parts = subscription.parts || (subscription.parts = []);
+          if (!("results-first-part" in this.timings)) this.timings["results-first-part"] = performance.now();
           parts.push(message.records);
           if (message.more) return;
           subscription.parts = null;
