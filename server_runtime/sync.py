@@ -45,7 +45,7 @@ from offline.sync import protocol as p
 
 from .judging import follow_up_timestamp, forged_authority, judge_write, refused_insert_tombstone
 from .live_sessions import LiveSessions
-from .records import RecordCache, StagedView, one_operation_state
+from .records import RecordCache, StagedView, one_operation_json, one_operation_state
 from .stores._codec import decode_optional
 from .stores.base import (
     MOVED_FROM,
@@ -1254,8 +1254,11 @@ class SyncService:
                     values = self.engine.last_values(key[0], key[1], row.state)
                 if values is not None and not session.matches(key[0], self._scope_snapshot(key[0], values)):
                     text = self._left_scope(key[0], row.state)
-            if text is None or text[:1] == ONE_OPERATION:
-                text = row.state.to_json()  # a state kept as its one operation: the client wants the state
+            if text is None:
+                text = row.state.to_json()
+            elif text[:1] == ONE_OPERATION:
+                # A state kept as its one operation: the client wants the state (built from the operation).
+                text = one_operation_json(self.engine, text)
             out.append(
                 {"collection": key[0], "recordId": key[1], "state": text, "versions": versions.get(key, {})}
             )

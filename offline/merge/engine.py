@@ -103,11 +103,12 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
 from itertools import chain, repeat
+from math import isfinite as _isfinite
 from typing import Any, cast
 
 from offline.core.fields import MAX_SAFE_INTEGER, FieldDescriptor
 from offline.core.frozen import FrozenDict, thaw
-from offline.core.operations import Operation
+from offline.core.operations import BYTES_MARKER, Operation
 from offline.core.schema import CollectionDefinition, SchemaDefinition
 from offline.core.server_nodes import is_server_node_id
 from offline.core.state_machine import (
@@ -1433,6 +1434,42 @@ class MergeEngine:
         record = self._record(plan, record_id, fields, None) if exist[1] != "delete" else None
         return TextFold(compact_json(raw), record, fields)
 
+    def wire_insert_text(self, wire: Mapping[str, Any]) -> str | None:
+        """The state text (`RecordState.to_json`'s) that the insert with this decoded wire form makes of a new
+        record, read off the wire form without building its `Operation`: for a stored operation (validated
+        when it was taken in) that is its node's first write to the record, with a causal context and
+        JSON scalars as its values; None otherwise (decode the operation and take `insert_fold`). A
+        state-based first sync asks this of every record written once, where decoding the operation was
+        most of the cost."""
+        if wire.get("type") != "insert" or wire.get("previousData") is not None or wire.get("causalDeps"):
+            return None
+        plan = self._plans.get(wire.get("collection"))  # type: ignore[arg-type]
+        context, node, stamp, data = (wire.get(k) for k in ("causalContext", "nodeId", "timestamp", "data"))
+        if plan is None or type(context) is not dict or type(stamp) is not dict or type(data) is not dict:
+            return None
+        op_id, version = wire.get("id"), wire.get("schemaVersion")
+        if type(node) is not str or type(op_id) is not str or type(version) is not int:
+            return None
+        for name, value in data.items():
+            kind = type(value)
+            if kind not in _SCALARS or name == _BYTES_MARKER:
+                return None
+            if (kind is int and not -MAX_SAFE_INTEGER <= value <= MAX_SAFE_INTEGER) or (
+                kind is float and not _isfinite(value)
+            ):
+                return None
+        insert = _WireInsert(
+            op_id,
+            node,
+            wire["collection"],
+            version,
+            context,
+            _WireStamp(stamp.get("wallTime"), stamp.get("logical"), stamp.get("nodeId")),
+            data,
+        )
+        made = self._vector_insert_document(plan, cast(Operation, insert))
+        return None if made is None else compact_json(made)
+
     def _vector_insert_document(self, plan: _Plan, insert: Operation) -> dict[str, Any] | None:
         """The decoded canonical text (`_encode_vector_state`'s, keys in its sorted order) of the state the
         insert ``insert`` (with a causal context) makes of a new record, built directly; None outside the
@@ -1735,6 +1772,34 @@ _VECTOR_KEYS = ("K", "c", "e", "f", "g", "h", "i", "p", "x")
 _NEW_KEY = -1
 #: Values whose compact JSON text is canonical as it is (no object keys to sort).
 _SCALARS = frozenset({str, int, float, bool, type(None)})
+_BYTES_MARKER = BYTES_MARKER
+
+
+@dataclass(frozen=True, slots=True)
+class _WireStamp:
+    """The timestamp fields `_vector_insert_document` reads, from a wire form (`wire_insert_text`)."""
+
+    wall_time: Any
+    logical: Any
+    node_id: Any
+
+
+@dataclass(frozen=True, slots=True)
+class _WireInsert:
+    """The fields of an insert that `_vector_insert_document` (and `op_fields`) read, taken from its wire
+    form as they are (`wire_insert_text` checked them): standing in for the decoded `Operation`."""
+
+    id: str
+    node_id: str
+    collection: str
+    schema_version: int
+    causal_context: dict[str, Any]
+    timestamp: _WireStamp
+    data: dict[str, Any]
+    type: str = "insert"
+    previous_data: None = None
+
+
 _FRESH: Any = object()
 
 
