@@ -282,7 +282,8 @@ def _first_operations() -> Any:
         st.integers(1, 3),
         st.dictionaries(st.sampled_from(["node-b", "node-c"]), st.integers(0, 4), max_size=2),
     )
-    return st.fixed_dictionaries(
+    nodes = st.sampled_from(["node-a", "server"])
+    anything = st.fixed_dictionaries(
         {
             "type": st.sampled_from(["insert", "insert", "update", "delete"]),
             "data": data,
@@ -290,9 +291,23 @@ def _first_operations() -> Any:
             "context": context,
             "deps": st.lists(st.sampled_from(["d1", "d2"]), max_size=2, unique=True),
             "version": st.sampled_from([1, 2, 2]),
-            "node": st.sampled_from(["node-a", "server"]),
+            "node": nodes,
         }
     )
+    # The usual first operation (an app's insert: its node's first write, of this version), scalars only.
+    scalars = data.map(lambda d: {k: v for k, v in d.items() if k not in ("tags", "seen")})
+    usual = st.fixed_dictionaries(
+        {
+            "type": st.just("insert"),
+            "data": scalars,
+            "previous": st.none(),
+            "context": context.filter(lambda c: c is not None and c["node-a"] == 1),
+            "deps": st.just([]),
+            "version": st.just(2),
+            "node": nodes,
+        }
+    )
+    return anything | usual
 
 
 def test_a_catch_ups_state_of_a_first_operation_is_its_refolded_states_text() -> None:
