@@ -1444,7 +1444,8 @@ class MergeEngine:
         if wire.get("type") != "insert" or wire.get("previousData") is not None or wire.get("causalDeps"):
             return None
         plan = self._plans.get(wire.get("collection"))  # type: ignore[arg-type]
-        context, node, stamp, data = (wire.get(k) for k in ("causalContext", "nodeId", "timestamp", "data"))
+        get = wire.get
+        context, node, stamp, data = get("causalContext"), get("nodeId"), get("timestamp"), get("data")
         if plan is None or type(context) is not dict or type(stamp) is not dict or type(data) is not dict:
             return None
         op_id, version = wire.get("id"), wire.get("schemaVersion")
@@ -1775,7 +1776,7 @@ _SCALARS = frozenset({str, int, float, bool, type(None)})
 _BYTES_MARKER = BYTES_MARKER
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _WireStamp:
     """The timestamp fields `_vector_insert_document` reads, from a wire form (`wire_insert_text`)."""
 
@@ -1784,7 +1785,7 @@ class _WireStamp:
     node_id: Any
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # (not frozen: a frozen dataclass's __init__ was a third of `wire_insert_text`)
 class _WireInsert:
     """The fields of an insert that `_vector_insert_document` (and `op_fields`) read, taken from its wire
     form as they are (`wire_insert_text` checked them): standing in for the decoded `Operation`."""

@@ -70,8 +70,9 @@ def record_row(
     record: str | None,
     refold: Callable[[Operation], RecordState] | None = None,
 ) -> RecordRow:
-    """A stored row; ``refold`` (the store's ``_refold_state``) reads a ``ONE_OPERATION`` state text."""
-    return StoredRecordRow(collection, record_id, state, decode_optional(record), refold)
+    """A stored row; ``refold`` (the store's ``_refold_state``) reads a ``ONE_OPERATION`` state text. Its
+    record is decoded when first used (a catch-up's states do not read it)."""
+    return StoredRecordRow.unread(collection, record_id, state, record, decode_optional, refold)
 
 
 def check_appends(ops: Sequence[tuple[Operation, Mapping[str, Any] | None]]) -> None:

@@ -229,11 +229,33 @@ class RecordRow:
 
 
 class StoredRecordRow(RecordRow):
-    """A `RecordRow` read back from a store: its state is parsed from the stored text only when first used.
+    """A `RecordRow` read back from a store: its state is parsed from the stored text only when first used,
+    and so is its record when it was made by `unread`.
 
     The server's cache keeps states as text (`RecordCache`), so loading every record at startup, or the rows
-    of a catch-up, never needs the parsed state, which was most of the time a restart took.
+    of a catch-up, never needs the parsed state, which was most of the time a restart took. A state-based
+    catch-up of a session seeing the whole log (a snapshot's build) reads neither: only the state texts.
     """
+
+    @classmethod
+    def unread(
+        cls,
+        collection: str,
+        record_id: str,
+        state_text: str,
+        record_text: str | None,
+        read_record: Callable[[str | None], dict[str, Any] | None],
+        refold: Callable[[Operation], RecordState] | None = None,
+    ) -> StoredRecordRow:
+        """A row whose record is ``read_record(record_text)``, called when the record is first used."""
+        row = cls.__new__(cls)
+        setattr_ = object.__setattr__  # frozen
+        setattr_(row, "collection", collection)
+        setattr_(row, "record_id", record_id)
+        setattr_(row, "state_text", state_text)
+        setattr_(row, "_refold", refold)
+        setattr_(row, "_unread_record", (record_text, read_record))
+        return row
 
     def __init__(
         self,
@@ -264,7 +286,14 @@ class StoredRecordRow(RecordRow):
     __hash__ = None  # type: ignore[assignment]  # as RecordRow's: a state is not hashable
 
     def __getattr__(self, name: str) -> Any:
-        # Reached only while the instance has no such attribute: "state" before its first use.
+        # Reached only while the instance has no such attribute: "state" before its first use, "record"
+        # before the first use of one made by `unread`.
+        if name == "record" and "_unread_record" in self.__dict__:
+            text, read = self.__dict__["_unread_record"]
+            record = read(text)
+            object.__setattr__(self, "record", record)
+            del self.__dict__["_unread_record"]
+            return record
         if name != "state":
             raise AttributeError(name)
         text = self.state_text
