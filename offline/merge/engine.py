@@ -1443,8 +1443,9 @@ class MergeEngine:
         most of the cost."""
         if wire.get("type") != "insert" or wire.get("previousData") is not None or wire.get("causalDeps"):
             return None
-        plan = self._plans.get(wire.get("collection"))  # type: ignore[arg-type]
         get = wire.get
+        collection: Any = get("collection")
+        plan = self._plans.get(collection) if type(collection) is str else None
         context, node, stamp, data = get("causalContext"), get("nodeId"), get("timestamp"), get("data")
         if plan is None or type(context) is not dict or type(stamp) is not dict or type(data) is not dict:
             return None
@@ -1462,7 +1463,7 @@ class MergeEngine:
         insert = _WireInsert(
             op_id,
             node,
-            wire["collection"],
+            collection,
             version,
             context,
             _WireStamp(stamp.get("wallTime"), stamp.get("logical"), stamp.get("nodeId")),
