@@ -135,20 +135,22 @@ class Snapshots:
             # As it starts (nothing looked at yet): at once; afterwards once the log stayed still a moment.
             due = done is None or (seen != done and now - still_since >= self._quiet)
             if due and now >= not_before and service.started:
+                session = _session(filters, None)
+                selectors = service.catch_up_selectors(session)
+                wanted = await service._sees_more_than(selectors, 0)
+                # From here to the build's registration in ``_same`` (`_build_once`, before its first
+                # await) nothing awaits: a request arriving meanwhile finds this build and waits for it.
                 key = self._key(filters)
-                if self._cached(key) is not None or key in self._same:
-                    done = seen  # a request built it (or is building it) already
+                if not wanted or self._cached(key) is not None or key in self._same:
+                    done = seen  # a short log, or a request built it (or is building it) already
                 elif len(self._same) < service.limits.snapshot_builds:
                     done = seen
-                    session = _session(filters, None)
-                    selectors = service.catch_up_selectors(session)
-                    if await service._sees_more_than(selectors, 0):
-                        began = time.monotonic()
-                        built = await self._build_once(key, session, selectors, filters, prepared=True)
-                        took = time.monotonic() - began
-                        not_before = time.monotonic() + max(every, 10 * took)
-                        if built is not None and built is not _TOO_LARGE:
-                            service.counters["snapshots_prepared"] += 1
+                    began = time.monotonic()
+                    built = await self._build_once(key, session, selectors, filters, prepared=True)
+                    took = time.monotonic() - began
+                    not_before = time.monotonic() + max(every, 10 * took)
+                    if built is not None and built is not _TOO_LARGE:
+                        service.counters["snapshots_prepared"] += 1
             await asyncio.sleep(min(0.5, self._quiet / 2))
 
     def _cached(self, key: str) -> Built | None:

@@ -161,3 +161,53 @@ def test_nothing_is_prepared_where_devices_sign_in_or_preparing_is_off() -> None
                 await service.stop()
 
     asyncio.run(scenario())
+
+
+def test_a_request_during_the_preparations_first_look_is_built_once() -> None:
+    """The background build first asks whether the open scope needs a file at all (a store read); a device
+    asking meanwhile starts the build itself, and the background does not build the same file again."""
+
+    async def scenario() -> None:
+        store = MemoryServerStore()
+        await store.set_schema(SCHEMA)
+        service = SyncService(store, limits=SyncLimits(state_sync_after=1))
+        await service.start()
+        writers, node = Writers(), NODES[0]
+        ops = [
+            writers.op(node, "insert", "todos", generate_uuid_v7(), {"ownerId": "a", "title": "t"})
+            for _ in range(3)
+        ]
+        await service.commit(None, ops)
+        real = service._sees_more_than
+        entered, release = asyncio.Event(), asyncio.Event()
+        calls = 0
+
+        async def first_held(*args: Any) -> bool:
+            nonlocal calls
+            calls += 1
+            if calls == 1:  # the background's look
+                entered.set()
+                await release.wait()
+            return await real(*args)
+
+        service._sees_more_than = first_held  # type: ignore[method-assign]
+        snapshots = Snapshots(service, OriginPolicy(None))
+        app = Starlette(routes=[Route("/sync/snapshot", snapshots.endpoint, methods=["POST"])])
+        snapshots.start()
+        try:
+            await asyncio.wait_for(entered.wait(), 30)
+            async with httpx.AsyncClient(
+                transport=httpx.ASGITransport(app=app), base_url="http://test"
+            ) as http:
+                answer = await http.post("/sync/snapshot", json=_open_body())
+            assert answer.status_code == 200 and service.counters["snapshots_built"] == 1
+            release.set()
+            for _ in range(20):  # (the background's decision runs without awaiting anything)
+                await asyncio.sleep(0)
+            assert service.counters["snapshots_built"] == 1 and not snapshots._same
+            assert service.counters["snapshots_prepared"] == 0
+        finally:
+            await snapshots.stop()
+            await service.stop()
+
+    asyncio.run(scenario())
