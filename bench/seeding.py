@@ -43,8 +43,10 @@ def insert_chunks(
     schema: SchemaDefinition, n: int, data: Callable[[int], dict[str, Any]], chunk: int = 10_000
 ) -> Iterator[tuple[list[Operation], list[RecordRow]]]:
     """``n`` inserts into ``todos`` by one node (the i-th holding ``data(i)``) with their folded record rows,
-    ``chunk`` at a time: what the sync core would store for them, built without it."""
+    ``chunk`` at a time: what the sync core would store for them, built without it (each record's state
+    kept as its one operation, as the core keeps a record's first write: `records.one_operation_state`)."""
     from offline.merge.engine import MergeEngine, RecordState
+    from server_runtime.records import one_operation_state
     from server_runtime.stores.base import RecordRow
 
     engine = MergeEngine(schema)
@@ -56,7 +58,11 @@ def insert_chunks(
             engine.apply(state, op)
             rows.append(
                 RecordRow(
-                    op.collection, op.record_id, state, engine.materialize(op.collection, op.record_id, state)
+                    op.collection,
+                    op.record_id,
+                    state,
+                    engine.materialize(op.collection, op.record_id, state),
+                    one_operation_state(op),
                 )
             )
         yield ops, rows

@@ -30,3 +30,33 @@ def test_seeded_inserts_carry_the_causal_context_of_an_apps_insert(tmp_path: Pat
     assert all(op.causal_context == {op.node_id: 1} for op in ops)
     # Their states are those of operations with a context (per-node numbers, no causal graph).
     assert all(row.state.clock and not row.state.graph for row in rows)
+
+
+def test_seeded_rows_keep_each_state_as_the_sync_core_keeps_a_records_first_write() -> None:
+    """The sync core stores a record's first write as that operation (`stores.base.ONE_OPERATION`), which
+    catch-ups and snapshot builds read differently from a folded state: seeded rows are stored the same way."""
+    import asyncio
+
+    from server_runtime.records import one_operation_state
+    from server_runtime.stores import MemoryServerStore
+    from server_runtime.stores.base import ONE_OPERATION
+    from server_runtime.sync import SyncService
+
+    [real] = list(insert_operations("todos", 1, lambda i: {"title": "real"}, SCHEMA.version))
+
+    async def stored_by_the_core() -> str:
+        store = MemoryServerStore()
+        await store.set_schema(SCHEMA)
+        service = SyncService(store)
+        await service.start()
+        try:
+            await service.commit(None, [real])
+            rows = await store.load_rows([("todos", real.record_id)])
+            return str(rows[("todos", real.record_id)].state_text)
+        finally:
+            await service.stop()
+
+    assert asyncio.run(stored_by_the_core()) == one_operation_state(real)
+    assert one_operation_state(real).startswith(ONE_OPERATION)
+    [(ops, rows)] = list(insert_chunks(SCHEMA, 3, lambda i: {"title": f"t{i}"}))
+    assert [row.state_text for row in rows] == [one_operation_state(op) for op in ops]
