@@ -137,7 +137,13 @@ class Snapshots:
             if due and now >= not_before and service.started:
                 session = _session(filters, None)
                 selectors = service.catch_up_selectors(session)
-                wanted = await service._sees_more_than(selectors, 0)
+                try:
+                    wanted = await service._sees_more_than(selectors, 0)
+                except Exception as exc:  # (a store that failed a read: look again later, keep serving)
+                    log.warning("could not read the log to prepare a snapshot (%s); trying again later", exc)
+                    not_before = time.monotonic() + every
+                    await asyncio.sleep(min(0.5, self._quiet / 2))
+                    continue
                 # From here to the build's registration in ``_same`` (`_build_once`, before its first
                 # await) nothing awaits: a request arriving meanwhile finds this build and waits for it.
                 key = self._key(filters)

@@ -211,3 +211,41 @@ def test_a_request_during_the_preparations_first_look_is_built_once() -> None:
             await service.stop()
 
     asyncio.run(scenario())
+
+
+def test_a_failed_read_does_not_end_the_preparation() -> None:
+    """A store read failing as the background looks at the log (a lost database connection) is logged and
+    tried again later; the open scope is still prepared."""
+
+    async def scenario() -> None:
+        store = MemoryServerStore()
+        await store.set_schema(SCHEMA)
+        service = SyncService(store, limits=SyncLimits(state_sync_after=1, snapshot_prepare_every=0.01))
+        await service.start()
+        writers, node = Writers(), NODES[0]
+        ops = [
+            writers.op(node, "insert", "todos", generate_uuid_v7(), {"ownerId": "a", "title": "t"})
+            for _ in range(3)
+        ]
+        await service.commit(None, ops)
+        real = service._sees_more_than
+        failed = 0
+
+        async def fails_once(*args: Any) -> bool:
+            nonlocal failed
+            if not failed:
+                failed += 1
+                raise ConnectionError("the database went away")
+            return await real(*args)
+
+        service._sees_more_than = fails_once  # type: ignore[method-assign]
+        snapshots = Snapshots(service, OriginPolicy(None), quiet=0.05)
+        snapshots.start()
+        try:
+            await _until(lambda: service.counters["snapshots_prepared"] == 1)
+            assert failed == 1
+        finally:
+            await snapshots.stop()
+            await service.stop()
+
+    asyncio.run(scenario())
