@@ -125,11 +125,16 @@ def compact(app: App, *, superseded_only: bool = False) -> int:
         conn.execute(_DROPPING_TABLE)
         conn.execute("DELETE FROM temp._offline_dropping")
         _fill_dropping(conn, app.node_id)
+        # Whether some acknowledged operations stay (automatic compaction: a record's one operation).
+        keeping = False
         if superseded_only:
             # A record's one acknowledged operation stays (its whole history: nothing superseded).
-            conn.execute(
-                "DELETE FROM temp._offline_dropping WHERE (collection, record_id) IN (SELECT collection, "
-                "record_id FROM temp._offline_dropping GROUP BY collection, record_id HAVING sum(n) < 2)"
+            keeping = (
+                conn.execute(
+                    "DELETE FROM temp._offline_dropping WHERE (collection, record_id) IN (SELECT collection, "
+                    "record_id FROM temp._offline_dropping GROUP BY collection, record_id HAVING sum(n) < 2)"
+                ).rowcount
+                > 0
             )
         (count,) = conn.execute("SELECT coalesce(sum(n), 0) FROM temp._offline_dropping").fetchone()
         if not count:
@@ -216,13 +221,15 @@ def compact(app: App, *, superseded_only: bool = False) -> int:
             "VALUES (?, ?, ?, ?)",
             out,
         )
-        if superseded_only:
+        if keeping:
             conn.execute(
                 "DELETE FROM _offline_ops WHERE status = ? AND (collection, record_id) IN "
                 "(SELECT collection, record_id FROM temp._offline_dropping)",
                 (ACKED,),
             )
         else:
+            # Every acknowledged operation goes (the temporary table holds all their records): one pass over
+            # the log in its key order, not a seek per record (~12 % of an automatic compaction, issue 24).
             conn.execute("DELETE FROM _offline_ops WHERE status = ?", (ACKED,))
         conn.execute("DELETE FROM temp._offline_dropping")
         if own:

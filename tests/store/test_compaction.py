@@ -266,6 +266,27 @@ def test_automatic_compaction_drops_superseded_history_and_keeps_a_records_one_o
     source.close()
 
 
+def test_automatic_compaction_dropping_every_acknowledged_operation_keeps_the_waiting_ones(
+    tmp_path: Path,
+) -> None:
+    # Every record with acknowledged operations holds several: the whole acknowledged log goes at once
+    # (one pass over the log), and this device's waiting write stays to be sent.
+    source = create_app(NOTES, path=":memory:", compact_after=None)
+    device = create_app(NOTES, path=str(tmp_path / "d.db"), compact_after=2)
+    mine = device.notes.insert({"body": "mine"})["id"]
+    ids = [source.notes.insert({"body": f"n{i}"})["id"] for i in range(2)]
+    for _ in range(4):
+        for record_id in ids:
+            source.notes.update(record_id, {"votes": op.increment(1)})
+    # 10 acknowledged operations on 2 records (3 with the waiting one's): 7 beyond one each, past max(2, 6).
+    device.apply(source.operations())
+    assert stored_in_log(device) == {mine: 1}
+    assert log_statuses(device) == [PENDING]
+    assert [n["votes"] for n in device.notes.fetch() if n["id"] != mine] == [4, 4]
+    device.close()
+    source.close()
+
+
 def test_new_records_alone_never_set_automatic_compaction_off(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
