@@ -154,15 +154,16 @@ def compact(app: App, *, superseded_only: bool = False) -> int:
             clock = str(newest)
         own = int(own or 0)
         # A state stored as a reference to its operation is written out (that operation is about to go), and
-        # one stored as its base (`STATE_BASE`, whose base is about to change).
-        _write_out_dropping_references(app)
-        conn.execute(
-            "UPDATE _offline_state SET state = (SELECT c.state FROM _offline_compacted c "
-            "WHERE c.collection = _offline_state.collection AND c.record_id = _offline_state.record_id) "
-            "WHERE state = ? AND (collection, record_id) IN "
-            "(SELECT collection, record_id FROM temp._offline_dropping)",
-            (STATE_BASE,),
-        )
+        # one stored as its base (`STATE_BASE`, whose base is about to change): both found by one read of
+        # the records' states.
+        based = _write_out_dropping_references(app)
+        if based:
+            conn.executemany(
+                "UPDATE _offline_state SET state = (SELECT c.state FROM _offline_compacted c "
+                "WHERE c.collection = _offline_state.collection AND c.record_id = _offline_state.record_id) "
+                "WHERE collection = ? AND record_id = ? AND state = ?",
+                [(*key, STATE_BASE) for key in based],
+            )
         # Records that keep operations (pending ones), or have no merge state: their base is folded here.
         # (Only this node's operations wait: its part of the log's key, not the whole log, is read.)
         conn.execute(
@@ -371,22 +372,27 @@ def _one_operation_state(app: App, collection: str, record_id: str, op: Operatio
     return app._refold_one(collection, record_id, op).to_json()
 
 
-def _write_out_dropping_references(app: App) -> None:
+def _write_out_dropping_references(app: App) -> list[tuple[str, str]]:
     """Write out as text each state stored as a reference to its operation (`STATE_REFERENCE` + id) among
     the records of ``temp._offline_dropping``, its operation read in the same statement (a join) and
-    dropped once its state's text is made, so a compaction never holds thousands of operations at once."""
+    dropped once its state's text is made, so a compaction never holds thousands of operations at once.
+    Returns those records whose state is stored as their base (`STATE_BASE`), found by the same read."""
     made: list[tuple[str, str, str]] = []
+    based: list[tuple[str, str]] = []
     for collection, record_id, reference, wire in app.db.conn.execute(
         # (a state stored as bytes is never a reference: substr of a blob is a blob)
         "SELECT s.collection, s.record_id, s.state, o.wire "
         "FROM (SELECT DISTINCT collection, record_id FROM temp._offline_dropping) k "
         "JOIN _offline_state s ON s.collection = k.collection AND s.record_id = k.record_id "
-        "AND substr(s.state, 1, 1) = ? "
+        "AND (substr(s.state, 1, 1) = ? OR s.state = ?) "
         "LEFT JOIN _offline_ops o ON o.collection = s.collection AND o.record_id = s.record_id "
         "AND o.id = substr(s.state, 2)",
-        (STATE_REFERENCE,),
+        (STATE_REFERENCE, STATE_BASE),
     ):
         collection, record_id = str(collection), str(record_id)
+        if reference == STATE_BASE:
+            based.append((collection, record_id))
+            continue
         if wire is None:
             raise storage_error(
                 "the operation a record's merge state refers to is missing from the operation log "
@@ -400,6 +406,7 @@ def _write_out_dropping_references(app: App) -> None:
         made.append((collection, record_id, _one_operation_state(app, collection, record_id, op)))
     if made:
         app.db.save_states(made)
+    return based
 
 
 def held_versions(app: App, keys: Iterable[tuple[str, str]]) -> dict[tuple[str, str], dict[str, int]]:

@@ -19,7 +19,7 @@ from offline.core.operations import Operation
 from offline.merge.engine import MergeEngine
 from offline.store import App, compaction
 from offline.store.compaction import adopt_states
-from offline.store.database import PENDING, PENDING_FROM_KEY, REJECTED
+from offline.store.database import PENDING, PENDING_FROM_KEY, REJECTED, STATE_BASE
 from offline.store.replication import (
     forget_records,
     mark_acknowledged,
@@ -283,6 +283,38 @@ def test_automatic_compaction_dropping_every_acknowledged_operation_keeps_the_wa
     assert stored_in_log(device) == {mine: 1}
     assert log_statuses(device) == [PENDING]
     assert [n["votes"] for n in device.notes.fetch() if n["id"] != mine] == [4, 4]
+    device.close()
+    source.close()
+
+
+def test_a_state_stored_as_its_base_is_written_out_before_compaction_replaces_the_base(
+    tmp_path: Path,
+) -> None:
+    source = create_app(NOTES, path=":memory:", compact_after=None)
+    device = create_app(NOTES, path=str(tmp_path / "d.db"), compact_after=None)
+    note = source.notes.insert({"body": "n"})["id"]
+    source.notes.update(note, {"votes": op.increment(2)})
+    device.apply(source.operations())
+    expected = device.notes.fetch()
+    conn = device.db.conn
+    # A record whose merge state equals its base, stored as `STATE_BASE`, while its log still holds
+    # operations the base has folded already (folding them again changes nothing).
+    ((text,),) = conn.execute("SELECT state FROM _offline_state WHERE record_id = ?", (note,)).fetchall()
+    with device.db.lock, device.db.transaction():
+        conn.execute(
+            "INSERT INTO _offline_compacted (collection, record_id, state, versions) VALUES (?, ?, ?, ?)",
+            ("notes", note, text, "{}"),
+        )
+        conn.execute("UPDATE _offline_state SET state = ? WHERE record_id = ?", (STATE_BASE, note))
+        device.db.set_meta(compaction.FLAG_KEY, "1")
+    device._compacted = True
+    assert device.compact() == 2
+    # The new base is the state's text, not the marker; the record reads and refolds as before.
+    ((base,),) = conn.execute("SELECT state FROM _offline_compacted WHERE record_id = ?", (note,)).fetchall()
+    assert base == text
+    assert conn.execute("SELECT state FROM _offline_state WHERE record_id = ?", (note,)).fetchone() == (text,)
+    device.rebuild()
+    assert device.notes.fetch() == expected
     device.close()
     source.close()
 
