@@ -93,50 +93,63 @@ async def _until(condition: Any, timeout: float = 60.0) -> None:
         await asyncio.sleep(0.02)
 
 
+class _Server:
+    """A started sync service on a memory store (no sign-in) whose log moves by `write`."""
+
+    def __init__(self, limits: SyncLimits) -> None:
+        self.limits = limits
+        self.writers = Writers()
+
+    async def __aenter__(self) -> SyncService:
+        store = MemoryServerStore()
+        await store.set_schema(SCHEMA)
+        self.service = SyncService(store, limits=self.limits)
+        await self.service.start()
+        return self.service
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.service.stop()
+
+    async def write(self, n: int) -> None:
+        """``n`` new to-dos in one commit: the log moves once (a still moment between two would let the
+        background prepare the first)."""
+        ops = [
+            self.writers.op(NODES[0], "insert", "todos", generate_uuid_v7(), {"ownerId": "a", "title": "t"})
+            for _ in range(n)
+        ]
+        await self.service.commit(None, ops)
+
+
 def test_the_open_scope_is_prepared_in_the_background_and_again_once_the_log_is_still() -> None:
     """A server without sign-in builds its open scope's snapshot as it starts, so the first fresh device is
     served without waiting for a build; once the log has moved and then stayed still, it builds it again."""
 
     async def scenario() -> None:
-        store = MemoryServerStore()
-        await store.set_schema(SCHEMA)
-        limits = SyncLimits(state_sync_after=1, snapshot_prepare_every=0.01)
-        service = SyncService(store, limits=limits)
-        await service.start()
-        writers, node = Writers(), NODES[0]
-
-        async def write(n: int) -> None:
-            # One commit: the log moves once (a still moment between two would prepare the first).
-            ops = [
-                writers.op(node, "insert", "todos", generate_uuid_v7(), {"ownerId": "a", "title": "t"})
-                for _ in range(n)
-            ]
-            await service.commit(None, ops)
-
-        await write(3)
-        snapshots = Snapshots(service, OriginPolicy(None), quiet=0.05)
-        app = Starlette(routes=[Route("/sync/snapshot", snapshots.endpoint, methods=["POST"])])
-        snapshots.start()
-        try:
-            assert snapshots.preparing
-            await _until(lambda: service.counters["snapshots_prepared"] == 1)
-            async with httpx.AsyncClient(
-                transport=httpx.ASGITransport(app=app), base_url="http://test"
-            ) as http:
-                answer = await http.post("/sync/snapshot", json=_open_body())
-                assert answer.status_code == 200
-                assert answer.headers["x-offline-snapshot-horizon"] == str(service.watermark)
-                assert service.counters["snapshots_built"] == 1  # the prepared one, not a build of its own
-                await write(2)
-                await _until(lambda: service.counters["snapshots_prepared"] == 2)
-                answer = await http.post("/sync/snapshot", json=_open_body())
-                assert answer.status_code == 200 and answer.headers["x-offline-snapshot-records"] == "5"
-                assert answer.headers["x-offline-snapshot-horizon"] == str(service.watermark)
-                assert service.counters["snapshots_built"] == 2
-                assert service.counters["snapshots_served"] == 2
-        finally:
-            await snapshots.stop()
-            await service.stop()
+        server = _Server(SyncLimits(state_sync_after=1, snapshot_prepare_every=0.01))
+        async with server as service:
+            await server.write(3)
+            snapshots = Snapshots(service, OriginPolicy(None), quiet=0.05)
+            app = Starlette(routes=[Route("/sync/snapshot", snapshots.endpoint, methods=["POST"])])
+            snapshots.start()
+            try:
+                assert snapshots.preparing
+                await _until(lambda: service.counters["snapshots_prepared"] == 1)
+                async with httpx.AsyncClient(
+                    transport=httpx.ASGITransport(app=app), base_url="http://test"
+                ) as http:
+                    answer = await http.post("/sync/snapshot", json=_open_body())
+                    assert answer.status_code == 200
+                    assert answer.headers["x-offline-snapshot-horizon"] == str(service.watermark)
+                    assert service.counters["snapshots_built"] == 1  # the prepared one, not its own
+                    await server.write(2)
+                    await _until(lambda: service.counters["snapshots_prepared"] == 2)
+                    answer = await http.post("/sync/snapshot", json=_open_body())
+                    assert answer.status_code == 200 and answer.headers["x-offline-snapshot-records"] == "5"
+                    assert answer.headers["x-offline-snapshot-horizon"] == str(service.watermark)
+                    assert service.counters["snapshots_built"] == 2
+                    assert service.counters["snapshots_served"] == 2
+            finally:
+                await snapshots.stop()
 
     asyncio.run(scenario())
 
@@ -168,47 +181,39 @@ def test_a_request_during_the_preparations_first_look_is_built_once() -> None:
     asking meanwhile starts the build itself, and the background does not build the same file again."""
 
     async def scenario() -> None:
-        store = MemoryServerStore()
-        await store.set_schema(SCHEMA)
-        service = SyncService(store, limits=SyncLimits(state_sync_after=1))
-        await service.start()
-        writers, node = Writers(), NODES[0]
-        ops = [
-            writers.op(node, "insert", "todos", generate_uuid_v7(), {"ownerId": "a", "title": "t"})
-            for _ in range(3)
-        ]
-        await service.commit(None, ops)
-        real = service._sees_more_than
-        entered, release = asyncio.Event(), asyncio.Event()
-        calls = 0
+        server = _Server(SyncLimits(state_sync_after=1))
+        async with server as service:
+            await server.write(3)
+            real = service._sees_more_than
+            entered, release = asyncio.Event(), asyncio.Event()
+            calls = 0
 
-        async def first_held(*args: Any) -> bool:
-            nonlocal calls
-            calls += 1
-            if calls == 1:  # the background's look
-                entered.set()
-                await release.wait()
-            return await real(*args)
+            async def first_held(*args: Any) -> bool:
+                nonlocal calls
+                calls += 1
+                if calls == 1:  # the background's look
+                    entered.set()
+                    await release.wait()
+                return await real(*args)
 
-        service._sees_more_than = first_held  # type: ignore[method-assign]
-        snapshots = Snapshots(service, OriginPolicy(None))
-        app = Starlette(routes=[Route("/sync/snapshot", snapshots.endpoint, methods=["POST"])])
-        snapshots.start()
-        try:
-            await asyncio.wait_for(entered.wait(), 30)
-            async with httpx.AsyncClient(
-                transport=httpx.ASGITransport(app=app), base_url="http://test"
-            ) as http:
-                answer = await http.post("/sync/snapshot", json=_open_body())
-            assert answer.status_code == 200 and service.counters["snapshots_built"] == 1
-            release.set()
-            for _ in range(20):  # (the background's decision runs without awaiting anything)
-                await asyncio.sleep(0)
-            assert service.counters["snapshots_built"] == 1 and not snapshots._same
-            assert service.counters["snapshots_prepared"] == 0
-        finally:
-            await snapshots.stop()
-            await service.stop()
+            service._sees_more_than = first_held  # type: ignore[method-assign]
+            snapshots = Snapshots(service, OriginPolicy(None))
+            app = Starlette(routes=[Route("/sync/snapshot", snapshots.endpoint, methods=["POST"])])
+            snapshots.start()
+            try:
+                await asyncio.wait_for(entered.wait(), 30)
+                async with httpx.AsyncClient(
+                    transport=httpx.ASGITransport(app=app), base_url="http://test"
+                ) as http:
+                    answer = await http.post("/sync/snapshot", json=_open_body())
+                assert answer.status_code == 200 and service.counters["snapshots_built"] == 1
+                release.set()
+                for _ in range(20):  # (the background's decision runs without awaiting anything)
+                    await asyncio.sleep(0)
+                assert service.counters["snapshots_built"] == 1 and not snapshots._same
+                assert service.counters["snapshots_prepared"] == 0
+            finally:
+                await snapshots.stop()
 
     asyncio.run(scenario())
 
@@ -218,34 +223,26 @@ def test_a_failed_read_does_not_end_the_preparation() -> None:
     tried again later; the open scope is still prepared."""
 
     async def scenario() -> None:
-        store = MemoryServerStore()
-        await store.set_schema(SCHEMA)
-        service = SyncService(store, limits=SyncLimits(state_sync_after=1, snapshot_prepare_every=0.01))
-        await service.start()
-        writers, node = Writers(), NODES[0]
-        ops = [
-            writers.op(node, "insert", "todos", generate_uuid_v7(), {"ownerId": "a", "title": "t"})
-            for _ in range(3)
-        ]
-        await service.commit(None, ops)
-        real = service._sees_more_than
-        failed = 0
+        server = _Server(SyncLimits(state_sync_after=1, snapshot_prepare_every=0.01))
+        async with server as service:
+            await server.write(3)
+            real = service._sees_more_than
+            failed = 0
 
-        async def fails_once(*args: Any) -> bool:
-            nonlocal failed
-            if not failed:
-                failed += 1
-                raise ConnectionError("the database went away")
-            return await real(*args)
+            async def fails_once(*args: Any) -> bool:
+                nonlocal failed
+                if not failed:
+                    failed += 1
+                    raise ConnectionError("the database went away")
+                return await real(*args)
 
-        service._sees_more_than = fails_once  # type: ignore[method-assign]
-        snapshots = Snapshots(service, OriginPolicy(None), quiet=0.05)
-        snapshots.start()
-        try:
-            await _until(lambda: service.counters["snapshots_prepared"] == 1)
-            assert failed == 1
-        finally:
-            await snapshots.stop()
-            await service.stop()
+            service._sees_more_than = fails_once  # type: ignore[method-assign]
+            snapshots = Snapshots(service, OriginPolicy(None), quiet=0.05)
+            snapshots.start()
+            try:
+                await _until(lambda: service.counters["snapshots_prepared"] == 1)
+                assert failed == 1
+            finally:
+                await snapshots.stop()
 
     asyncio.run(scenario())
