@@ -11,7 +11,7 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from offline.core.operations import Operation, operation_from_text
+from offline.core.operations import Operation
 from offline.core.schema import SchemaDefinition
 from offline.merge.engine import MergeEngine, RecordState
 from offline.merge.values import operation_text
@@ -38,7 +38,7 @@ def one_operation_json(engine: MergeEngine, text: str) -> str:
     built = engine.wire_insert_text(wire)  # (the usual: an insert, read off its wire form)
     if built is not None:
         return built
-    op = operation_from_text(text[1:])
+    op = Operation.from_wire(wire, verify=False)  # (as `operation_from_text` reads it: verified when stored)
     if op.type == "insert":
         made = engine.insert_fold(op, op.record_id, encode=True)
         if made is not None:
