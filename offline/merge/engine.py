@@ -1441,20 +1441,20 @@ class MergeEngine:
         JSON scalars as its values; None otherwise (decode the operation and take `insert_fold`). A
         state-based first sync asks this of every record written once, where decoding the operation was
         most of the cost."""
-        if wire.get("type") != "insert" or wire.get("previousData") is not None or wire.get("causalDeps"):
-            return None
         get = wire.get
+        if get("type") != "insert" or get("previousData") is not None or get("causalDeps"):
+            return None
         collection: Any = get("collection")
         plan = self._plans.get(collection) if type(collection) is str else None
         context, node, stamp, data = get("causalContext"), get("nodeId"), get("timestamp"), get("data")
         if plan is None or type(context) is not dict or type(stamp) is not dict or type(data) is not dict:
             return None
-        op_id, version = wire.get("id"), wire.get("schemaVersion")
+        op_id, version = get("id"), get("schemaVersion")
         if type(node) is not str or type(op_id) is not str or type(version) is not int:
             return None
         for name, value in data.items():
             kind = type(value)
-            if kind not in _SCALARS or name == _BYTES_MARKER:
+            if kind not in _SCALARS or name == BYTES_MARKER:
                 return None
             if (kind is int and not -MAX_SAFE_INTEGER <= value <= MAX_SAFE_INTEGER) or (
                 kind is float and not _isfinite(value)
@@ -1774,7 +1774,6 @@ _VECTOR_KEYS = ("K", "c", "e", "f", "g", "h", "i", "p", "x")
 _NEW_KEY = -1
 #: Values whose compact JSON text is canonical as it is (no object keys to sort).
 _SCALARS = frozenset({str, int, float, bool, type(None)})
-_BYTES_MARKER = BYTES_MARKER
 
 
 @dataclass(slots=True)
