@@ -142,21 +142,20 @@ class Snapshots:
                 except Exception as exc:  # (a store that failed a read: look again later, keep serving)
                     log.warning("could not read the log to prepare a snapshot (%s); trying again later", exc)
                     not_before = time.monotonic() + every
-                    await asyncio.sleep(min(0.5, self._quiet / 2))
-                    continue
-                # From here to the build's registration in ``_same`` (`_build_once`, before its first
-                # await) nothing awaits: a request arriving meanwhile finds this build and waits for it.
-                key = self._key(filters)
-                if not wanted or self._cached(key) is not None or key in self._same:
-                    done = seen  # a short log, or a request built it (or is building it) already
-                elif len(self._same) < service.limits.snapshot_builds:
-                    done = seen
-                    began = time.monotonic()
-                    built = await self._build_once(key, session, selectors, filters, prepared=True)
-                    took = time.monotonic() - began
-                    not_before = time.monotonic() + max(every, 10 * took)
-                    if built is not None and built is not _TOO_LARGE:
-                        service.counters["snapshots_prepared"] += 1
+                else:
+                    # From here to the build's registration in ``_same`` (`_build_once`, before its first
+                    # await) nothing awaits: a request arriving meanwhile finds this build and waits for it.
+                    key = self._key(filters)
+                    if not wanted or self._cached(key) is not None or key in self._same:
+                        done = seen  # a short log, or a request built it (or is building it) already
+                    elif len(self._same) < service.limits.snapshot_builds:
+                        done = seen
+                        began = time.monotonic()
+                        built = await self._build_once(key, session, selectors, filters, prepared=True)
+                        took = time.monotonic() - began
+                        not_before = time.monotonic() + max(every, 10 * took)
+                        if built is not None and built is not _TOO_LARGE:
+                            service.counters["snapshots_prepared"] += 1
             await asyncio.sleep(min(0.5, self._quiet / 2))
 
     def _cached(self, key: str) -> Built | None:
