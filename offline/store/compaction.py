@@ -231,7 +231,15 @@ def compact(app: App, *, superseded_only: bool = False) -> int:
         else:
             # Every acknowledged operation goes (the temporary table holds all their records): one pass over
             # the log in its key order, not a seek per record (~12 % of an automatic compaction, issue 24).
-            conn.execute("DELETE FROM _offline_ops WHERE status = ?", (ACKED,))
+            # When they are the whole log (nothing waits nor was refused), a DELETE without WHERE lets SQLite
+            # clear the table's and the index's B-trees page by page instead of taking each row out of both:
+            # the delete was a third of such a pass (callgrind, issue 24: 377.5k instructions per applied
+            # operation instead of 384.8k on the bench's fold shape).
+            (held,) = conn.execute("SELECT count(*) FROM _offline_ops").fetchone()
+            if held == count:
+                conn.execute("DELETE FROM _offline_ops")
+            else:
+                conn.execute("DELETE FROM _offline_ops WHERE status = ?", (ACKED,))
         conn.execute("DELETE FROM temp._offline_dropping")
         if own:
             # The sequence numbering at open reads the log and this vector: it must not go back.

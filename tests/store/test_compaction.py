@@ -287,6 +287,49 @@ def test_automatic_compaction_dropping_every_acknowledged_operation_keeps_the_wa
     source.close()
 
 
+def test_a_compaction_dropping_the_whole_log_clears_it_at_once_and_keeps_recognising_repeats(
+    tmp_path: Path,
+) -> None:
+    source = create_app(NOTES, path=":memory:", compact_after=None)
+    device = create_app(NOTES, path=str(tmp_path / "d.db"), compact_after=None)
+    ids = [source.notes.insert({"body": f"n{i}"})["id"] for i in range(3)]
+    for record_id in ids:
+        source.notes.update(record_id, {"votes": op.increment(1)})
+    received = source.operations()
+    device.apply(received)
+    statements: list[str] = []
+    device.db.conn.set_trace_callback(statements.append)
+    try:
+        assert device.compact() == 6
+    finally:
+        device.db.conn.set_trace_callback(None)
+    deletes = [s for s in statements if s.startswith("DELETE FROM _offline_ops")]
+    # Every operation of the log was acknowledged: the log is cleared, not searched row by row.
+    assert deletes == ["DELETE FROM _offline_ops"]
+    assert stored_in_log(device) == {}
+    expected = device.notes.fetch()
+    # What was dropped is still recognised, and the log and numbering go on from there.
+    assert device.apply(received) == []
+    assert stored_in_log(device) == {}
+    mine = device.notes.insert({"body": "mine"})["id"]
+    assert [o.sequence_number for o in own_ops(device)] == [1]
+    assert [n for n in device.notes.fetch() if n["id"] != mine] == expected
+    # With a waiting operation in the log, only the acknowledged ones go.
+    source.notes.update(ids[0], {"votes": op.increment(1)})
+    device.apply(source.operations(after=device.version_vector))
+    statements.clear()
+    device.db.conn.set_trace_callback(statements.append)
+    try:
+        assert device.compact() == 1
+    finally:
+        device.db.conn.set_trace_callback(None)
+    assert [s for s in statements if s.startswith("DELETE FROM _offline_ops")] != ["DELETE FROM _offline_ops"]
+    assert stored_in_log(device) == {mine: 1}
+    assert log_statuses(device) == [PENDING]
+    device.close()
+    source.close()
+
+
 def test_a_state_stored_as_its_base_is_written_out_before_compaction_replaces_the_base(
     tmp_path: Path,
 ) -> None:
