@@ -74,3 +74,26 @@ def _load_orjson() -> Any:
 
 
 ORJSON: Any = _load_orjson()
+
+
+def exact_loads(text: str) -> Any:
+    """``json.loads(text)`` by orjson, for a compact text (no whitespace between tokens) read by the hundred
+    thousand (merge states, stored operations): None when orjson is off or the result could differ, and the
+    caller takes the standard library's path (also None for the text ``null``).
+
+    The check is the one sync frames get (``protocol._compact_batch``): orjson must write what it read back
+    as exactly ``text``. Then no key was repeated (the object would encode shorter), no integer past 64 bits
+    was read as a float (it would encode as one), and every float in it is written by orjson as it stands in
+    ``text``; and the value equals json's: a float's text is its shortest form, which both read back alike.
+    Callers that write the value out again with orjson (`floatless_json`) rely on that last point.
+    """
+    fast = ORJSON
+    if fast is None:
+        return None
+    try:
+        value = fast.loads(text)
+    except ValueError:  # orjson.JSONDecodeError: NaN, a lone surrogate, "1e400", ...
+        return None
+    if fast.dumps(value) != text.encode():
+        return None
+    return value

@@ -33,6 +33,7 @@ from .canonical import canonical_operation_payload, quoted_name
 from .errors import INVALID_OPERATION, OfflineError
 from .frozen import FrozenDict, adopt, freeze
 from .hlc import MAX_LOGICAL, MAX_WALL_TIME, HLCTimestamp, serialize_timestamp
+from .json_text import exact_loads
 
 __all__ = [
     "BYTES_MARKER",
@@ -651,7 +652,9 @@ def operation_from_text(text: str) -> Operation:
     The text is kept on the operation (`received_text`) when it holds exactly the wire fields, so storing the
     operation elsewhere (``app.apply`` on another replica) or sending it uses it instead of encoding it again.
     """
-    raw = json.loads(text)
+    raw = exact_loads(text)
+    if raw is None:
+        raw = json.loads(text)
     op = Operation.from_wire(raw, verify=False)
     if plain_wire_keys(raw):
         keep_received_text(op, text)

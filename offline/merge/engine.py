@@ -108,6 +108,7 @@ from typing import Any, cast
 
 from offline.core.fields import MAX_SAFE_INTEGER, FieldDescriptor
 from offline.core.frozen import FrozenDict, thaw
+from offline.core.json_text import exact_loads
 from offline.core.operations import BYTES_MARKER, Operation
 from offline.core.schema import CollectionDefinition, SchemaDefinition
 from offline.core.server_nodes import is_server_node_id
@@ -335,6 +336,9 @@ def _loads(text: str | bytes) -> Any:
     """``json.loads(text)``: a state text (compact, no surrounding whitespace) goes straight to the scanner,
     skipping the checks and whitespace matching around it; anything else takes ``json.loads`` itself."""
     if type(text) is str:
+        value = exact_loads(text)
+        if value is not None:
+            return value
         try:
             value, end = _scan_once(text, 0)
         except StopIteration:
@@ -1231,16 +1235,22 @@ class MergeEngine:
         if plan is None or plan.state_machines:
             return None
         floats = False
-        try:
-            raw, end = _scan_floatless(text, 0)
-        except StopIteration:
-            return None
-        except _FloatInText:
-            floats = True
+        # orjson's read, when it writes the state back exactly: the floats it holds (if any) `floatless_json`
+        # then writes as the canonical text does, so the fold need not know of them (`exact_loads`).
+        raw = exact_loads(text)
+        if raw is not None:
+            end = len(text)
+        else:
             try:
-                raw, end = _scan_once(text, 0)
+                raw, end = _scan_floatless(text, 0)
             except StopIteration:
                 return None
+            except _FloatInText:
+                floats = True
+                try:
+                    raw, end = _scan_once(text, 0)
+                except StopIteration:
+                    return None
         if end != len(text) or type(raw) is not dict:
             return None
         if op.causal_context is not None:
