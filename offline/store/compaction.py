@@ -156,7 +156,7 @@ def compact(app: App, *, superseded_only: bool = False) -> int:
         # A state stored as a reference to its operation is written out (that operation is about to go), and
         # one stored as its base (`STATE_BASE`, whose base is about to change): both found by one read of
         # the records' states.
-        based = _write_out_dropping_references(app)
+        based, stateless = _write_out_dropping_references(app)
         if based:
             conn.executemany(
                 "UPDATE _offline_state SET state = (SELECT c.state FROM _offline_compacted c "
@@ -164,15 +164,19 @@ def compact(app: App, *, superseded_only: bool = False) -> int:
                 "WHERE collection = ? AND record_id = ? AND state = ?",
                 [(*key, STATE_BASE) for key in based],
             )
-        # Records that keep operations (pending ones), or have no merge state: their base is folded here.
-        # (Only this node's operations wait: its part of the log's key, not the whole log, is read.)
+        # Records that keep operations (pending ones), or have no merge state (found by the read above):
+        # their base is folded here. (Only this node's operations wait: its part of the log's key, not the
+        # whole log, is read.)
         conn.execute(
             "UPDATE temp._offline_dropping SET special = 1 WHERE (collection, record_id) IN "
-            "(SELECT collection, record_id FROM _offline_ops WHERE node_id = ? AND status NOT IN (?, ?)) "
-            "OR NOT EXISTS (SELECT 1 FROM _offline_state s WHERE s.collection = _offline_dropping.collection "
-            "AND s.record_id = _offline_dropping.record_id)",
+            "(SELECT collection, record_id FROM _offline_ops WHERE node_id = ? AND status NOT IN (?, ?))",
             (app.node_id, ACKED, REJECTED),
         )
+        if stateless:
+            conn.executemany(
+                "UPDATE temp._offline_dropping SET special = 1 WHERE collection = ? AND record_id = ?",
+                stateless,
+            )
         special: dict[tuple[str, str], list[tuple[str, int]]] = {}
         for collection, record_id, node_id, seq in conn.execute(
             "SELECT collection, record_id, node_id, seq FROM temp._offline_dropping WHERE special = 1"
@@ -270,16 +274,17 @@ def _fill_dropping(conn: Any, node_id: str) -> None:
     """Fill ``temp._offline_dropping`` with each (record, node)'s highest number and count among the
     acknowledged operations of the log (its ``hlc`` column left empty).
 
-    Read off the index on (collection, record id, id), which holds every row's key (node, number) and is
-    already in record order, instead of the log's rows (each several hundred bytes of wire text) in key
-    order, sorted again: the fill was about a quarter of a compaction. The index has no status, but only
+    Read off the index on (collection, record id, node, id), which holds every row's key (node, number) and
+    is already in record and node order, instead of the log's rows (each several hundred bytes of wire text)
+    in key order, sorted again: the fill was about a quarter of a compaction (and with the id before the
+    node in that index, a sort was most of the fill). The index has no status, but only
     this node's operations are ever other than acknowledged (a received operation is stored acknowledged,
     and only this node's are waiting or refused), so the records holding one of those, found by a walk of
     this node's part of the key, are counted again from their acknowledged rows."""
     conn.execute(
         "INSERT INTO temp._offline_dropping (collection, record_id, node_id, seq, hlc, n, special) "
         "SELECT collection, record_id, node_id, max(sequence_number), '', count(*), 0 "
-        "FROM _offline_ops INDEXED BY _offline_ops_record_id GROUP BY collection, record_id, node_id"
+        "FROM _offline_ops INDEXED BY _offline_ops_record_node GROUP BY collection, record_id, node_id"
     )
     inexact = "SELECT collection, record_id FROM _offline_ops WHERE node_id = ? AND status != ?"
     conn.execute(
@@ -302,7 +307,7 @@ def due(app: App) -> int:
     limit = app.compact_after
     assert limit is not None
     with app.db.lock:
-        # (Both counts read the index on (collection, record_id, id): no operation text is read.)
+        # (Both counts read the index on (collection, record_id, node_id, id): no operation text is read.)
         records, ops = app.db.conn.execute(
             "SELECT count(*), coalesce(sum(n), 0) FROM "
             "(SELECT count(*) AS n FROM _offline_ops GROUP BY collection, record_id)"
@@ -380,24 +385,29 @@ def _one_operation_state(app: App, collection: str, record_id: str, op: Operatio
     return app._refold_one(collection, record_id, op).to_json()
 
 
-def _write_out_dropping_references(app: App) -> list[tuple[str, str]]:
+def _write_out_dropping_references(app: App) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
     """Write out as text each state stored as a reference to its operation (`STATE_REFERENCE` + id) among
     the records of ``temp._offline_dropping``, its operation read in the same statement (a join) and
     dropped once its state's text is made, so a compaction never holds thousands of operations at once.
-    Returns those records whose state is stored as their base (`STATE_BASE`), found by the same read."""
+    Returns, found by the same read of the records' states, those whose state is stored as their base
+    (`STATE_BASE`) and those that have none."""
     made: list[tuple[str, str, str]] = []
     based: list[tuple[str, str]] = []
+    stateless: list[tuple[str, str]] = []
     for collection, record_id, reference, wire in app.db.conn.execute(
         # (a state stored as bytes is never a reference: substr of a blob is a blob)
-        "SELECT s.collection, s.record_id, s.state, o.wire "
+        "SELECT k.collection, k.record_id, s.state, o.wire "
         "FROM (SELECT DISTINCT collection, record_id FROM temp._offline_dropping) k "
-        "JOIN _offline_state s ON s.collection = k.collection AND s.record_id = k.record_id "
-        "AND (substr(s.state, 1, 1) = ? OR s.state = ?) "
+        "LEFT JOIN _offline_state s ON s.collection = k.collection AND s.record_id = k.record_id "
         "LEFT JOIN _offline_ops o ON o.collection = s.collection AND o.record_id = s.record_id "
-        "AND o.id = substr(s.state, 2)",
+        "AND o.id = substr(s.state, 2) "
+        "WHERE s.state IS NULL OR substr(s.state, 1, 1) = ? OR s.state = ?",
         (STATE_REFERENCE, STATE_BASE),
     ):
         collection, record_id = str(collection), str(record_id)
+        if reference is None:
+            stateless.append((collection, record_id))
+            continue
         if reference == STATE_BASE:
             based.append((collection, record_id))
             continue
@@ -414,7 +424,7 @@ def _write_out_dropping_references(app: App) -> list[tuple[str, str]]:
         made.append((collection, record_id, _one_operation_state(app, collection, record_id, op)))
     if made:
         app.db.save_states(made)
-    return based
+    return based, stateless
 
 
 def held_versions(app: App, keys: Iterable[tuple[str, str]]) -> dict[tuple[str, str], dict[str, int]]:

@@ -50,12 +50,15 @@ PENDING_OPS = (
 # Keyed by (node, sequence number), which a node never reuses: a node's operations are appended in order,
 # so a local write adds to the last page of the table. Operation ids are content hashes, spread at random:
 # an index on them cost most of the write (a random page per write, hundreds per received batch), so there
-# is none. Ids are indexed under their record instead, (collection, record id, id): a record's operations
-# are mostly written in order, so that index takes appends too. Duplicates are found by (node, sequence
-# number), or by the id within its record (`held_in_records`: an operation re-sent under another sequence
-# number, however old; a record's merge state only recognises a bounded part of its history); an operation
-# is looked up by its place, or by id within its record, and only a caller that knows neither (a refusal
-# from a past session) searches the whole log.
+# is none. Ids are indexed under their record and node instead, (collection, record id, node, id): a
+# record's operations are mostly written in order, so that index takes appends too. Duplicates are found by
+# (node, sequence number), or by the id within its record and node (`held_in_records`: an operation re-sent
+# under another sequence number, however old; a record's merge state only recognises a bounded part of its
+# history; an id is the hash of content that names the node, so the same id is always the same node's); an
+# operation is looked up by its place, or by id within its record, and only a caller that knows neither (a
+# refusal from a past session) searches the whole log. The node before the id keeps each record's entries
+# in (node, number) order too, which is how compaction reads what it drops (`compaction._fill_dropping`:
+# grouped by record and node without a sort).
 _OPS_TABLE = """CREATE TABLE IF NOT EXISTS _offline_ops (
         node_id TEXT NOT NULL,
         sequence_number INTEGER NOT NULL,
@@ -75,8 +78,10 @@ _INTERNAL = (
     """CREATE TABLE IF NOT EXISTS _offline_meta (key TEXT PRIMARY KEY NOT NULL, value TEXT NOT NULL)""",
     _OPS_TABLE,
     # Records are mostly written in the order they were created (UUID v7 ids): appends again. The id last:
-    # the lookup of an operation within its record's (`held_in_records`). It replaces the index without it.
-    """CREATE INDEX IF NOT EXISTS _offline_ops_record_id ON _offline_ops (collection, record_id, id)""",
+    # the lookup of an operation within its record's and node's (`held_in_records`). It replaces the
+    # earlier indexes on (collection, record_id) and on (collection, record_id, id).
+    """CREATE INDEX IF NOT EXISTS _offline_ops_record_node ON _offline_ops (collection, record_id, node_id, id)""",
+    """DROP INDEX IF EXISTS _offline_ops_record_id""",
     """DROP INDEX IF EXISTS _offline_ops_record""",
     """CREATE TABLE IF NOT EXISTS _offline_vv (node_id TEXT PRIMARY KEY NOT NULL, seq INTEGER NOT NULL)""",
     """CREATE TABLE IF NOT EXISTS _offline_state (
@@ -344,18 +349,19 @@ class LocalDatabase:
         return held
 
     def held_in_records(self, ops: Iterable[Operation]) -> set[str]:
-        """The ids of ``ops`` the log holds already, at whatever place (found by id within its record)."""
-        keys = [(op.collection, op.record_id, op.id) for op in ops]
+        """The ids of ``ops`` the log holds already, at whatever place (found by id within its record and
+        node: an id hashes its node's id, so equal ids are the same node's)."""
+        keys = [(op.collection, op.record_id, op.node_id, op.id) for op in ops]
         held: set[str] = set()
-        for start in range(0, len(keys), 300):
-            chunk = keys[start : start + 300]
-            values = ",".join("(?, ?, ?)" for _ in chunk)
+        for start in range(0, len(keys), 240):
+            chunk = keys[start : start + 240]
+            values = ",".join("(?, ?, ?, ?)" for _ in chunk)
             held.update(
                 row[0]
                 for row in self.conn.execute(
-                    f"WITH wanted(c, r, i) AS (VALUES {values}) SELECT o.id FROM wanted "
+                    f"WITH wanted(c, r, n, i) AS (VALUES {values}) SELECT o.id FROM wanted "
                     "JOIN _offline_ops o ON o.collection = wanted.c AND o.record_id = wanted.r "
-                    "AND o.id = wanted.i",
+                    "AND o.node_id = wanted.n AND o.id = wanted.i",
                     [part for key in chunk for part in key],
                 )
             )

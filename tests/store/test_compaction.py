@@ -3,6 +3,7 @@ refusals, rebuilds, restarts and exports keep working as if they were still ther
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import tempfile
@@ -326,6 +327,30 @@ def test_a_compaction_dropping_the_whole_log_clears_it_at_once_and_keeps_recogni
     assert [s for s in statements if s.startswith("DELETE FROM _offline_ops")] != ["DELETE FROM _offline_ops"]
     assert stored_in_log(device) == {mine: 1}
     assert log_statuses(device) == [PENDING]
+    device.close()
+    source.close()
+
+
+def test_a_record_whose_log_has_no_merge_state_gets_its_base_folded_from_its_operations(
+    tmp_path: Path,
+) -> None:
+    source = create_app(NOTES, path=":memory:", compact_after=None)
+    device = create_app(NOTES, path=str(tmp_path / "d.db"), compact_after=None)
+    kept, lost = (source.notes.insert({"body": f"n{i}"})["id"] for i in range(2))
+    for record_id in (kept, lost):
+        source.notes.update(record_id, {"votes": op.increment(3)})
+    device.apply(source.operations())
+    expected = device.notes.fetch()
+    with device.db.lock, device.db.transaction():
+        device.db.conn.execute("DELETE FROM _offline_state WHERE record_id = ?", (lost,))
+    assert device.compact() == 4
+    # Its base was made from its operations (not copied from a state it lacks): a rebuild brings it back.
+    (versions,) = device.db.conn.execute(
+        "SELECT versions FROM _offline_compacted WHERE record_id = ?", (lost,)
+    ).fetchone()
+    assert json.loads(versions) == {source.node_id: 4}
+    device.rebuild()
+    assert device.notes.fetch() == expected
     device.close()
     source.close()
 

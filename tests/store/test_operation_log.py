@@ -106,7 +106,7 @@ def test_an_operation_log_with_a_unique_id_index_is_rebuilt_without_it(tmp_path:
         app.todos.insert({"title": "after the upgrade"})
     indexes = _indexes(path)
     assert not any(origin == "u" for _, _, origin in indexes)
-    assert "_offline_ops_record_id" in {name for name, _, _ in indexes}
+    assert "_offline_ops_record_node" in {name for name, _, _ in indexes}
 
 
 def test_an_operation_held_under_another_sequence_number_is_a_duplicate(tmp_path: Path, app: App) -> None:

@@ -363,3 +363,11 @@ def test_a_scope_larger_than_snapshot_max_bytes_syncs_by_socket(
     status, _, raw = ask(server.http_url, {**body, "syncScope": {"todos": {"ownerId": "small"}}})
     assert status == 200 and raw.startswith(snapshot.SQLITE_HEADER)
     assert served(server.http_url) == {"built": 1, "served": 1}
+
+
+def test_the_browser_asks_for_the_format_the_server_writes() -> None:
+    # web/snapshot.js keeps its own copy of FORMAT (it asks before Python has started): a layout change
+    # bumps both, or every fresh browser is told 204 and syncs over the socket.
+    script = Path(offline.__file__).parent.parent / "offline_cli/templates/project/web/snapshot.js"
+    (line,) = [text for text in script.read_text().splitlines() if text.startswith("export const FORMAT = ")]
+    assert line == f"export const FORMAT = {snapshot.FORMAT};"
