@@ -20,7 +20,7 @@ import pytest
 
 from offline import create_app
 
-from .support import FAST_SYNC, guarded_browser, live_server, new_context, project_modules
+from .support import FAST_SYNC, database_name, guarded_browser, live_server, new_context, project_modules
 from .test_browser_client import START_TIMEOUT_MS, eventually, open_app, records
 from .test_browser_storage import WITHOUT_OPFS, reload
 
@@ -108,6 +108,52 @@ def test_a_fresh_browser_starts_from_the_servers_snapshot_and_syncs_on(
             assert "snapshot-requested" not in timings and "first-states" not in timings
             assert await records(page) == mine
             assert counters["snapshots_served"] == 1
+
+    with live_server(schema, web_project / "dist", tmp_path / "server.db", seed_count=SEEDED) as live:
+        asyncio.run(scenario(live))
+
+
+# The page's IndexedDB database as the storage's first open leaves it: its stores made, nothing in them.
+CREATE_EMPTY = """
+async (name) => {
+  const db = await new Promise((resolve, reject) => {
+    const request = indexedDB.open(`offline:${name}`, 1);
+    request.onupgradeneeded = () => {
+      request.result.createObjectStore("chunks");
+      request.result.createObjectStore("meta");
+    };
+    request.onsuccess = () => resolve(request.result);
+    request.onerror = () => reject(request.error);
+  });
+  db.close();
+}
+"""
+
+
+def test_an_empty_indexeddb_database_still_asks_for_the_snapshot(
+    chromium: str, web_project: Path, tmp_path: Path
+) -> None:
+    """The worker opens its storage while it first looks whether anything is stored: in IndexedDB, that
+    open creates the (empty) database, and the look must not take it for a stored one. Here the empty
+    database is there before the page starts, as when the open wins that race."""
+    schema, _ = project_modules(web_project)
+
+    async def scenario(live: Any) -> None:
+        from playwright.async_api import expect
+
+        async with guarded_browser(chromium) as (browser, guard):
+            context = await new_context(browser, guard)
+            await context.add_init_script(WITHOUT_OPFS)
+            setup = await context.new_page()
+            await setup.goto(live.url + "/config.js")  # (same site; does not start the app)
+            await setup.evaluate(CREATE_EMPTY, database_name(web_project))
+            await setup.close()
+            page = await first_visit(context, live.url)
+            timings = await page.evaluate("window.offlineClient.timings")
+            for stage in ("snapshot-requested", "snapshot-answered", "snapshot-written"):
+                assert stage in timings, sorted(timings)
+            assert live.server.sync.counters["snapshots_served"] == 1
+            await expect(page.locator("#count")).to_have_text(shown())
 
     with live_server(schema, web_project / "dist", tmp_path / "server.db", seed_count=SEEDED) as live:
         asyncio.run(scenario(live))

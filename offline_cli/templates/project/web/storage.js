@@ -765,9 +765,36 @@ export async function nothingStored(name) {
   }
   if (typeof indexedDB === "undefined" || !indexedDB.databases) return false;
   try {
-    return !(await indexedDB.databases()).some((info) => info.name === `offline:${name}`);
+    if (!(await indexedDB.databases()).some((info) => info.name === `offline:${name}`)) return true;
+    return !(await indexedDBHolds(`offline:${name}`));
   } catch {
     return false;
+  }
+}
+
+// Whether the IndexedDB database `name` (which exists) holds a file: openStorage creates it empty, and runs
+// side by side with nothingStored, so being listed is not enough. Opened at whatever version it has; never
+// created (if it went away meanwhile, the open is aborted: nothing held).
+async function indexedDBHolds(name) {
+  const request = indexedDB.open(name);
+  request.onupgradeneeded = () => request.transaction.abort();
+  let db;
+  try {
+    db = await done(request);
+  } catch (error) {
+    if (error && error.name === "AbortError") return false;
+    throw error;
+  }
+  try {
+    if (!db.objectStoreNames.contains("meta") || !db.objectStoreNames.contains("chunks")) return false;
+    const tx = db.transaction(["meta", "chunks"]);
+    const size = await done(tx.objectStore("meta").get("size"));
+    if (!size) return false;
+    // An interrupted snapshot reads as a new database (StoredFile.load), as in OPFS above.
+    const first = await done(tx.objectStore("chunks").get(0));
+    return !(first && cutShort(new Uint8Array(first).subarray(0, 16)));
+  } finally {
+    db.close();
   }
 }
 
