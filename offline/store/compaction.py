@@ -186,20 +186,37 @@ def compact(app: App, *, superseded_only: bool = False) -> int:
         # numbers the highest of the old ones and the dropped ones per node (json_group_object writes the
         # compact sorted form `_versions_text` writes). A record compacted for the first time whose dropped
         # operations come from one node (the usual case) takes json_object of that node's number, the same
-        # text, without the union, grouping and sorting per record (~8k instructions a record).
-        conn.execute(
-            "INSERT OR REPLACE INTO _offline_compacted (collection, record_id, state, versions) "
-            "SELECT k.collection, k.record_id, CAST(s.state AS TEXT), "
-            "CASE WHEN c.versions IS NULL AND k.nodes = 1 THEN json_object(k.node, k.seq) ELSE "
-            "(SELECT json_group_object(node, seq) FROM (SELECT node, max(seq) AS seq FROM ("
-            "SELECT key AS node, value AS seq FROM json_each(c.versions) "
-            "UNION ALL SELECT d.node_id, d.seq FROM temp._offline_dropping d "
-            "WHERE d.collection = k.collection AND d.record_id = k.record_id) GROUP BY node ORDER BY node)) END "
+        # text, without the union, grouping and sorting per record (~8k instructions a record). While the
+        # table holds no base at all (a replica's first compaction), no old numbers are looked up, nor a row
+        # to replace.
+        dropped_per_node = (
+            "SELECT d.node_id AS node, d.seq FROM temp._offline_dropping d "
+            "WHERE d.collection = k.collection AND d.record_id = k.record_id"
+        )
+        records = (
             "FROM (SELECT collection, record_id, count(*) AS nodes, max(node_id) AS node, max(seq) AS seq "
             "FROM temp._offline_dropping WHERE special = 0 GROUP BY collection, record_id) k "
             "JOIN _offline_state s ON s.collection = k.collection AND s.record_id = k.record_id "
-            "LEFT JOIN _offline_compacted c ON c.collection = k.collection AND c.record_id = k.record_id"
         )
+        if conn.execute("SELECT 1 FROM _offline_compacted LIMIT 1").fetchone() is None:
+            conn.execute(
+                "INSERT INTO _offline_compacted (collection, record_id, state, versions) "
+                "SELECT k.collection, k.record_id, CAST(s.state AS TEXT), "
+                "CASE WHEN k.nodes = 1 THEN json_object(k.node, k.seq) ELSE "
+                f"(SELECT json_group_object(node, seq) FROM ({dropped_per_node} ORDER BY node)) END "
+                + records
+            )
+        else:
+            conn.execute(
+                "INSERT OR REPLACE INTO _offline_compacted (collection, record_id, state, versions) "
+                "SELECT k.collection, k.record_id, CAST(s.state AS TEXT), "
+                "CASE WHEN c.versions IS NULL AND k.nodes = 1 THEN json_object(k.node, k.seq) ELSE "
+                "(SELECT json_group_object(node, seq) FROM (SELECT node, max(seq) AS seq FROM ("
+                f"SELECT key AS node, value AS seq FROM json_each(c.versions) UNION ALL {dropped_per_node}) "
+                "GROUP BY node ORDER BY node)) END "
+                + records
+                + "LEFT JOIN _offline_compacted c ON c.collection = k.collection AND c.record_id = k.record_id"
+            )
         out: list[tuple[str, str, str, str]] = []
         if special:
             keys = list(special)

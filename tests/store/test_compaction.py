@@ -355,6 +355,41 @@ def test_a_record_whose_log_has_no_merge_state_gets_its_base_folded_from_its_ope
     source.close()
 
 
+def test_a_first_and_a_later_compaction_keep_each_writers_highest_number(tmp_path: Path) -> None:
+    # A record written by two nodes, compacted while nothing is compacted yet (a replica's first
+    # compaction), then again once one of them wrote more: each time, one number per node, the highest.
+    first = create_app(NOTES, path=":memory:", compact_after=None)
+    second = create_app(NOTES, path=":memory:", compact_after=None)
+    device = create_app(NOTES, path=str(tmp_path / "d.db"), compact_after=None)
+    note = first.notes.insert({"body": "n"})["id"]
+    second.apply(first.operations())
+    for _ in range(2):
+        second.notes.update(note, {"votes": op.increment(1)})
+    first.notes.update(note, {"votes": op.increment(1)})
+    device.apply(first.operations())
+    device.apply(second.operations())
+
+    def versions() -> str:
+        (text,) = device.db.conn.execute(
+            "SELECT versions FROM _offline_compacted WHERE record_id = ?", (note,)
+        ).fetchone()
+        return str(text)
+
+    assert device.compact() == 4
+    expected = {first.node_id: 2, second.node_id: 2}
+    assert versions() == json.dumps(dict(sorted(expected.items())), separators=(",", ":"))
+    second.notes.update(note, {"votes": op.increment(1)})
+    device.apply(second.operations(after=device.version_vector))
+    assert device.compact() == 1
+    expected[second.node_id] = 3
+    assert versions() == json.dumps(dict(sorted(expected.items())), separators=(",", ":"))
+    assert device.notes.find_by_id(note)["votes"] == 4
+    device.rebuild()
+    assert device.notes.find_by_id(note)["votes"] == 4
+    for app in (device, first, second):
+        app.close()
+
+
 def test_a_state_stored_as_its_base_is_written_out_before_compaction_replaces_the_base(
     tmp_path: Path,
 ) -> None:
