@@ -165,6 +165,19 @@ def project_modules(project: Path) -> tuple[Any, Any]:
     return schema.schema, todos
 
 
+# A page script's expression for opening the page's IndexedDB database ``offline:<name>`` (a variable
+# `name` in scope) as web/storage.js makes it: its stores created if it is new.
+OPEN_PAGE_DATABASE = """new Promise((resolve, reject) => {
+    const request = indexedDB.open(`offline:${name}`, 1);
+    request.onupgradeneeded = () => {
+      request.result.createObjectStore("chunks");
+      request.result.createObjectStore("meta");
+    };
+    request.onsuccess = () => resolve(request.result);
+    request.onerror = () => reject(request.error);
+  })"""
+
+
 def database_name(project: Path) -> str:
     """The name the project's page keeps its database under (``offline:NAME`` in IndexedDB, OPFS folder)."""
     return str(json.loads((project / "package.json").read_text())["offline"]["database"])

@@ -20,7 +20,15 @@ import pytest
 
 from offline import create_app
 
-from .support import FAST_SYNC, database_name, guarded_browser, live_server, new_context, project_modules
+from .support import (
+    FAST_SYNC,
+    OPEN_PAGE_DATABASE,
+    database_name,
+    guarded_browser,
+    live_server,
+    new_context,
+    project_modules,
+)
 from .test_browser_client import START_TIMEOUT_MS, eventually, open_app, records
 from .test_browser_storage import WITHOUT_OPFS, reload
 
@@ -114,19 +122,11 @@ def test_a_fresh_browser_starts_from_the_servers_snapshot_and_syncs_on(
 
 
 # The page's IndexedDB database as the storage's first open leaves it: its stores made, nothing in them.
-CREATE_EMPTY = """
-async (name) => {
-  const db = await new Promise((resolve, reject) => {
-    const request = indexedDB.open(`offline:${name}`, 1);
-    request.onupgradeneeded = () => {
-      request.result.createObjectStore("chunks");
-      request.result.createObjectStore("meta");
-    };
-    request.onsuccess = () => resolve(request.result);
-    request.onerror = () => reject(request.error);
-  });
+CREATE_EMPTY = f"""
+async (name) => {{
+  const db = await {OPEN_PAGE_DATABASE};
   db.close();
-}
+}}
 """
 
 

@@ -19,7 +19,7 @@ import pytest
 from offline import OfflineError, create_app, define_schema, t
 from offline.worker import start
 
-from .support import database_name, run_in_browser, wrapped_worker
+from .support import OPEN_PAGE_DATABASE, database_name, run_in_browser, wrapped_worker
 from .test_browser_client import START_TIMEOUT_MS
 
 GARBAGE = b"these bytes are no SQLite database " * 500
@@ -139,24 +139,16 @@ def test_a_browser_that_refuses_indexeddb_gets_a_clear_message(
     run_in_browser(chromium, web_project, tmp_path, scenario)
 
 
-WRITE_GARBAGE = """
-async ([name, bytes]) => {
-  const db = await new Promise((resolve, reject) => {
-    const request = indexedDB.open(`offline:${name}`, 1);
-    request.onupgradeneeded = () => {
-      request.result.createObjectStore("chunks");
-      request.result.createObjectStore("meta");
-    };
-    request.onsuccess = () => resolve(request.result);
-    request.onerror = () => reject(request.error);
-  });
+WRITE_GARBAGE = f"""
+async ([name, bytes]) => {{
+  const db = await {OPEN_PAGE_DATABASE};
   const data = new Uint8Array(bytes);
   const tx = db.transaction(["chunks", "meta"], "readwrite");
   tx.objectStore("chunks").put(data.buffer, 0);
   tx.objectStore("meta").put(data.length, "size");
-  await new Promise((resolve, reject) => { tx.oncomplete = resolve; tx.onerror = () => reject(tx.error); });
+  await new Promise((resolve, reject) => {{ tx.oncomplete = resolve; tx.onerror = () => reject(tx.error); }});
   db.close();
-}
+}}
 """
 
 READ_CHUNK = """
