@@ -53,11 +53,12 @@ the log has grown by twice as much again as it holds records:
   times its records plus ``compact_after`` (a hot record: ``compact_after`` operations), not its history.
   Why twice, not once: each pass writes a base per record it compacts and pays its fixed costs (the
   fill, the statements, the commit of every page it dirtied) once however many operations it drops, so
-  fewer, larger passes drop the same history for less. Measured (callgrind, issue 24) on a fold shaped like
-  the bench's, 2,000 records x (1 insert + 4 updates) in batches of 1,000 with ``compact_after`` 2,000:
-  at once the records, two passes dropped 8,000 operations; at twice, one pass dropped 6,000: 413k -> 387k
-  instructions per applied operation (the same fold without compaction: 353k). The price: the log's bound
-  grows from about two operations per record to about three.
+  fewer, larger passes drop the same history for less. Measured (callgrind, issue 24, when the rule was
+  chosen) on a fold shaped like the bench's, 2,000 records x (1 insert + 4 updates) in batches of 1,000
+  with ``compact_after`` 2,000: at once the records, two passes dropped 8,000 operations; at twice, one
+  pass dropped 6,000: 413k -> 387k instructions per applied operation (the same fold without compaction:
+  353k). Passes have become cheaper since (that fold: 358k with compaction, 341k without). The price: the
+  log's bound grows from about two operations per record to about three.
   Counted in memory (`App._grew`), checked against the log (two index scans) only when the count could
   have reached the excess.
 

@@ -143,6 +143,32 @@ def test_an_operation_resent_under_a_new_sequence_number_long_after_is_a_duplica
     assert app.todos.find_by_id(record["id"])["votes"] == 1  # type: ignore[index]  # counted once
 
 
+def test_looking_an_operation_up_by_id_and_compacting_search_the_record_index_without_sorting(
+    app: App,
+) -> None:
+    # An id is found within its record and node by a search of the index's four columns, and compaction
+    # groups the log by record and node in that index's order (no sort of the log).
+    app.todos.insert({"title": "t"})
+    statements: list[str] = []
+    app.db.conn.set_trace_callback(statements.append)
+    try:
+        assert app.db.held_in_records(app.operations()) == {op.id for op in app.operations()}
+        app.compact()
+    finally:
+        app.db.conn.set_trace_callback(None)
+    lookup = next(s for s in statements if s.startswith("WITH wanted"))
+    # (The traced text has the values written in.)
+    plan = [row[3] for row in app.db.conn.execute("EXPLAIN QUERY PLAN " + lookup)]
+    assert any(
+        "USING COVERING INDEX _offline_ops_record_node (collection=? AND record_id=? AND node_id=? AND id=?)"
+        in step
+        for step in plan
+    ), plan
+    fill = next(s for s in statements if "INDEXED BY _offline_ops_record_node GROUP BY" in s)
+    plan = [row[3] for row in app.db.conn.execute("EXPLAIN QUERY PLAN " + fill)]
+    assert not any("TEMP B-TREE" in step for step in plan), plan
+
+
 def test_operations_with_causal_contexts_are_recognised_by_their_records_states_not_searched_by_id(
     tmp_path: Path, app: App
 ) -> None:
