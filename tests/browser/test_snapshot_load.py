@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 
+from offline.sync import snapshot
+
 from .support import run_node_script
 
 DECLINED = ["snapshot-requested", "snapshot-declined"]
@@ -45,7 +47,7 @@ def test_a_new_database_is_the_servers_snapshot_written_head_last(seen: dict[str
         "url": "http://127.0.0.1:8000/offline-sync/snapshot",
         "method": "POST",
         "headers": {"Content-Type": "application/json"},
-        "body": {"format": 1, "offline": "0.1.0", "schemaVersion": 3, "syncScope": None},
+        "body": {"format": snapshot.FORMAT, "offline": "0.1.0", "schemaVersion": 3, "syncScope": None},
     }
     log = accepted["log"]
     # Everything past the head first, flushed; then the head, flushed: the file is whole on the disk.

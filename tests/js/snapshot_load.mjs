@@ -5,7 +5,7 @@
 //
 // Usage: node snapshot_load.mjs <a SQLite database file>. Prints JSON.
 import { readFileSync } from "node:fs";
-import { HEAD, loadSnapshot } from "../../offline_cli/templates/project/web/snapshot.js";
+import { FORMAT, HEAD, loadSnapshot } from "../../offline_cli/templates/project/web/snapshot.js";
 import { OpfsStorage } from "../../offline_cli/templates/project/web/storage.js";
 
 const database = new Uint8Array(readFileSync(process.argv[2]));
@@ -91,7 +91,10 @@ function body(bytes, { size = 10_000, stop = null, cut = 0 } = {}) {
   });
 }
 
-const SNAPSHOT_HEADERS = { "Content-Type": "application/vnd.sqlite3", "X-Offline-Snapshot-Format": "1" };
+const SNAPSHOT_HEADERS = {
+  "Content-Type": "application/vnd.sqlite3",
+  "X-Offline-Snapshot-Format": String(FORMAT),
+};
 
 // `fresh`: what the first look (storage.js's nothingStored) said; by default, whether the storage is empty.
 async function scenario({ answer = null, config = CONFIG, stored = null, waitMs = 5000, fresh = null } = {}) {
@@ -162,7 +165,9 @@ seen.noContent = await scenario({ answer: () => new Response(null, { status: 204
 seen.unauthorized = await scenario({
   answer: () => new Response('{"code":"AUTH_FAILED"}', { status: 401, headers: { "Content-Type": "application/json" } }),
 });
-seen.otherFormat = await scenario({ answer: ok(database, {}, { ...SNAPSHOT_HEADERS, "X-Offline-Snapshot-Format": "2" }) });
+seen.otherFormat = await scenario({
+  answer: ok(database, {}, { ...SNAPSHOT_HEADERS, "X-Offline-Snapshot-Format": String(FORMAT + 1) }),
+});
 seen.notSqlite = await scenario({ answer: ok(new TextEncoder().encode("<!doctype html>".repeat(10_000))) });
 seen.truncated = await scenario({ answer: ok(database, { cut: 4096 }) });
 seen.network = await scenario({ answer: "network" });
