@@ -31,6 +31,7 @@ from offline.store.replication import (
 )
 from tests.merge._support import SCHEMA, FakeClock, canonical
 from tests.merge.test_convergence_properties import local_write, snapshot
+from tests.support.sql_trace import traced
 
 NOTES = define_schema(
     {
@@ -298,12 +299,8 @@ def test_a_compaction_dropping_the_whole_log_clears_it_at_once_and_keeps_recogni
         source.notes.update(record_id, {"votes": op.increment(1)})
     received = source.operations()
     device.apply(received)
-    statements: list[str] = []
-    device.db.conn.set_trace_callback(statements.append)
-    try:
+    with traced(device.db.conn) as statements:
         assert device.compact() == 6
-    finally:
-        device.db.conn.set_trace_callback(None)
     deletes = [s for s in statements if s.startswith("DELETE FROM _offline_ops")]
     # Every operation of the log was acknowledged: the log is cleared, not searched row by row.
     assert deletes == ["DELETE FROM _offline_ops"]
@@ -318,12 +315,8 @@ def test_a_compaction_dropping_the_whole_log_clears_it_at_once_and_keeps_recogni
     # With a waiting operation in the log, only the acknowledged ones go.
     source.notes.update(ids[0], {"votes": op.increment(1)})
     device.apply(source.operations(after=device.version_vector))
-    statements.clear()
-    device.db.conn.set_trace_callback(statements.append)
-    try:
+    with traced(device.db.conn) as statements:
         assert device.compact() == 1
-    finally:
-        device.db.conn.set_trace_callback(None)
     assert [s for s in statements if s.startswith("DELETE FROM _offline_ops")] != ["DELETE FROM _offline_ops"]
     assert stored_in_log(device) == {mine: 1}
     assert log_statuses(device) == [PENDING]

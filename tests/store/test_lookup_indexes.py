@@ -18,6 +18,7 @@ import pytest
 from offline import App, OfflineError, create_app, define_schema, t
 from offline.core.migrations import migrate
 from tests.merge._support import make_op
+from tests.support.sql_trace import traced
 
 
 def _schema(version: int = 1, **extra: Any) -> dict[str, Any]:
@@ -67,13 +68,9 @@ def app(tmp_path: Path) -> Iterator[App]:
 
 def _plans_of(app: App, action: Any) -> list[tuple[str, str]]:
     """(statement, query plan) of every SELECT ``action`` runs on the database."""
-    statements: list[str] = []
     conn = app.db.conn
-    conn.set_trace_callback(statements.append)
-    try:
+    with traced(conn) as statements:
         action()
-    finally:
-        conn.set_trace_callback(None)
     out = []
     for sql in statements:
         if sql.lstrip().upper().startswith(("SELECT", "WITH")):
@@ -233,12 +230,8 @@ def test_the_highest_clock_is_read_without_reading_the_log(app: App) -> None:
     (scanned,) = conn.execute("SELECT max(hlc) FROM _offline_ops").fetchone()
 
     assert app.db.max_hlc() == scanned
-    statements: list[str] = []
-    conn.set_trace_callback(statements.append)
-    try:
+    with traced(conn) as statements:
         app.db.max_hlc()
-    finally:
-        conn.set_trace_callback(None)
     (sql,) = statements
     plan = " | ".join(str(r[-1]) for r in conn.execute("EXPLAIN QUERY PLAN " + sql))
     assert "SCAN _offline_ops" not in plan

@@ -20,6 +20,7 @@ from offline.merge.values import compact_json
 from offline.store import App
 from offline.store.database import ACKED, PENDING, REJECTED
 from offline.store.replication import mark_acknowledged, pending_wires, reject_operation
+from tests.support.sql_trace import traced
 
 SCHEMA = define_schema(
     {
@@ -149,13 +150,9 @@ def test_looking_an_operation_up_by_id_and_compacting_search_the_record_index_wi
     # An id is found within its record and node by a search of the index's four columns, and compaction
     # groups the log by record and node in that index's order (no sort of the log).
     app.todos.insert({"title": "t"})
-    statements: list[str] = []
-    app.db.conn.set_trace_callback(statements.append)
-    try:
+    with traced(app.db.conn) as statements:
         assert app.db.held_in_records(app.operations()) == {op.id for op in app.operations()}
         app.compact()
-    finally:
-        app.db.conn.set_trace_callback(None)
     lookup = next(s for s in statements if s.startswith("WITH wanted"))
     # (The traced text has the values written in.)
     plan = [row[3] for row in app.db.conn.execute("EXPLAIN QUERY PLAN " + lookup)]
@@ -183,15 +180,11 @@ def test_operations_with_causal_contexts_are_recognised_by_their_records_states_
             other.todos.update(record["id"], {"title": f"t{i}"})
         ops = other.operations()
     assert all(op.causal_context is not None for op in ops)
-    statements: list[str] = []
-    app.db.conn.set_trace_callback(statements.append)
-    try:
+    with traced(app.db.conn) as statements:
         assert len(app.apply(ops[:1])) == 1
         assert len(app.apply(ops[1:])) == len(ops) - 1
         moved = [dataclasses.replace(op, sequence_number=op.sequence_number + 1_000) for op in ops]
         assert app.apply(moved) == []
-    finally:
-        app.db.conn.set_trace_callback(None)
     assert not [s for s in statements if "o.id = wanted.i" in s]
     log_before = _log(app)
     assert app.todos.find_by_id(record["id"])["votes"] == 1  # type: ignore[index]
