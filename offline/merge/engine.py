@@ -333,8 +333,9 @@ _scan_once: Callable[[str, int], tuple[Any, int]] = json.scanner.make_scanner(ca
 
 
 def _loads(text: str | bytes) -> Any:
-    """``json.loads(text)``: a state text (compact, no surrounding whitespace) goes straight to the scanner,
-    skipping the checks and whitespace matching around it; anything else takes ``json.loads`` itself."""
+    """``json.loads(text)``: a state text (compact, no surrounding whitespace) is read by orjson when that is
+    exact (`exact_loads`), else goes straight to the scanner, skipping the checks and whitespace matching
+    around it; anything else takes ``json.loads`` itself."""
     if type(text) is str:
         value = exact_loads(text)
         if value is not None:
