@@ -324,6 +324,35 @@ def test_a_compaction_dropping_the_whole_log_clears_it_at_once_and_keeps_recogni
     source.close()
 
 
+def test_a_compaction_does_not_write_out_the_pages_it_frees(tmp_path: Path) -> None:
+    # Some SQLite builds (Debian's) zero every deleted row by default (secure_delete ON), which writes each page
+    # a compaction frees to the write-ahead log and again into the file: a pass cost twice the bytes it
+    # dropped. The local database zeroes deleted bytes only in pages it writes anyway (FAST).
+    source = create_app(NOTES, path=":memory:", compact_after=None)
+    device = create_app(NOTES, path=str(tmp_path / "d.db"), compact_after=None)
+    ids = [source.notes.insert({"body": "x" * 400})["id"] for _ in range(100)]
+    for round_ in range(3):
+        for record_id in ids:
+            source.notes.update(record_id, {"body": f"{round_}" * 400})
+    device.apply(source.operations())
+    checkpointer = device.db._checkpointer
+    assert checkpointer is not None
+    checkpointer.close()  # (only this test's own checkpoints: the log's frames are counted below)
+    conn = device.db.conn
+    with device.db.lock:
+        assert conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0] == 0
+        (free_before,) = conn.execute("PRAGMA freelist_count").fetchone()
+    assert device.compact() == 400
+    with device.db.lock:
+        (free_after,) = conn.execute("PRAGMA freelist_count").fetchone()
+        _, frames, _ = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+    freed = free_after - free_before
+    assert freed > 100  # the 400 operations' pages
+    assert frames < freed / 2
+    device.close()
+    source.close()
+
+
 def test_a_record_whose_log_has_no_merge_state_gets_its_base_folded_from_its_operations(
     tmp_path: Path,
 ) -> None:
