@@ -77,7 +77,15 @@ from offline.core.operations import Operation, operation_from_text
 from offline.merge.engine import RecordState
 
 from . import state_rows
-from .database import ACKED, REJECTED, STATE_BASE, STATE_REFERENCE, record_chunks, storage_error
+from .database import (
+    ACKED,
+    RECORD_INDEX,
+    REJECTED,
+    STATE_BASE,
+    STATE_REFERENCE,
+    record_chunks,
+    storage_error,
+)
 from .many_rows import write_rows
 
 if TYPE_CHECKING:
@@ -292,7 +300,7 @@ def _fill_dropping(conn: Any, node_id: str) -> None:
     """Fill ``temp._offline_dropping`` with each (record, node)'s highest number and count among the
     acknowledged operations of the log (its ``hlc`` column left empty).
 
-    Read off the index on (collection, record id, node, id), which holds every row's key (node, number) and
+    Read off the index on (collection, record id, node, id key), which holds every row's key (node, number) and
     is already in record and node order, instead of the log's rows (each several hundred bytes of wire text)
     in key order, sorted again: the fill was about a quarter of a compaction (and with the id before the
     node in that index, a sort was most of the fill). The index has no status, but only this node's
@@ -302,7 +310,7 @@ def _fill_dropping(conn: Any, node_id: str) -> None:
     conn.execute(
         "INSERT INTO temp._offline_dropping (collection, record_id, node_id, seq, hlc, n, special) "
         "SELECT collection, record_id, node_id, max(sequence_number), '', count(*), 0 "
-        "FROM _offline_ops INDEXED BY _offline_ops_record_node GROUP BY collection, record_id, node_id"
+        f"FROM _offline_ops INDEXED BY {RECORD_INDEX} GROUP BY collection, record_id, node_id"
     )
     inexact = "SELECT collection, record_id FROM _offline_ops WHERE node_id = ? AND status != ?"
     conn.execute(
@@ -325,7 +333,7 @@ def due(app: App) -> int:
     limit = app.compact_after
     assert limit is not None
     with app.db.lock:
-        # (Both counts read the index on (collection, record_id, node_id, id): no operation text is read.)
+        # (Both counts read the index by record (`RECORD_INDEX`): no operation text is read.)
         records, ops = app.db.conn.execute(
             "SELECT count(*), coalesce(sum(n), 0) FROM "
             "(SELECT count(*) AS n FROM _offline_ops GROUP BY collection, record_id)"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import hashlib
 import json
 import sqlite3
 import urllib.error
@@ -371,3 +372,20 @@ def test_the_browser_asks_for_the_format_the_server_writes() -> None:
     script = Path(offline.__file__).parent.parent / "offline_cli/templates/project/web/snapshot.js"
     (line,) = [text for text in script.read_text().splitlines() if text.startswith("export const FORMAT = ")]
     assert line == f"export const FORMAT = {snapshot.FORMAT};"
+
+
+# The layout of the local database's own tables, by snapshot format: a snapshot is a copy of that database, so
+# a client of one format cannot be sent a file of another layout. A change to the layout fails this test until
+# FORMAT (offline/sync/snapshot.py and web/snapshot.js) is raised and the new layout's digest written here.
+LAYOUT_OF_FORMAT = {3: "0e16fb6f3dfe84ed4f7739cbf422173439300eb0a4c769f237f2facd8046dbbb"}
+
+
+def test_a_change_to_the_local_database_layout_comes_with_a_new_snapshot_format(tmp_path: Path) -> None:
+    with offline.create_app(SCHEMA, path=str(tmp_path / "layout.db")) as app:
+        rows = app.db.conn.execute(
+            "SELECT type, name, sql FROM sqlite_schema WHERE name LIKE '\\_offline%' ESCAPE '\\' ORDER BY name"
+        ).fetchall()
+    digest = hashlib.sha256(json.dumps(rows).encode()).hexdigest()
+    assert LAYOUT_OF_FORMAT.get(snapshot.FORMAT) == digest, (
+        f"the local database's layout is {digest}; raise snapshot FORMAT if it changed"
+    )
