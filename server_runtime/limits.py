@@ -45,7 +45,9 @@ What each limit does when it is hit (codes are the protocol's, see ``offline.syn
   snapshots off. ``snapshot_max_bytes``: the largest replica built (in memory, 96 MiB); a scope holding more
   is answered 204 and its devices sync by socket. ``snapshot_prepare_every``: a server without sign-in builds
   its open scope's snapshot as it starts and again once the log has moved and stayed still, at most once per
-  this many seconds (30) and at most a tenth of the time; 0 builds only on request.
+  this many seconds (30) and at most a tenth of the time; 0 builds only on request. ``snapshot_per_address``:
+  snapshot requests one client address may have in progress, from its first byte to the file's last (2);
+  one more is answered 429 ``RATE_LIMITED`` and that device syncs by socket.
 
 ``allowed_origins`` (option ``sync_options={"allowed_origins": [...]}`` or ``OFFLINE_ALLOWED_ORIGINS``, a
 comma list) restricts which web pages may open the sync WebSocket (and ask for a snapshot): a request whose

@@ -13,6 +13,11 @@ device syncs over the socket instead (as it does on any answer but 200). The las
 the same scope while the log has not moved, so a crowd of fresh devices on a quiet server costs one build.
 A short log (no state-based first sync for this scope, see `SyncService._sees_more_than`) is answered 204.
 
+Per address: a request holds a file on its way out until its last byte is sent (a client that reads slowly,
+or sends its request's body slowly, holds it that long), so one client address may have
+``SyncLimits.snapshot_per_address`` requests in progress; one more is answered 429 ``RATE_LIMITED``. A client
+that does not accept gzip is sent the file decompressed as it goes, never a decompressed copy held whole.
+
 Prepared ahead: a server without sign-in has one scope every fresh device asks for (the open one), so it
 builds that scope's file as it starts and again once the log has moved and then stayed still for a moment
 (``SyncLimits.snapshot_prepare_every`` bounds how often: a tenth of the time at most). The first device then
@@ -26,22 +31,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gzip
+import io
 import json
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, Response, StreamingResponse
 
 import offline
+from offline.auth.errors import RATE_LIMITED
 from offline.core.errors import STORAGE_ERROR, OfflineError
 from offline.store.app import create_app
 from offline.sync import protocol as p
 from offline.sync import snapshot
 
+from .client_address import client_address
 from .limits import OriginPolicy
 from .sync import Session
 
@@ -67,6 +75,35 @@ class Built:
     records: int
 
 
+def _decompressed(body: bytes) -> Iterator[bytes]:
+    """The file of a gzip ``body``, a piece at a time (run on a worker thread by the response)."""
+    with gzip.GzipFile(fileobj=io.BytesIO(body)) as file:
+        while piece := file.read(_PIECE_BYTES):
+            yield piece
+
+
+_PIECE_BYTES = 256 * 1024
+
+
+class _Releasing(Response):
+    """``response``, sent as it is, then ``release`` called: once the last byte is sent, or the client is gone
+    (it holds its address's place until then)."""
+
+    def __init__(self, response: Response, release: Callable[[], None]) -> None:
+        # (Not Response.__init__: nothing is rendered here; what the middleware reads is the inner one's.)
+        self.status_code = response.status_code
+        self.raw_headers = response.raw_headers
+        self.background = None
+        self._response = response
+        self._release = release
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await self._response(scope, receive, send)
+        finally:
+            self._release()
+
+
 # What a build too large for ``snapshot_max_bytes`` gives: the request (and any waiting on it) get 204.
 _TOO_LARGE = Built(key="", body=b"", horizon=0, records=0)
 
@@ -78,7 +115,7 @@ def _no_snapshot() -> Response:
 
 def _refuse(status: int, code: str, message: str, **extra: Any) -> JSONResponse:
     headers = {"Cache-Control": "no-store"}
-    if status == 503:
+    if status in (429, 503):
         headers["Retry-After"] = "5"
     return JSONResponse({"error": code, "message": message, **extra}, status_code=status, headers=headers)
 
@@ -99,6 +136,8 @@ class Snapshots:
         # The builds in progress, by key: a second request for a key waits for its build, and their number
         # is what ``snapshot_builds`` bounds.
         self._same: dict[str, asyncio.Future[Built | None]] = {}
+        # Requests in progress by client address (see the module docstring).
+        self._by_address: dict[str, int] = {}
 
     @property
     def preparing(self) -> bool:
@@ -165,9 +204,36 @@ class Snapshots:
         return None
 
     async def endpoint(self, request: Request) -> Response:
-        service = self.service
         if not self.origins.permits(request.headers.get("origin")):
             return _refuse(403, "ORIGIN_NOT_ALLOWED", "this origin may not sync with this server")
+        address = client_address(request)
+        held = self._by_address.get(address, 0)
+        if held >= self.service.limits.snapshot_per_address:
+            return _refuse(
+                429,
+                RATE_LIMITED,
+                f"{held} snapshot requests from this address are in progress; sync by socket",
+            )
+        self._by_address[address] = held + 1
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                left = self._by_address.pop(address) - 1
+                if left:
+                    self._by_address[address] = left
+
+        try:
+            response = await self._answer(request)
+        except BaseException:
+            release()
+            raise
+        return _Releasing(response, release)
+
+    async def _answer(self, request: Request) -> Response:
+        service = self.service
         limit = service.limits.snapshot_builds
         if limit <= 0:
             return _no_snapshot()
@@ -230,9 +296,9 @@ class Snapshots:
         if "gzip" in request.headers.get("accept-encoding", "").lower():
             headers["Content-Encoding"] = "gzip"
             return Response(built.body, media_type=MEDIA_TYPE, headers=headers)
-        return Response(
-            await asyncio.to_thread(gzip.decompress, built.body), media_type=MEDIA_TYPE, headers=headers
-        )
+        # gzip's trailer holds the file's length (modulo 4 GiB; a snapshot is at most snapshot_max_bytes).
+        headers["Content-Length"] = str(int.from_bytes(built.body[-4:], "little"))
+        return StreamingResponse(_decompressed(built.body), media_type=MEDIA_TYPE, headers=headers)
 
     def _key(self, filters: Mapping[str, Any]) -> str:
         service = self.service

@@ -279,6 +279,10 @@ class SyncLimits:
     # the log has moved and then stayed still, at most once per this many seconds (and at most a tenth of the
     # time: never sooner than ten builds' durations after the last). 0: only on request.
     snapshot_prepare_every: float = 30.0
+    # Snapshot requests one client address may have in progress, from its first byte to the file's last sent:
+    # each holds a file of up to snapshot_max_bytes on its way out, and a server without sign-in answers
+    # anyone. One more is answered 429 and that device syncs by socket.
+    snapshot_per_address: int = 2
 
 
 class SyncService:

@@ -14,8 +14,11 @@ import asyncio
 import gzip
 import hashlib
 import json
+import socket
 import sqlite3
+import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -333,6 +336,53 @@ def test_snapshots_can_be_turned_off_and_origins_are_checked(memory_backend: Bac
     assert status == 403 and json.loads(raw)["error"] == "ORIGIN_NOT_ALLOWED"
     status, headers, raw = ask(guarded.http_url, origin="https://app.example.com", gzip_ok=False)
     assert status == 200 and "content-encoding" not in headers and raw.startswith(snapshot.SQLITE_HEADER)
+
+
+def _stalled_request(base: str) -> socket.socket:
+    """A snapshot request whose body never arrives: its headers promise 100 bytes and stop there."""
+    parsed = urllib.parse.urlsplit(base)
+    conn = socket.create_connection((parsed.hostname or "127.0.0.1", parsed.port or 80), timeout=TIMEOUT)
+    conn.sendall(
+        b"POST /offline-sync/snapshot HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 100\r\n\r\n{"
+    )
+    return conn
+
+
+def test_one_address_holds_at_most_snapshot_per_address_requests_at_once(
+    memory_backend: Backend, tmp_path: Path
+) -> None:
+    """A snapshot request is open to anyone a server without sign-in syncs with, and each one in progress
+    holds a file of up to ``snapshot_max_bytes`` on its way out: one address may have
+    ``snapshot_per_address`` in progress (from its first byte to its last sent); one more is answered 429
+    ``RATE_LIMITED`` (the device syncs by socket), and other requests are served meanwhile."""
+    server = memory_backend.server(
+        ENTRY,
+        name="snapshot-per-address",
+        env={**ON_REQUEST, "OFFLINE_STATE_SYNC_AFTER": "1", "OFFLINE_SNAPSHOT_PER_ADDRESS": "2"},
+    )
+    write_items(tmp_path, server.sync_url, "w-per-address", 3)
+    stalled = [_stalled_request(server.http_url) for _ in range(2)]
+    try:
+        # (The server counts a request once it has read its headers: asked until both are counted.)
+        deadline = time.monotonic() + TIMEOUT
+        while (answer := ask(server.http_url))[0] != 429:
+            assert answer[0] == 200, answer
+            assert time.monotonic() < deadline, "the stalled requests were never counted"
+            time.sleep(0.05)
+        _, headers, raw = answer
+        assert json.loads(raw)["error"] == "RATE_LIMITED" and headers.get("retry-after"), raw
+        with urllib.request.urlopen(server.http_url + "/health", timeout=TIMEOUT) as health:
+            assert health.status == 200
+    finally:
+        for conn in stalled:
+            conn.close()
+    # Closed, they free the address's places.
+    deadline = time.monotonic() + TIMEOUT
+    while (answer := ask(server.http_url))[0] != 200:
+        assert answer[0] == 429 and time.monotonic() < deadline, answer
+        time.sleep(0.05)
+    assert answer[2].startswith(snapshot.SQLITE_HEADER)
 
 
 def test_a_scope_larger_than_snapshot_max_bytes_syncs_by_socket(
