@@ -35,6 +35,9 @@ from bench.seeding import insert_chunks
 from offline import define_schema, t
 
 if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+    from offline.core.operations import Operation
     from server_runtime.stores import ServerStore
 
 SCHEMA = define_schema(
@@ -57,6 +60,11 @@ SEQUENTIAL_SESSIONS = 20
 TIMEOUT_S = 60.0
 
 TARGETS = {"catch_up_cpu_ms": 10, "rss_growth_mib_100_sessions": 50}
+
+
+def _owner_of(op: Operation) -> Any:
+    assert op.data is not None  # (every operation written here is an insert)
+    return op.data["ownerId"]
 
 
 def _log(message: str) -> None:
@@ -82,7 +90,7 @@ async def _seed(store: ServerStore) -> float:
     for ops, rows in insert_chunks(SCHEMA, OPERATIONS, data):
         async with store.writer() as writer:
             # The scope snapshot the sync core stores with each operation.
-            await writer.append([(op, {"ownerId": op.data["ownerId"]}) for op in ops])
+            await writer.append([(op, {"ownerId": _owner_of(op)}) for op in ops])
             await writer.save_rows(rows)
     return time.perf_counter() - start
 
@@ -338,7 +346,7 @@ async def _run_all() -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="bench-catch-up-") as name:
         folder = Path(name)
         db = folder / "server.db"
-        steps = (
+        steps: tuple[tuple[str, Callable[[], Awaitable[Any]]], ...] = (
             ("sqlite_in_process", lambda: _sqlite_in_process(db)),
             ("server", lambda: _server(folder, db)),
             ("memory_in_process", _memory_in_process),

@@ -54,7 +54,7 @@ SCHEMA = define_schema(
 )
 
 
-def _writer(app: App, strategy: str, record_id: str) -> Callable[[int], None]:
+def _writer(app: App, strategy: str, record_id: str) -> Callable[[int], object]:
     """One write of the strategy's kind (the i-th of the record's history)."""
     if strategy == "lww":
         return lambda i: app.lww.update(record_id, {"title": f"title {i}"})
@@ -81,13 +81,14 @@ def _writer(app: App, strategy: str, record_id: str) -> Callable[[int], None]:
 
 
 def _insert(app: App, strategy: str) -> str:
-    data: dict[str, Any] = {
+    starts: dict[str, dict[str, Any]] = {
         "lww": {"title": "start"},
         "counter": {"votes": 0},
         "addwins": {"items": []},
         "resolver": {"notes": "start"},
         "richtext": {"body": ""},
-    }[strategy]
+    }
+    data = starts[strategy]
     return str(getattr(app, strategy).insert(data)["id"])
 
 
@@ -205,7 +206,7 @@ def _measure(strategy: str, sizes: list[int]) -> dict[str, Any]:
 def _pycrdt_bytes(characters: int) -> int:
     import pycrdt
 
-    doc = pycrdt.Doc()
+    doc: pycrdt.Doc[Any] = pycrdt.Doc()
     text = doc.get("text", type=pycrdt.Text)
     for i in range(characters):
         text.insert(i, "x")

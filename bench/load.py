@@ -130,7 +130,7 @@ class LoadClient:
                         if not future.done():
                             future.set_result(None)
         except ConnectionClosed as exc:
-            received, sent = exc.rcvd, exc.sent
+            received, sent_close = exc.rcvd, exc.sent
             self.closed += (
                 ("; " if self.closed else "")
                 + (
@@ -138,7 +138,7 @@ class LoadClient:
                     if received is not None
                     else "no close received"
                 )
-                + (f", sent close {sent.code} {sent.reason!r}" if sent is not None else "")
+                + (f", sent close {sent_close.code} {sent_close.reason!r}" if sent_close is not None else "")
             )
         finally:
             for _, future in self._pending.values():

@@ -83,7 +83,8 @@ def _flood(server: Any, size: int) -> dict[str, Any]:
     try:
         during = []
         ready: list[str] = []
-        reader = threading.Thread(target=lambda: ready.append(attacker.stdout.readline()))
+        output = attacker.stdout
+        reader = threading.Thread(target=lambda: ready.append(output.readline()))
         reader.start()
         while reader.is_alive():  # while the flood connects
             during.append(connect())
