@@ -112,6 +112,27 @@ def test_an_operation_log_with_a_unique_id_index_is_rebuilt_without_it(tmp_path:
     assert not names & {"_offline_ops_record_node", "_offline_ops_record_id", "_offline_ops_record"}
 
 
+def test_a_log_indexed_by_the_whole_id_gets_the_short_key_index_on_open(tmp_path: Path) -> None:
+    # A database written by the version whose record index held the whole id.
+    path = tmp_path / "whole-id.db"
+    remote = _remote_ops(tmp_path, 3)
+    with create_app(SCHEMA, path=str(path)) as app:
+        app.apply(remote)
+        before = _log(app)
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute(f"DROP INDEX {RECORD_INDEX}")
+    conn.execute("CREATE INDEX _offline_ops_record_node ON _offline_ops (collection, record_id, node_id, id)")
+    conn.close()
+    with create_app(SCHEMA, path=str(path)) as app:
+        assert _log(app) == before
+        names = {name for name, _, _ in _indexes(path)}
+        assert RECORD_INDEX in names and "_offline_ops_record_node" not in names
+        moved = [dataclasses.replace(o, sequence_number=o.sequence_number + 50) for o in remote]
+        assert app.db.held_in_records(moved) == {o.id for o in remote}  # through the new index
+        assert app.apply(moved) == []
+        assert _log(app) == before
+
+
 def test_an_operation_held_under_another_sequence_number_is_a_duplicate(tmp_path: Path, app: App) -> None:
     (remote,) = _remote_ops(tmp_path, 1)
     assert app.apply([remote]) == [remote]
