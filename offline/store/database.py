@@ -78,7 +78,8 @@ _OPS_COLUMNS = "node_id, sequence_number, id, collection, record_id, hlc, wire, 
 # again as all the rest (its pages were a quarter of what a fold wrote). The prefix finds one operation among
 # its record's and node's as well; the row's full id is compared too (two ids sharing a prefix are both read).
 RECORD_INDEX = "_offline_ops_record_key"
-ID_KEY = "substr(id, 1, 16)"
+ID_KEY_DIGITS = 16
+ID_KEY = f"substr(id, 1, {ID_KEY_DIGITS})"
 
 _INTERNAL = (
     """CREATE TABLE IF NOT EXISTS _offline_meta (key TEXT PRIMARY KEY NOT NULL, value TEXT NOT NULL)""",
@@ -373,8 +374,9 @@ class LocalDatabase:
                 row[0]
                 for row in self.conn.execute(
                     f"WITH wanted(c, r, n, i) AS (VALUES {values}) SELECT o.id FROM wanted "
-                    f"JOIN _offline_ops o INDEXED BY {RECORD_INDEX} ON o.collection = wanted.c AND o.record_id = wanted.r "
-                    "AND o.node_id = wanted.n AND substr(o.id, 1, 16) = substr(wanted.i, 1, 16) AND o.id = wanted.i",
+                    f"JOIN _offline_ops o INDEXED BY {RECORD_INDEX} ON o.collection = wanted.c "
+                    f"AND o.record_id = wanted.r AND o.node_id = wanted.n AND substr(o.id, 1, {ID_KEY_DIGITS}) = "
+                    f"substr(wanted.i, 1, {ID_KEY_DIGITS}) AND o.id = wanted.i",
                     [part for key in chunk for part in key],
                 )
             )
@@ -416,7 +418,7 @@ class LocalDatabase:
             row = self.conn.execute(
                 # (The key's prefix is compared in the index, before a row is read.)
                 "SELECT wire FROM _offline_ops WHERE collection = ? AND record_id = ? "
-                f"AND {ID_KEY} = substr(?, 1, 16) AND id = ?",
+                f"AND {ID_KEY} = substr(?, 1, {ID_KEY_DIGITS}) AND id = ?",
                 (*record, op_id, op_id),
             ).fetchone()
         else:
