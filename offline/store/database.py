@@ -50,8 +50,9 @@ PENDING_OPS = (
 # Keyed by (node, sequence number), which a node never reuses: a node's operations are appended in order,
 # so a local write adds to the last page of the table. Operation ids are content hashes, spread at random:
 # an index on them cost most of the write (a random page per write, hundreds per received batch), so there
-# is none. Ids are indexed under their record and node instead, (collection, record id, node, id): a
-# record's operations are mostly written in order, so that index takes appends too. Duplicates are found by
+# is none. Ids are indexed under their record and node instead, (collection, record id, node, the id's
+# first digits: `RECORD_INDEX`): a record's operations are mostly written in order, so that index takes
+# appends too. Duplicates are found by
 # (node, sequence number), or by the id within its record and node (`held_in_records`: an operation re-sent
 # under another sequence number, however old; a record's merge state only recognises a bounded part of its
 # history; an id is the hash of content that names the node, so the same id is always the same node's); an
@@ -84,8 +85,8 @@ ID_KEY = f"substr(id, 1, {ID_KEY_DIGITS})"
 _INTERNAL = (
     """CREATE TABLE IF NOT EXISTS _offline_meta (key TEXT PRIMARY KEY NOT NULL, value TEXT NOT NULL)""",
     _OPS_TABLE,
-    # Records are mostly written in the order they were created (UUID v7 ids): appends again. The id last:
-    # the lookup of an operation within its record's and node's (`held_in_records`). It replaces the
+    # Records are mostly written in the order they were created (UUID v7 ids): appends again. The id's key
+    # last: the lookup of an operation within its record's and node's (`held_in_records`). It replaces the
     # earlier indexes on (collection, record_id), on (collection, record_id, id) and on (collection,
     # record_id, node_id, id).
     f"CREATE INDEX IF NOT EXISTS {RECORD_INDEX} ON _offline_ops (collection, record_id, node_id, {ID_KEY})",
