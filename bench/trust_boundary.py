@@ -58,17 +58,30 @@ def _flood(server: Any, size: int) -> dict[str, Any]:
     them."""
     import subprocess
 
-    from tests.hardening.support import BareSocketPeer
+    from offline.core.uuid7 import generate_uuid_v7
+    from offline.sync import protocol as p
+    from tests.hardening.support import SCHEMA, BareSocketPeer
 
     token = _sign_up(server.http_url)
+    refused: list[str] = []
 
-    def connect() -> float:
+    def connect() -> float | None:
+        """Seconds to an accepted handshake; None when refused with a retriable error (counted, and the
+        figures then miss their target: the flood must not keep another address out)."""
         began = time.perf_counter()
         peer = BareSocketPeer("127.0.0.1", server.port)
         try:
-            assert peer.handshake(token=token).accepted
+            hello = p.Handshake(
+                p.new_message_id(), generate_uuid_v7(), {}, SCHEMA.version, 0, auth_token=token
+            )
+            peer.send_text(p.encode(hello))
+            reply = peer.next_message()
         finally:
             peer.close()
+        if isinstance(reply, p.ErrorMessage) and reply.retriable:
+            refused.append(reply.code)
+            return None
+        assert isinstance(reply, p.HandshakeResponse) and reply.accepted, reply
         return time.perf_counter() - began
 
     started = time.monotonic()
@@ -81,7 +94,7 @@ def _flood(server: Any, size: int) -> dict[str, Any]:
     )
     assert attacker.stdin is not None and attacker.stdout is not None
     try:
-        during = []
+        during: list[float | None] = []
         ready: list[str] = []
         output = attacker.stdout
         reader = threading.Thread(target=lambda: ready.append(output.readline()))
@@ -97,17 +110,20 @@ def _flood(server: Any, size: int) -> dict[str, Any]:
     finally:
         attacker.stdin.close()
         attacker.wait(60)
-    worst = max(during + held)
+    timed = [x for x in during if x is not None]
+    timed_held = [x for x in held if x is not None]
+    worst = max(timed + timed_held) if timed + timed_held else None
     return {
         "flood_sockets": size,
         "flood_upgraded": upgraded,
         "flood_open_s": round(opened, 1),
         "handshakes_during_flood": len(during),
-        "handshake_during_flood_median_s": round(sorted(during)[len(during) // 2], 4) if during else None,
-        "handshake_during_flood_worst_s": round(max(during), 4) if during else None,
-        "handshake_after_flood_worst_s": round(max(held), 4),
+        "handshakes_refused": len(refused),
+        "handshake_during_flood_median_s": round(sorted(timed)[len(timed) // 2], 4) if timed else None,
+        "handshake_during_flood_worst_s": round(max(timed), 4) if timed else None,
+        "handshake_after_flood_worst_s": round(max(timed_held), 4) if timed_held else None,
         "target_s": HANDSHAKE_TARGET_S,
-        "within_target": worst <= HANDSHAKE_TARGET_S,
+        "within_target": not refused and worst is not None and worst <= HANDSHAKE_TARGET_S,
     }
 
 

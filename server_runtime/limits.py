@@ -27,8 +27,9 @@ What each limit does when it is hit (codes are the protocol's, see ``offline.syn
 - ``handshake_timeout``: a sync connection that sends no handshake within it (5 s) gets ``error
   PROTOCOL_VIOLATION`` and is closed.
 - ``max_pending_per_address``: sync connections from one client address (see ``server_runtime.client_address``)
-  that have not sent their handshake yet; one more gets ``error OVERLOADED`` (retriable) and close 1013, so
-  one address cannot take every connection slot. ``silent_grace``: at either limit, a connection that has
+  that have not sent their handshake yet (64); one more gets ``error OVERLOADED`` (retriable) and close 1013,
+  so one address cannot take every connection slot, nor more than a quarter of
+  ``max_unauthenticated_connections`` (keep that ratio when changing either). ``silent_grace``: at either limit, a connection that has
   sent nothing for this long (1 s) is closed (``PROTOCOL_VIOLATION``) to make room instead.
 - ``max_handshake_bytes``: until its handshake is accepted, a connection's frames may be at most this large
   (256 KiB); a larger one is refused by the WebSocket layer as it arrives (close 1009), so an unauthenticated
@@ -83,8 +84,11 @@ class ConnectionLimits:
     ping_interval: float | None = 20.0
     ping_timeout: float | None = 20.0
     shutdown_grace: float = 5.0  # inside the usual stop timeouts (Docker 10 s, Fly.io 5 s) before SIGKILL
-    # Sync connections of one client address that have not sent their handshake yet.
-    max_pending_per_address: int = 256
+    # Sync connections of one client address that have not sent their handshake yet: a quarter of
+    # max_unauthenticated_connections, so one address's young silent sockets (too young to give way) leave
+    # the others room. Only silence counts, and clients speak as soon as they connect, so 64 still lets a
+    # whole office behind one address connect at once.
+    max_pending_per_address: int = 64
     # A connection that has sent nothing for this long gives way to a new one when its address (or the
     # process) is at its limit. Clients send their handshake as soon as the upgrade completes, so a burst of
     # real clients is not evicted, while sockets held open to take slots are.

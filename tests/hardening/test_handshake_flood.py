@@ -9,12 +9,13 @@ import asyncio
 from pathlib import Path
 
 from offline.sync import protocol as p
+from server_runtime.limits import ConnectionLimits
 from tests.support.abuse import SilentFlood, raise_open_file_limit
 
 from .support import TIMEOUT, BareSocketPeer, start_server, status, wait_for
 
 FLOOD = 5000
-ALLOWANCE = 256  # max_pending_per_address's default
+ALLOWANCE = ConnectionLimits().max_pending_per_address  # the default
 
 
 def test_a_client_connects_while_another_address_holds_5000_silent_sockets(tmp_path: Path) -> None:
@@ -34,7 +35,7 @@ def test_a_client_connects_while_another_address_holds_5000_silent_sockets(tmp_p
         try:
             opening = asyncio.create_task(flood.open())
             # While the flood connects, the server never holds more silent connections than the address's
-            # allowance (256), whatever the flood's size: the rest are refused or give way.
+            # allowance, whatever the flood's size: the rest are refused or give way.
             most = 0
             while not opening.done():
                 most = max(most, await asyncio.to_thread(_gauge, server, "offline_sync_connections_silent"))
@@ -175,6 +176,62 @@ def test_at_a_limit_a_connection_silent_past_the_grace_period_gives_way() -> Non
         await guard.drain(0.01)
 
     asyncio.run(scenario())
+
+
+def test_one_address_holds_a_quarter_of_the_pre_sign_in_slots_at_most() -> None:
+    """With the default limits, young silent sockets from one address (too young to give way) leave room for
+    others: several more addresses may connect before the process-wide allowance is reached."""
+    from server_runtime.connections import Connection, ConnectionGuard
+
+    async def scenario() -> None:
+        limits = ConnectionLimits()
+        guard = ConnectionGuard(limits)
+        held = 0
+        while isinstance(guard.admit(None, "198.51.100.1"), Connection):
+            held += 1
+        assert held == limits.max_pending_per_address
+        assert held * 4 <= limits.max_unauthenticated_connections, (
+            held,
+            limits.max_unauthenticated_connections,
+        )
+        for other in ("203.0.113.5", "203.0.113.6", "203.0.113.7"):
+            assert isinstance(guard.admit(None, other), Connection), other
+        assert guard.counts["refused_unauthenticated"] == 0
+        await guard.drain(0.01)
+
+    asyncio.run(scenario())
+
+
+def test_a_client_is_admitted_at_once_while_another_address_holds_its_whole_allowance(tmp_path: Path) -> None:
+    # No connection gives way here (a grace period and a deadline longer than the test): the client gets in
+    # only because one address cannot take the slots every address shares before sign-in.
+    server = start_server(
+        tmp_path,
+        store="memory",
+        env={
+            "OFFLINE_ADMIN_TOKEN": "admin-token-for-tests-0123456789",
+            "OFFLINE_HANDSHAKE_TIMEOUT": "600",
+            "OFFLINE_SILENT_GRACE": "600",
+        },
+    )
+
+    async def scenario() -> None:
+        flood = SilentFlood("127.0.0.1", server.port, 1000, source="127.0.0.2")
+        try:
+            await flood.open()
+            assert await asyncio.to_thread(_gauge, server, "offline_sync_connections_silent") == ALLOWANCE
+            legit = BareSocketPeer("127.0.0.1", server.port)
+            reply = await asyncio.to_thread(legit.handshake)
+            assert reply.accepted, reply
+            legit.close()
+            assert await flood.still_open() == ALLOWANCE
+        finally:
+            await flood.close()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        server.terminate()
 
 
 def test_a_served_connection_dribbling_its_next_request_is_dropped(tmp_path: Path) -> None:

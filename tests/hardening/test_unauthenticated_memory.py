@@ -14,7 +14,9 @@ from tests.support.abuse import MIB, PeakRss, raise_open_file_limit, unfinished_
 from .support import TIMEOUT, BareSocketPeer, start_server
 
 ADDRESSES = 16
-PER_ADDRESS = 100  # under max_pending_per_address (256): only the process-wide bound is in play
+PER_ADDRESS = (
+    100  # under max_pending_per_address (raised to 256 here): only the process-wide bound is in play
+)
 FRAME = 250 * 1024  # under max_handshake_bytes (256 KiB): taken and buffered as it arrives
 BOUND = 100
 
@@ -23,6 +25,7 @@ def test_unauthenticated_connections_from_many_addresses_have_a_process_wide_bou
     assert raise_open_file_limit() > ADDRESSES * PER_ADDRESS + 200
     env = {
         "OFFLINE_MAX_UNAUTHENTICATED_CONNECTIONS": str(BOUND),
+        "OFFLINE_MAX_PENDING_PER_ADDRESS": "256",
         # The flood's connections are held well past the time they take to open, unless made to give way.
         "OFFLINE_HANDSHAKE_TIMEOUT": "120",
     }
