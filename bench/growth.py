@@ -31,6 +31,7 @@ from offline import create_app, define_schema, t
 from offline.core.operations import operation_from_text
 from offline.merge.engine import MergeEngine, RecordState
 from offline.store.app import App
+from offline.store.database import WIRE
 
 SAMPLE = 41  # odd: the median is one sample (few: the samples add to the history they follow)
 BATCH = 1_000
@@ -115,7 +116,7 @@ def _state_text(app: App, strategy: str, record_id: str) -> str:
 
 def _last_operation(app: App) -> Any:
     (wire,) = app.db.conn.execute(
-        "SELECT wire FROM _offline_ops WHERE node_id = ? ORDER BY sequence_number DESC LIMIT 1",
+        f"SELECT {WIRE} FROM _offline_ops WHERE node_id = ? ORDER BY sequence_number DESC LIMIT 1",
         (app.node_id,),
     ).fetchone()
     return operation_from_text(wire)

@@ -50,10 +50,12 @@ from .database import (
     PENDING,
     REJECTED,
     STATE_REFERENCE,
+    WIRE,
     LocalDatabase,
     damaged_error,
     is_damaged,
     storage_error,
+    stored_text,
 )
 from .events import EventBus
 from .local_migrations import migrate_database
@@ -438,7 +440,7 @@ class App:
             for codec in self.codecs.values():
                 conn.execute(f"DELETE FROM {codec.table}")
             grouped: dict[tuple[str, str], list[Operation]] = {}
-            for (wire,) in conn.execute("SELECT wire FROM _offline_ops WHERE status != ?", (REJECTED,)):
+            for (wire,) in conn.execute(f"SELECT {WIRE} FROM _offline_ops WHERE status != ?", (REJECTED,)):
                 op = operation_from_text(wire)
                 if op.collection in self.codecs:
                     grouped.setdefault((op.collection, op.record_id), []).append(op)
@@ -760,7 +762,7 @@ class App:
                     op.collection,
                     op.record_id,
                     serialize_timestamp(op.timestamp),
-                    wire,
+                    stored_text(op.id, op.node_id, wire),
                     1,
                     PENDING,
                     None,
@@ -1058,7 +1060,7 @@ class App:
                         op.collection,
                         op.record_id,
                         timestamp_text(op),
-                        wire_of[op.id],
+                        stored_text(op.id, op.node_id, wire_of[op.id]),
                         1 if op.node_id == node_id else 0,
                         ACKED,
                         delivery,

@@ -83,8 +83,10 @@ from .database import (
     REJECTED,
     STATE_BASE,
     STATE_REFERENCE,
+    WIRE,
     record_chunks,
     storage_error,
+    wire_sql,
 )
 from .many_rows import write_rows
 
@@ -242,7 +244,7 @@ def compact(app: App, *, superseded_only: bool = False) -> int:
                 state = RecordState.from_json(old_base) if old_base is not None else RecordState()
                 if key[0] in app.codecs:
                     for (wire,) in conn.execute(
-                        "SELECT wire FROM _offline_ops WHERE collection = ? AND record_id = ? AND status = ?",
+                        f"SELECT {WIRE} FROM _offline_ops WHERE collection = ? AND record_id = ? AND status = ?",
                         (*key, ACKED),
                     ):
                         engine.apply(state, operation_from_text(wire), want_conflicts=False)
@@ -422,7 +424,7 @@ def _write_out_dropping_references(app: App) -> tuple[list[tuple[str, str]], lis
     stateless: list[tuple[str, str]] = []
     for collection, record_id, reference, wire in app.db.conn.execute(
         # (a state stored as bytes is never a reference: substr of a blob is a blob)
-        "SELECT k.collection, k.record_id, s.state, o.wire "
+        f"SELECT k.collection, k.record_id, s.state, {wire_sql('o')} "
         "FROM (SELECT DISTINCT collection, record_id FROM temp._offline_dropping) k "
         "LEFT JOIN _offline_state s ON s.collection = k.collection AND s.record_id = k.record_id "
         "LEFT JOIN _offline_ops o ON o.collection = s.collection AND o.record_id = s.record_id "

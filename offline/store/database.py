@@ -82,6 +82,32 @@ RECORD_INDEX = "_offline_ops_record_key"
 ID_KEY_DIGITS = 16
 ID_KEY = f"substr(id, 1, {ID_KEY_DIGITS})"
 
+# A row's text (``wire``) leaves out how every operation this library encodes begins, its id and its node
+# (``{"id":"…","nodeId":"…"``), which the row's own columns hold: some 120 of an operation's 440-odd bytes,
+# more than the causal context each operation carries since issue 24 added. What is left starts with ",",
+# which no JSON text does; a text with its keys in another order (received from a peer whose encoder orders
+# them otherwise) is stored whole, as every row written before was. `WIRE` (`wire_sql` for a table alias)
+# reads either kind as the whole text, in SQL: every reader gets the text the operation was sent as, byte
+# for byte, and an operation is still sent as the text it was received as.
+
+
+def stored_text(op_id: str, node_id: str, text: str) -> str:
+    """``text`` (an operation's wire text) as a log row holds it (see `WIRE`)."""
+    head = '{"id":"' + op_id + '","nodeId":"' + node_id + '"'
+    if text.startswith(head) and text.startswith(",", len(head)):
+        return text[len(head) :]
+    return text
+
+
+def wire_sql(table: str = "") -> str:
+    """SQL reading a log row's whole wire text (columns of ``table``, an alias, when given)."""
+    t = table + "." if table else ""
+    head = '\'{"id":"\' || ' + t + 'id || \'","nodeId":"\' || ' + t + "node_id || '\"'"
+    return f"CASE WHEN substr({t}wire, 1, 1) = ',' THEN {head} || {t}wire ELSE {t}wire END"
+
+
+WIRE = wire_sql()
+
 _INTERNAL = (
     """CREATE TABLE IF NOT EXISTS _offline_meta (key TEXT PRIMARY KEY NOT NULL, value TEXT NOT NULL)""",
     _OPS_TABLE,
@@ -406,7 +432,7 @@ class LocalDatabase:
             op.collection,
             op.record_id,
             timestamp_text(op),
-            operation_text(op),
+            stored_text(op.id, op.node_id, operation_text(op)),
             1 if local else 0,
             status,
             delivery,
@@ -418,18 +444,18 @@ class LocalDatabase:
         if record is not None:
             row = self.conn.execute(
                 # (The key's prefix is compared in the index, before a row is read.)
-                "SELECT wire FROM _offline_ops WHERE collection = ? AND record_id = ? "
+                f"SELECT {WIRE} FROM _offline_ops WHERE collection = ? AND record_id = ? "
                 f"AND {ID_KEY} = substr(?, 1, {ID_KEY_DIGITS}) AND id = ?",
                 (*record, op_id, op_id),
             ).fetchone()
         else:
-            row = self.conn.execute("SELECT wire FROM _offline_ops WHERE id = ?", (op_id,)).fetchone()
+            row = self.conn.execute(f"SELECT {WIRE} FROM _offline_ops WHERE id = ?", (op_id,)).fetchone()
         return None if row is None else operation_from_text(row[0])
 
     def find_operation(self, op_id: str, node_id: str, sequence_number: int) -> Operation | None:
         """The operation with ``op_id`` at (``node_id``, ``sequence_number``), if that is where it is held."""
         row = self.conn.execute(
-            "SELECT wire FROM _offline_ops WHERE node_id = ? AND sequence_number = ? AND id = ?",
+            f"SELECT {WIRE} FROM _offline_ops WHERE node_id = ? AND sequence_number = ? AND id = ?",
             (node_id, sequence_number, op_id),
         ).fetchone()
         return None if row is None else operation_from_text(row[0])
@@ -437,14 +463,14 @@ class LocalDatabase:
     def record_operations(self, collection: str, record_id: str) -> list[Operation]:
         """The operations of one record that count (not rejected)."""
         rows = self.conn.execute(
-            "SELECT wire FROM _offline_ops WHERE collection = ? AND record_id = ? AND status != ?",
+            f"SELECT {WIRE} FROM _offline_ops WHERE collection = ? AND record_id = ? AND status != ?",
             (collection, record_id, REJECTED),
         )
         return [operation_from_text(r[0]) for r in rows]
 
     def operations_after(self, node_id: str, after: int | None) -> list[Operation]:
         rows = self.conn.execute(
-            "SELECT wire FROM _offline_ops WHERE node_id = ? AND sequence_number > ? AND status != ? "
+            f"SELECT {WIRE} FROM _offline_ops WHERE node_id = ? AND sequence_number > ? AND status != ? "
             "ORDER BY sequence_number",
             (node_id, -1 if after is None else after, REJECTED),
         )
@@ -593,7 +619,7 @@ class LocalDatabase:
         wires: dict[tuple[str, str], str] = {}
         for collection, chunk, marks in record_chunks(references):
             for record_id, op_id, wire in self.conn.execute(
-                f"SELECT record_id, id, wire FROM _offline_ops WHERE collection = ? AND record_id IN ({marks})",
+                f"SELECT record_id, id, {WIRE} FROM _offline_ops WHERE collection = ? AND record_id IN ({marks})",
                 [collection, *chunk],
             ):
                 if references[(collection, record_id)] == op_id:

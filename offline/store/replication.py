@@ -12,7 +12,7 @@ from offline.core.frozen import thaw
 from offline.core.operations import Operation, decode_value, encode_value, operation_from_text
 
 from . import compaction
-from .database import ACKED, PENDING, PENDING_OPS, REJECTED
+from .database import ACKED, PENDING, PENDING_OPS, REJECTED, WIRE
 
 if TYPE_CHECKING:
     from .app import App
@@ -112,7 +112,7 @@ def pending_operations(app: App, exclude: Container[str] = ()) -> list[Operation
     """
     with app.db.lock:
         rows = app.db.conn.execute(
-            f"SELECT id, wire FROM {PENDING_OPS} ORDER BY sequence_number", (app.node_id, 0)
+            f"SELECT id, {WIRE} FROM {PENDING_OPS} ORDER BY sequence_number", (app.node_id, 0)
         ).fetchall()
     return [operation_from_text(w) for i, w in rows if i not in exclude]
 
@@ -127,7 +127,7 @@ def pending_wires(app: App, after: int = 0) -> list[tuple[int, str, str]]:
     """
     with app.db.lock:
         rows = app.db.conn.execute(
-            f"SELECT sequence_number, id, wire FROM {PENDING_OPS} ORDER BY sequence_number",
+            f"SELECT sequence_number, id, {WIRE} FROM {PENDING_OPS} ORDER BY sequence_number",
             (app.node_id, after + 1),
         ).fetchall()
     return [(int(seq), str(op_id), str(wire)) for seq, op_id, wire in rows]

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 #: The snapshot format a client asks for and the server writes (meta ``snapshot_format``). A new number
 #: whenever the local database's layout or what a snapshot holds changes: a client of another format (an
 #: older build cached in a browser) is then answered 204 and syncs over the socket.
-FORMAT = 3
+FORMAT = 4
 #: Meta key marking a database that was built as a snapshot (its value: the format).
 FORMAT_KEY = "snapshot_format"
 #: What a SQLite database file starts with.

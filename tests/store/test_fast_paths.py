@@ -14,6 +14,7 @@ from offline import OfflineError, create_app, define_schema, op, t
 from offline.core.operations import Operation, create_operation
 from offline.merge.engine import RecordState
 from offline.store import App, compaction
+from offline.store.database import WIRE
 
 SCHEMA = define_schema(
     {
@@ -115,7 +116,7 @@ def test_local_operations_equal_create_operation(app: App) -> None:
     for stored in ops:
         fields = {f.name: getattr(stored, f.name) for f in dataclasses.fields(Operation) if f.name != "id"}
         assert create_operation(fields) == stored
-    rows = app.db.conn.execute("SELECT wire FROM _offline_ops ORDER BY sequence_number").fetchall()
+    rows = app.db.conn.execute(f"SELECT {WIRE} FROM _offline_ops ORDER BY sequence_number").fetchall()
     for stored, (wire,) in zip(ops, rows, strict=True):
         assert wire == json.dumps(stored.to_wire(), separators=(",", ":"), ensure_ascii=False)
 
@@ -149,7 +150,7 @@ def test_local_wire_text_is_json_dumps_with_floats_and_odd_strings(tmp_path: Pat
         app.notes.update(first["id"], {"n": 7})
         app.notes.delete(first["id"])
         ops = app.operations()
-        rows = app.db.conn.execute("SELECT wire FROM _offline_ops ORDER BY sequence_number").fetchall()
+        rows = app.db.conn.execute(f"SELECT {WIRE} FROM _offline_ops ORDER BY sequence_number").fetchall()
     assert len(rows) == 12
     texts = [wire for (wire,) in rows]
     assert any("1e-07" in text for text in texts) and any("1e+16" in text for text in texts)
@@ -337,7 +338,7 @@ def test_a_reference_to_a_missing_operation_is_a_storage_error(app: App) -> None
 
 
 def stored_wires(app: App) -> dict[str, str]:
-    return dict(app.db.conn.execute("SELECT id, wire FROM _offline_ops").fetchall())
+    return dict(app.db.conn.execute(f"SELECT id, {WIRE} FROM _offline_ops").fetchall())
 
 
 def test_operations_read_from_the_log_carry_their_stored_text_to_another_replica(

@@ -358,3 +358,60 @@ def test_a_log_from_before_the_start_of_waiting_operations_was_kept_finds_them_o
         assert app.db.get_meta("pending_from") == "2"
         assert _waiting(app) == [2, 4]
     assert "_offline_ops_pending" not in {name for name, _, _ in _indexes(path)}
+
+
+def _every_reading(app: App, ops: list[Operation]) -> list[object]:
+    """What each way of reading the log gives for ``ops`` (all of one record each, held by ``app``)."""
+    db = app.db
+    return [
+        app.operations(),
+        [db.load_operation(op.id) for op in ops],
+        [db.load_operation(op.id, (op.collection, op.record_id)) for op in ops],
+        [db.find_operation(op.id, op.node_id, op.sequence_number) for op in ops],
+        [db.record_operations(op.collection, op.record_id) for op in ops],
+        db.operations_after(app.node_id, 0),
+        db.referenced_operations({(op.collection, op.record_id): op.id for op in ops}),
+        pending_wires(app),
+    ]
+
+
+def test_a_log_row_holds_the_operation_id_and_node_once(tmp_path: Path, app: App) -> None:
+    # The row's own columns hold the id and the node: its text leaves out what the encoder writes first, and
+    # every reader gets back the text as it was sent, byte for byte.
+    own = [app.todos.insert({"title": f"mine {i}"}) for i in range(2)]
+    remote = _remote_ops(tmp_path, 2)
+    texts = [compact_json(op.to_wire()) for op in remote]
+    assert app.apply_verified(remote, texts, watermark=2) == remote
+    ops = app.operations()
+    assert len(own) == 2 and len(ops) == 4
+    for op_id, node_id, stored in app.db.conn.execute("SELECT id, node_id, wire FROM _offline_ops"):
+        whole = compact_json(next(op for op in ops if op.id == op_id).to_wire())
+        assert op_id not in stored and stored.count(node_id) == whole.count(node_id) - 1, stored
+        assert len(stored) <= len(whole) - len(op_id) - len(node_id), (stored, whole)
+    local = [op for op in ops if op.node_id == app.node_id]
+    assert [(op_id, wire) for _, op_id, wire in pending_wires(app)] == [
+        (op.id, compact_json(op.to_wire())) for op in local
+    ]
+    readings = _every_reading(app, ops)
+    app.close()
+    with create_app(SCHEMA, path=str(tmp_path / "app.db")) as again:
+        assert _every_reading(again, ops) == readings
+        assert again.operations() == ops
+
+
+def test_log_rows_written_whole_by_earlier_versions_still_read(tmp_path: Path, app: App) -> None:
+    for i in range(3):
+        app.todos.insert({"title": f"mine {i}"})
+    remote = _remote_ops(tmp_path, 2)
+    app.apply_verified(remote, [compact_json(op.to_wire()) for op in remote], watermark=2)
+    ops = app.operations()
+    readings = _every_reading(app, ops)
+    # As earlier versions wrote every row: the whole text.
+    for op in ops:
+        app.db.conn.execute(
+            "UPDATE _offline_ops SET wire = ? WHERE id = ?", (compact_json(op.to_wire()), op.id)
+        )
+    assert _every_reading(app, ops) == readings
+    mark_acknowledged(app, [1, 2, 3])
+    app.compact()
+    assert sorted(r["title"] for r in app.todos.fetch()) == ["mine 0", "mine 1", "mine 2", "r0", "r1"]

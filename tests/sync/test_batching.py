@@ -21,6 +21,7 @@ from offline import HybridLogicalClock, create_app, create_operation
 from offline.core.uuid7 import generate_uuid_v7
 from offline.merge.values import compact_json
 from offline.store import App
+from offline.store.database import WIRE
 from offline.sync import protocol as p
 from offline.sync.transport import WebSocketTransport
 from tests.support.servers import ServerProcess, schema_from_source, write_entry
@@ -119,7 +120,7 @@ def test_writes_made_while_the_window_is_full_go_out_together(tmp_path: Path, se
             assert transport.sent[0]["operations"][0]["recordId"] == first["id"]
             assert app.sync.sent_operations == 6
             # The operations went out as stored.
-            stored = dict(app.db.conn.execute("SELECT id, wire FROM _offline_ops"))
+            stored = dict(app.db.conn.execute(f"SELECT id, {WIRE} FROM _offline_ops"))
             for batch in transport.sent:
                 for op in batch["operations"]:
                     assert json.loads(stored[op["id"]]) == op

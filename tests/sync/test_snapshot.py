@@ -424,17 +424,37 @@ def test_the_browser_asks_for_the_format_the_server_writes() -> None:
     assert line == f"export const FORMAT = {snapshot.FORMAT};"
 
 
-# The layout of the local database's own tables, by snapshot format: a snapshot is a copy of that database, so
-# a client of one format cannot be sent a file of another layout. A change to the layout fails this test until
-# FORMAT (offline/sync/snapshot.py and web/snapshot.js) is raised and the new layout's digest written here.
-LAYOUT_OF_FORMAT = {3: "0e16fb6f3dfe84ed4f7739cbf422173439300eb0a4c769f237f2facd8046dbbb"}
+# The layout of the local database's own tables, and how a log row holds an operation, by snapshot format: a
+# snapshot is a copy of that database, so a client of one format cannot be sent a file of another layout. A
+# change to either fails this test until FORMAT (offline/sync/snapshot.py and web/snapshot.js) is raised and
+# the new digest written here.
+LAYOUT_OF_FORMAT = {4: "8478290b87741d88223051317f5400b2a1ba15536705c382fffeabfe18991339"}
 
 
 def test_a_change_to_the_local_database_layout_comes_with_a_new_snapshot_format(tmp_path: Path) -> None:
+    from offline.core.hlc import HLCTimestamp
+    from offline.core.operations import create_operation
+
+    node = "0190c0de-0000-7000-8000-00000000f00d"
+    held = create_operation(
+        {
+            "node_id": node,
+            "type": "insert",
+            "collection": "items",
+            "record_id": "r1",
+            "data": {"title": "a"},
+            "timestamp": HLCTimestamp(1_700_000_000_000, 0, node),
+            "sequence_number": 1,
+            "schema_version": SCHEMA.version,
+            "causal_context": {node: 1},
+        }
+    )
     with offline.create_app(SCHEMA, path=str(tmp_path / "layout.db")) as app:
+        app.apply([held])
         rows = app.db.conn.execute(
             "SELECT type, name, sql FROM sqlite_schema WHERE name LIKE '\\_offline%' ESCAPE '\\' ORDER BY name"
         ).fetchall()
+        rows += app.db.conn.execute("SELECT id, node_id, wire FROM _offline_ops").fetchall()
     digest = hashlib.sha256(json.dumps(rows).encode()).hexdigest()
     assert LAYOUT_OF_FORMAT.get(snapshot.FORMAT) == digest, (
         f"the local database's layout is {digest}; raise snapshot FORMAT if it changed"

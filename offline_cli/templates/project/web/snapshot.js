@@ -8,7 +8,7 @@
 // sync over the socket runs as it always did, and the page is told nothing.
 
 // The snapshot layout this client reads (offline/sync/snapshot.py FORMAT).
-export const FORMAT = 3;
+export const FORMAT = 4;
 // Held back and written last: the first page of a database of any page size (at most 64 KB) is in it, so a
 // file whose writing was cut short starts with zeros (see storage.js, which empties such a file).
 export const HEAD = 65536;
