@@ -29,8 +29,9 @@ What each limit does when it is hit (codes are the protocol's, see ``offline.syn
 - ``max_pending_per_address``: sync connections from one client address (see ``server_runtime.client_address``)
   that have not sent their handshake yet (64); one more gets ``error OVERLOADED`` (retriable) and close 1013,
   so one address cannot take every connection slot, nor more than a quarter of
-  ``max_unauthenticated_connections`` (keep that ratio when changing either). ``silent_grace``: at either limit, a connection that has
-  sent nothing for this long (1 s) is closed (``PROTOCOL_VIOLATION``) to make room instead.
+  ``max_unauthenticated_connections`` (keep that ratio when changing either). ``silent_grace``: at either
+  limit, a connection that has sent nothing for this long (1 s) is closed (``PROTOCOL_VIOLATION``) to make
+  room instead.
 - ``max_handshake_bytes``: until its handshake is accepted, a connection's frames may be at most this large
   (256 KiB); a larger one is refused by the WebSocket layer as it arrives (close 1009), so an unauthenticated
   peer cannot make the server buffer ``max_message_bytes``.

@@ -31,7 +31,6 @@ from offline.core.operations import (
     _new_operation,
     create_operation,
     operation_from_text,
-    timestamp_text,
     verify_operation,
 )
 from offline.core.schema import SchemaDefinition
@@ -1046,27 +1045,17 @@ class App:
                     # Inside app.batch(): the batch's copy is written again at commit; keep it current.
                     staged[(collection, record_id)] = state
             self._write_records(items)
-            if wires is None:
-                op_row = self.db.op_row
-                rows = [
-                    op_row(op, local=op.node_id == node_id, status=ACKED, delivery=delivery) for op in ordered
-                ]
-            else:
-                rows = [
-                    (
-                        op.id,
-                        op.node_id,
-                        op.sequence_number,
-                        op.collection,
-                        op.record_id,
-                        timestamp_text(op),
-                        stored_text(op.id, op.node_id, wire_of[op.id]),
-                        1 if op.node_id == node_id else 0,
-                        ACKED,
-                        delivery,
-                    )
-                    for op in ordered
-                ]
+            op_row = self.db.op_row
+            rows = [
+                op_row(
+                    op,
+                    local=op.node_id == node_id,
+                    status=ACKED,
+                    delivery=delivery,
+                    text=None if wires is None else wire_of[op.id],
+                )
+                for op in ordered
+            ]
             self.db.insert_operations(rows)
             vector: dict[str, int] = {}
             for op in ordered:

@@ -305,10 +305,10 @@ def _fill_dropping(conn: Any, node_id: str) -> None:
     Read off the index by record (`RECORD_INDEX`: collection, record id, node, id key), which holds every
     row's key (node, number) and is already in record and node order, instead of the log's rows (each
     several hundred bytes of wire text) in key order, sorted again: the fill was about a quarter of a
-    compaction (and with the id before the node in that index, a sort was most of the fill). The index has no status, but only this node's
-    operations are ever other than acknowledged (a received operation is stored acknowledged, and only this
-    node's are waiting or refused), so the records holding one of those, found by a walk of this node's part
-    of the key, are counted again from their acknowledged rows."""
+    compaction (and with the id before the node in that index, a sort was most of the fill). The index has
+    no status, but only this node's operations are ever other than acknowledged (a received operation is
+    stored acknowledged, and only this node's are waiting or refused), so the records holding one of those,
+    found by a walk of this node's part of the key, are counted again from their acknowledged rows."""
     conn.execute(
         "INSERT INTO temp._offline_dropping (collection, record_id, node_id, seq, hlc, n, special) "
         "SELECT collection, record_id, node_id, max(sequence_number), '', count(*), 0 "

@@ -424,7 +424,10 @@ class LocalDatabase:
             self._checkpointer.committed(self.conn)
 
     @staticmethod
-    def op_row(op: Operation, *, local: bool, status: int, delivery: int | None = None) -> tuple[Any, ...]:
+    def op_row(
+        op: Operation, *, local: bool, status: int, delivery: int | None = None, text: str | None = None
+    ) -> tuple[Any, ...]:
+        """The log row of ``op``; ``text``: its wire text when the caller has it (else `operation_text`)."""
         return (
             op.id,
             op.node_id,
@@ -432,7 +435,7 @@ class LocalDatabase:
             op.collection,
             op.record_id,
             timestamp_text(op),
-            stored_text(op.id, op.node_id, operation_text(op)),
+            stored_text(op.id, op.node_id, operation_text(op) if text is None else text),
             1 if local else 0,
             status,
             delivery,
