@@ -85,7 +85,7 @@ class Collection:
 
     def find_by_id(self, record_id: str) -> dict[str, Any] | None:
         app = self.app
-        dirty = app.unflushed_state(self.name, record_id)
+        dirty = app.unflushed(self.name, record_id)
         if dirty is not None:  # written since the last flush: read it from its merge state
             row = app.row_of(self.name, record_id, dirty)
             return None if row is None else self.codec.record(row)
