@@ -33,6 +33,7 @@ __all__ = [
     "client_address",
     "is_loopback_host",
     "limit_key",
+    "network_of",
 ]
 
 TRUSTED_PROXIES_ENV = "OFFLINE_TRUSTED_PROXIES"
@@ -90,6 +91,23 @@ def limit_key(host: str) -> str:
     """`_identity` of a peer address as the transport gives it (unparsable: unchanged)."""
     address = _parse_address(host)
     return _identity(address) if address is not None else host
+
+
+@functools.lru_cache(maxsize=4096)
+def network_of(identity: str) -> str:
+    """The network a client (`client_address`'s answer) belongs to, where limits share slots out fairly
+    rather than per client: an IPv4 address's /24, an IPv6 /64's /48. One party gets a whole /48 as easily
+    as one address (a tunnel broker hands them out free) and often a few addresses of one /24 (a cloud
+    account); anything else (unknown, a Unix socket) is its own network."""
+    if identity.endswith("/64"):
+        try:
+            return str(ipaddress.IPv6Network(identity).supernet(new_prefix=48))
+        except ValueError:
+            return identity
+    address = _parse_address(identity)
+    if isinstance(address, ipaddress.IPv4Address):
+        return str(ipaddress.IPv4Network((address, 24), strict=False))
+    return identity
 
 
 class ProxyPolicy:

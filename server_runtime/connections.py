@@ -17,6 +17,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from .client_address import network_of
 from .limits import ConnectionLimits
 from .sync import Session
 
@@ -60,6 +61,7 @@ class Connection:
         "bucket",
         "heard",
         "leaving",
+        "network",
         "restore_frame_limit",
         "sending_since",
         "session",
@@ -71,6 +73,7 @@ class Connection:
     def __init__(self, limits: ConnectionLimits, abort: Callable[[], None] | None, address: str = "") -> None:
         self.abort = abort  # drops the TCP connection at once (None when the ASGI server offers no way)
         self.address = address  # the client's (see server_runtime.client_address)
+        self.network = network_of(address)
         self.since = time.monotonic()
         self.heard = False  # a first frame arrived
         self.restore_frame_limit: Callable[[], None] = _no_op  # see endpoint._cap_frames
@@ -105,6 +108,8 @@ class ConnectionGuard:
         # insertion order).
         self.pending: dict[str, dict[Connection, None]] = {}
         self.silent: dict[Connection, None] = {}
+        # ...and by network (`client_address.network_of`), for each network's share when every slot is taken.
+        self.crowds: dict[str, dict[Connection, None]] = {}
         # Connections whose handshake has not been accepted yet (each may buffer max_handshake_bytes).
         self.unauthenticated: dict[Connection, None] = {}
         self._empty = asyncio.Event()
@@ -119,29 +124,35 @@ class ConnectionGuard:
         not sent their handshake (so one address cannot hold every slot with sockets that never say hello), or
         ``max_unauthenticated_connections`` of all addresses together have not had their handshake accepted
         (so many addresses together cannot make it buffer gigabytes before sign-in). Either way a
-        connection that has said nothing for ``silent_grace`` seconds gives way to the new one first."""
+        connection that has said nothing for ``silent_grace`` seconds gives way to the new one first; at a
+        process-wide limit, failing that, so does one of the network holding the most silent connections, when
+        that is more than the newcomer's would hold (`_evict_crowded`)."""
         now = time.monotonic()
-        if len(self.connections) >= self.limits.max_connections and not self._evict_silent(self.silent, now):
-            self.counts["refused_overloaded"] += 1
-            return (
-                f"this server holds its maximum of {self.limits.max_connections} sync connections; "
-                "retry later (with backoff)"
-            )
-        waiting = self.pending.get(address)
+        network = network_of(address)
         made_room = False  # an evicted connection counts until it is gone: evict one at most per admission
-        if waiting is not None and len(waiting) >= self.limits.max_pending_per_address:
-            made_room = self._evict_silent(waiting, now)
+        if len(self.connections) >= self.limits.max_connections:
+            made_room = self._evict_silent(self.silent, now) or self._evict_crowded(network)
             if not made_room:
+                self.counts["refused_overloaded"] += 1
+                return (
+                    f"this server holds its maximum of {self.limits.max_connections} sync connections; "
+                    "retry later (with backoff)"
+                )
+        waiting = self.pending.get(address)
+        if waiting is not None and len(waiting) >= self.limits.max_pending_per_address:
+            if not self._evict_silent(waiting, now):
                 self.counts["refused_pending_per_address"] += 1
                 return (
                     f"{self.limits.max_pending_per_address} sync connections from this address have not sent "
                     "their handshake yet; retry later (with backoff)"
                 )
+            made_room = True
         # Every address together: each of these may buffer max_handshake_bytes before it is signed in.
         if (
             len(self.unauthenticated) >= self.limits.max_unauthenticated_connections
             and not made_room
             and not self._evict_silent(self.silent, now)
+            and not self._evict_crowded(network)
         ):
             self.counts["refused_unauthenticated"] += 1
             return (
@@ -151,6 +162,7 @@ class ConnectionGuard:
         conn = Connection(self.limits, abort, address)
         self.pending.setdefault(address, {})[conn] = None
         self.silent[conn] = None
+        self.crowds.setdefault(conn.network, {})[conn] = None
         self.unauthenticated[conn] = None
         self.connections.add(conn)
         self._empty.clear()
@@ -172,11 +184,33 @@ class ConnectionGuard:
             return True
         return False
 
+    def _evict_crowded(self, network: str) -> bool:
+        """Ask the oldest silent connection of the network holding the most silent connections to leave,
+        when that network would still hold more than the newcomer's (from ``network``) with it; whether one
+        was asked. Every slot taken by young silent sockets (too young to give way by age) is then shared out
+        between networks, not kept by whoever filled it first: a party with a few addresses, or an IPv6 /48,
+        keeps no other network out. Those sockets are what clients hold only for the moment before their
+        handshake, so a real client rarely loses one, and then retries."""
+        mine = len(self.crowds.get(network, ()))
+        crowded = max(self.crowds.values(), key=len, default=None)
+        if crowded is None or len(crowded) <= mine + 1:
+            return False
+        conn = next(iter(crowded))  # oldest first; every one of them silent (`heard` takes them out)
+        self.counts["cut_crowded"] += 1
+        conn.ask_to_leave(SILENT)
+        self.heard(conn)
+        return True
+
     def heard(self, conn: Connection) -> None:
         """``conn`` sent its first frame (or is leaving): no longer silent, no longer counted against its
         address. (Only silence holds a slot for free: a handshake that arrived is answered at once.)"""
         conn.heard = True
         self.silent.pop(conn, None)
+        crowd = self.crowds.get(conn.network)
+        if crowd is not None and conn in crowd:
+            del crowd[conn]
+            if not crowd:
+                del self.crowds[conn.network]
         waiting = self.pending.get(conn.address)
         if waiting is not None and conn in waiting:
             del waiting[conn]

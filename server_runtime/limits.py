@@ -38,7 +38,9 @@ What each limit does when it is hit (codes are the protocol's, see ``offline.syn
 - ``max_unauthenticated_connections``: sync connections, from all addresses together, whose handshake has not
   been accepted yet (256: with ``max_handshake_bytes`` at most 64 MiB of frames buffered before sign-in); one
   more gets ``error OVERLOADED`` (retriable) and close 1013, unless a connection silent for ``silent_grace``
-  gives way. The per-address limit alone would let many addresses together buffer gigabytes.
+  gives way, or failing that one of the network holding the most silent connections (an IPv4 /24, an IPv6
+  /48; see ``ConnectionGuard._evict_crowded``) when that is more than the newcomer's network would hold. The
+  per-address limit alone would let many addresses together buffer gigabytes.
 - ``max_body_bytes`` / ``max_backup_body_bytes``: the largest HTTP request body (every route / the backup
   import); a larger one gets HTTP 413 ``BODY_TOO_LARGE`` and nothing past the cap is read (see
   ``server_runtime.request_limits``).

@@ -11,7 +11,7 @@ import pytest
 
 from offline import OfflineError
 from offline.sync import protocol as p
-from server_runtime.client_address import ProxyPolicy, client_address
+from server_runtime.client_address import ProxyPolicy, client_address, network_of
 from server_runtime.environment import server_from_environment
 from tests.support.servers import ServerProcess
 
@@ -63,6 +63,18 @@ def test_an_ipv6_client_is_its_64_prefix() -> None:
         assert client_address(scope(peer)) == "2001:db8:1:2::/64"
     assert client_address(scope("2001:db8:1:3::1")) == "2001:db8:1:3::/64"
     assert client_address(scope("::ffff:192.0.2.1")) == "192.0.2.1"  # a v4 client on a dual-stack socket
+
+
+def test_the_network_a_client_shares_slots_with() -> None:
+    """An IPv4 address's /24 and an IPv6 /64's /48 (what the fair share of pre-sign-in slots counts by); an
+    address arriving over a dual-stack socket is its IPv4 one; anything else is its own network."""
+    v4 = client_address(scope("::ffff:198.51.100.7"))
+    assert network_of(v4) == network_of("198.51.100.200") == "198.51.100.0/24"
+    v6 = client_address(scope("2001:db8:1:2:aaaa::1"))
+    assert network_of(v6) == network_of("2001:db8:1:ffff::/64") == "2001:db8:1::/48"
+    assert network_of("2001:db8:2::/64") != network_of(v6)
+    for other in ("unknown", "", "not an address/64"):
+        assert network_of(other) == other
 
 
 def test_star_trusts_every_peer_but_only_the_address_it_appended() -> None:

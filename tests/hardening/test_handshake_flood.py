@@ -88,7 +88,7 @@ def _metrics(server: object, token: str | None = "admin-token-for-tests-01234567
 
 def _limited(server: object) -> list[int]:
     """The flood-related endings of offline_sync_connections_limited_total."""
-    reasons = ("refused_pending_per_address", "cut_silent", "cut_handshake_timeout")
+    reasons = ("refused_pending_per_address", "cut_silent", "cut_crowded", "cut_handshake_timeout")
     found = []
     for line in _metrics(server).splitlines():
         if line.startswith("offline_sync_connections_limited_total{") and any(r in line for r in reasons):
@@ -227,6 +227,92 @@ def test_a_client_is_admitted_at_once_while_another_address_holds_its_whole_allo
             assert await flood.still_open() == ALLOWANCE
         finally:
             await flood.close()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        server.terminate()
+
+
+def test_a_crowded_network_gives_way_to_a_newcomer_from_another_one() -> None:
+    """Young silent sockets from a few addresses of one network (an IPv4 /24, an IPv6 /48: what one party
+    gets as easily as one address) fill every slot shared before sign-in; none is old enough to give way.
+    A client from another network still gets in, in place of one of the crowded network's silent sockets,
+    while one more from the crowded network is refused: each network's share, not first come first served."""
+    from server_runtime.connections import SILENT, Connection, ConnectionGuard
+
+    async def scenario(crowded: list[str], newcomer: str, neighbour: str) -> None:
+        limits = ConnectionLimits(silent_grace=600.0)
+        guard = ConnectionGuard(limits)
+        held = [conn for address in crowded for conn in _fill(guard, address)]
+        assert len(held) == limits.max_unauthenticated_connections
+        assert isinstance(guard.admit(None, neighbour), str)
+        assert guard.counts["refused_unauthenticated"] == 1
+        admitted = guard.admit(None, newcomer)
+        assert isinstance(admitted, Connection), admitted
+        leaving = [conn for conn in held if conn.leaving is not None]
+        assert len(leaving) == 1 and leaving[0].leaving == SILENT
+        guard.release(leaving[0])
+        # The newcomer's network may hold as many as the crowded one before it no longer gives way.
+        assert isinstance(guard.admit(None, newcomer), Connection)
+        assert isinstance(guard.admit(None, neighbour), str)
+        # A socket that spoke never gives way, however crowded its network.
+        for conn in held:
+            if conn.leaving is None:
+                guard.heard(conn)
+        assert isinstance(guard.admit(None, neighbour), Connection)  # in place of a newcomer's silent one
+        for conn in list(guard.silent):
+            guard.heard(conn)
+        assert isinstance(guard.admit(None, neighbour), str)
+        assert guard.counts["cut_crowded"] == 3
+        await guard.drain(0.01)
+
+    quarter = ConnectionLimits().max_unauthenticated_connections // 4
+    assert quarter == ConnectionLimits().max_pending_per_address
+    asyncio.run(scenario([f"198.51.100.{i}" for i in range(1, 5)], "203.0.113.5", "198.51.100.77"))
+    asyncio.run(scenario([f"2001:db8:1:{i}::/64" for i in range(4)], "2001:db8:2::/64", "2001:db8:1:ff::/64"))
+
+
+def _fill(guard: object, address: str) -> list[object]:
+    from server_runtime.connections import Connection, ConnectionGuard
+
+    assert isinstance(guard, ConnectionGuard)
+    held: list[object] = []
+    while isinstance(conn := guard.admit(None, address), Connection):
+        held.append(conn)
+    return held
+
+
+def test_a_client_is_admitted_at_once_while_one_network_holds_every_shared_slot(tmp_path: Path) -> None:
+    # Eight addresses of 127.0.1.0/24 open 64 silent sockets each: 512 attempts for 256 shared slots, none
+    # giving way by age (a grace period and a deadline longer than the test). The client, from 127.0.0.1
+    # (another /24), completes its handshake at once.
+    server = start_server(
+        tmp_path,
+        store="memory",
+        env={
+            "OFFLINE_ADMIN_TOKEN": "admin-token-for-tests-0123456789",
+            "OFFLINE_HANDSHAKE_TIMEOUT": "600",
+            "OFFLINE_SILENT_GRACE": "600",
+        },
+    )
+    shared = ConnectionLimits().max_unauthenticated_connections
+
+    async def scenario() -> None:
+        floods = [
+            SilentFlood("127.0.0.1", server.port, ALLOWANCE, source=f"127.0.1.{i}") for i in range(1, 9)
+        ]
+        try:
+            for flood in floods:
+                await flood.open()
+            assert await asyncio.to_thread(_gauge, server, "offline_sync_connections_silent") == shared
+            legit = BareSocketPeer("127.0.0.1", server.port)
+            reply = await asyncio.to_thread(legit.handshake)
+            assert reply.accepted, reply
+            legit.close()
+        finally:
+            for flood in floods:
+                await flood.close()
 
     try:
         asyncio.run(scenario())

@@ -233,7 +233,12 @@ def test_inserted_records_wait_for_their_flush_as_their_insert(app: App) -> None
         assert _live_states() == states_before
         # Later writes and reads inside the batch see them.
         assert app.todos.find_by_id(ids[1]) == {
-            "id": ids[1], "title": "t1", "done": False, "votes": 0, "tags": ["x"], "owner": None
+            "id": ids[1],
+            "title": "t1",
+            "done": False,
+            "votes": 0,
+            "tags": ["x"],
+            "owner": None,
         }
         updated = app.todos.update(ids[0], {"votes": op.increment(2), "tags": ["x", "y"]})
         assert updated["votes"] == 2 and updated["tags"] == ["x", "y"]
