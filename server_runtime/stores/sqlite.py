@@ -417,6 +417,10 @@ class SQLiteServerStore(ServerStore):
         self._top: int | None = None
         self._tails: dict[str, int] | None = None
         self._look_up_next = False  # the next writer looks up every id (an id taken for new was stored)
+        # The compaction horizon, once read (None: not read, or a compaction or restore failed). One process
+        # owns the file, as for ``_top``: its own compactions and restores raise it, before they delete
+        # anything (a relay asks after every catch-up page it reads, and a page read meanwhile is dropped).
+        self._horizon: int | None = None
         self._checkpointer: Checkpointer | None = None
         self._wal = False  # the writer's connection is in WAL mode
 
@@ -769,10 +773,28 @@ class SQLiteServerStore(ServerStore):
     async def listen(self, callback: NotifyCallback) -> None:
         self._check_open()
 
+    async def compaction_horizon(self) -> int:
+        if self._horizon is None:
+            stored = await super().compaction_horizon()
+            # (A compaction may have announced a higher one meanwhile, before its commit.)
+            self._horizon = max(self._horizon or 0, stored)
+        return self._horizon
+
+    def _announce_horizon(self, horizon: int) -> None:
+        self._horizon = max(self._horizon or 0, horizon)
+
     async def compact(self, horizon: int | None = None) -> dict[str, Any]:
+        try:
+            return await self._compact(horizon)
+        except BaseException:
+            self._horizon = None  # read again, as committed
+            raise
+
+    async def _compact(self, horizon: int | None) -> dict[str, Any]:
         async with self.writer() as writer:
             assert isinstance(writer, _SQLiteWriter)
             horizon = compaction.bounded(horizon, writer.max_delivery)
+            self._announce_horizon(horizon)
             with self._errors("compacting the operation log"):
                 (rows,) = await writer._read(
                     [
@@ -831,8 +853,22 @@ class SQLiteServerStore(ServerStore):
         node_marks: Mapping[str, int],
         horizon: int,
     ) -> None:
+        try:
+            await self._restore_compaction(rows, record_versions, node_marks, horizon)
+        except BaseException:
+            self._horizon = None
+            raise
+
+    async def _restore_compaction(
+        self,
+        rows: Iterable[RecordRow],
+        record_versions: Mapping[RecordKey, Mapping[str, int]],
+        node_marks: Mapping[str, int],
+        horizon: int,
+    ) -> None:
         async with self.writer() as writer:
             assert isinstance(writer, _SQLiteWriter)
+            self._announce_horizon(int(horizon))
             await writer.save_rows(rows)
             with self._errors("restoring what compaction recorded"):
                 stored = await _stored_versions(writer._read, record_versions)

@@ -99,6 +99,59 @@ def test_what_compaction_keeps_survives_a_restart(tmp_path: Path, request: pytes
         backend.run(second)
 
 
+def test_a_sqlite_store_answers_its_horizon_without_reading_it_each_time(tmp_path: Path) -> None:
+    """A relay asks for the horizon after every catch-up page it reads. One process owns a SQLite store (its
+    highest delivery is kept the same way), so the store answers from what it knows: read once, then raised
+    by its own compactions and restores, before they delete anything. (Each answer was a query through the
+    reader's thread: a tenth of the server's CPU under a fast writer and ten sessions behind it.)"""
+    from server_runtime.stores.sqlite import SQLiteServerStore
+
+    backend = Backend("sqlite", sqlite_path=tmp_path / "server.db")
+
+    async def first(store: ServerStore) -> None:
+        assert isinstance(store, SQLiteServerStore)
+        await seed(store)
+        assert await store.compaction_horizon() == 0
+        reads = _count_meta_reads(store)
+        for _ in range(3):
+            assert await store.compaction_horizon() == 0
+        await store.compact(5)
+        assert await store.compaction_horizon() == 5
+        await store.restore_compaction([], {}, {}, 8)
+        assert await store.compaction_horizon() == 8
+        assert reads == []
+        # A compaction that fails leaves the horizon to be read again, as committed.
+        failing = store.writer
+
+        def broken() -> object:
+            raise RuntimeError("the disk went away")
+
+        store.writer = broken  # type: ignore[method-assign]
+        with pytest.raises(RuntimeError):
+            await store.compact()
+        store.writer = failing  # type: ignore[method-assign]
+        assert await store.compaction_horizon() == 8
+        assert reads == ["compaction_horizon"]
+
+    async def second(store: ServerStore) -> None:
+        assert await store.compaction_horizon() == 8
+
+    backend.run(first)
+    backend.run(second)
+
+
+def _count_meta_reads(store: ServerStore) -> list[str]:
+    reads: list[str] = []
+    read = store.get_meta
+
+    async def counted(key: str) -> str | None:
+        reads.append(key)
+        return await read(key)
+
+    store.get_meta = counted  # type: ignore[method-assign]
+    return reads
+
+
 def test_compact_up_to_a_given_horizon_keeps_what_follows(backend: Backend) -> None:
     async def test(store: ServerStore) -> None:
         await seed(store)
