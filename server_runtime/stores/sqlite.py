@@ -783,55 +783,58 @@ class SQLiteServerStore(ServerStore):
     def _announce_horizon(self, horizon: int) -> None:
         self._horizon = max(self._horizon or 0, horizon)
 
-    async def compact(self, horizon: int | None = None) -> dict[str, Any]:
+    @contextlib.contextmanager
+    def _changing_horizon(self) -> Iterator[None]:
+        """Around a compaction or a restore: after one that failed, the horizon is read again, as committed."""
         try:
-            return await self._compact(horizon)
+            yield
         except BaseException:
-            self._horizon = None  # read again, as committed
+            self._horizon = None
             raise
 
-    async def _compact(self, horizon: int | None) -> dict[str, Any]:
-        async with self.writer() as writer:
-            assert isinstance(writer, _SQLiteWriter)
-            horizon = compaction.bounded(horizon, writer.max_delivery)
-            self._announce_horizon(horizon)
-            with self._errors("compacting the operation log"):
-                (rows,) = await writer._read(
-                    [
+    async def compact(self, horizon: int | None = None) -> dict[str, Any]:
+        with self._changing_horizon():
+            async with self.writer() as writer:
+                assert isinstance(writer, _SQLiteWriter)
+                horizon = compaction.bounded(horizon, writer.max_delivery)
+                self._announce_horizon(horizon)
+                with self._errors("compacting the operation log"):
+                    (rows,) = await writer._read(
+                        [
+                            (
+                                "fetch",
+                                "SELECT delivery, node_id, sequence_number, collection, record_id, scope"
+                                " FROM offline_operations WHERE delivery <= ? ORDER BY delivery",
+                                (horizon,),
+                            )
+                        ]
+                    )
+                    done = compaction.plan(
+                        ((int(d), str(n), int(q), str(c), str(r), sc) for d, n, q, c, r, sc in rows or ()),
+                        horizon,
+                    )
+                    stored = await _stored_versions(writer._read, done.record_versions)
+                    steps: list[_Step] = [
                         (
-                            "fetch",
-                            "SELECT delivery, node_id, sequence_number, collection, record_id, scope"
-                            " FROM offline_operations WHERE delivery <= ? ORDER BY delivery",
-                            (horizon,),
+                            "execute",
+                            f"DELETE FROM offline_operations WHERE delivery IN ({','.join('?' * len(part))})",
+                            tuple(part),
                         )
+                        for part in _codec.chunks(done.deliveries, _CHUNK)
                     ]
-                )
-                done = compaction.plan(
-                    ((int(d), str(n), int(q), str(c), str(r), sc) for d, n, q, c, r, sc in rows or ()),
-                    horizon,
-                )
-                stored = await _stored_versions(writer._read, done.record_versions)
-                steps: list[_Step] = [
-                    (
-                        "execute",
-                        f"DELETE FROM offline_operations WHERE delivery IN ({','.join('?' * len(part))})",
-                        tuple(part),
-                    )
-                    for part in _codec.chunks(done.deliveries, _CHUNK)
-                ]
-                steps += [
-                    (
-                        "execute",
-                        "DELETE FROM offline_operation_scopes WHERE collection = ? AND field = ? AND value = ?"
-                        " AND delivery = ?",
-                        row,
-                    )
-                    for row in done.scope_rows
-                ]
-                steps += _compaction_marks(stored, done.record_versions, done.node_marks)
-                await writer._read(steps)
-            await writer.set_meta(compaction.HORIZON_KEY, str(horizon))
-        return done.result()
+                    steps += [
+                        (
+                            "execute",
+                            "DELETE FROM offline_operation_scopes WHERE collection = ? AND field = ? AND value = ?"
+                            " AND delivery = ?",
+                            row,
+                        )
+                        for row in done.scope_rows
+                    ]
+                    steps += _compaction_marks(stored, done.record_versions, done.node_marks)
+                    await writer._read(steps)
+                await writer.set_meta(compaction.HORIZON_KEY, str(horizon))
+            return done.result()
 
     async def compacted_history(self) -> tuple[dict[RecordKey, dict[str, int]], dict[str, int]]:
         async with self._reading("reading what compaction recorded") as conn:
@@ -853,29 +856,17 @@ class SQLiteServerStore(ServerStore):
         node_marks: Mapping[str, int],
         horizon: int,
     ) -> None:
-        try:
-            await self._restore_compaction(rows, record_versions, node_marks, horizon)
-        except BaseException:
-            self._horizon = None
-            raise
-
-    async def _restore_compaction(
-        self,
-        rows: Iterable[RecordRow],
-        record_versions: Mapping[RecordKey, Mapping[str, int]],
-        node_marks: Mapping[str, int],
-        horizon: int,
-    ) -> None:
-        async with self.writer() as writer:
-            assert isinstance(writer, _SQLiteWriter)
-            self._announce_horizon(int(horizon))
-            await writer.save_rows(rows)
-            with self._errors("restoring what compaction recorded"):
-                stored = await _stored_versions(writer._read, record_versions)
-                steps = _compaction_marks(stored, record_versions, node_marks)
-                if steps:
-                    await writer._read(steps)
-            await writer.set_meta(compaction.HORIZON_KEY, str(int(horizon)))
+        with self._changing_horizon():
+            async with self.writer() as writer:
+                assert isinstance(writer, _SQLiteWriter)
+                self._announce_horizon(int(horizon))
+                await writer.save_rows(rows)
+                with self._errors("restoring what compaction recorded"):
+                    stored = await _stored_versions(writer._read, record_versions)
+                    steps = _compaction_marks(stored, record_versions, node_marks)
+                    if steps:
+                        await writer._read(steps)
+                await writer.set_meta(compaction.HORIZON_KEY, str(int(horizon)))
 
     async def record_versions(self, keys: Iterable[RecordKey]) -> dict[RecordKey, dict[str, int]]:
         wanted = list(dict.fromkeys(keys))

@@ -11,6 +11,7 @@ from pathlib import Path
 from offline.sync import protocol as p
 from server_runtime.limits import ConnectionLimits
 from tests.support.abuse import SilentFlood, raise_open_file_limit
+from tests.support.servers import ServerProcess
 
 from .support import TIMEOUT, BareSocketPeer, start_server, status, wait_for
 
@@ -202,10 +203,9 @@ def test_one_address_holds_a_quarter_of_the_pre_sign_in_slots_at_most() -> None:
     asyncio.run(scenario())
 
 
-def test_a_client_is_admitted_at_once_while_another_address_holds_its_whole_allowance(tmp_path: Path) -> None:
-    # No connection gives way here (a grace period and a deadline longer than the test): the client gets in
-    # only because one address cannot take the slots every address shares before sign-in.
-    server = start_server(
+def _server_where_nothing_gives_way_by_age(tmp_path: Path) -> ServerProcess:
+    """A grace period and a handshake deadline longer than any test: no silent connection gives way by age."""
+    return start_server(
         tmp_path,
         store="memory",
         env={
@@ -215,15 +215,25 @@ def test_a_client_is_admitted_at_once_while_another_address_holds_its_whole_allo
         },
     )
 
+
+async def _a_client_is_accepted(server: ServerProcess) -> None:
+    """A client from 127.0.0.1 completes its handshake (the first reply accepts it)."""
+    legit = BareSocketPeer("127.0.0.1", server.port)
+    reply = await asyncio.to_thread(legit.handshake)
+    assert reply.accepted, reply
+    legit.close()
+
+
+def test_a_client_is_admitted_at_once_while_another_address_holds_its_whole_allowance(tmp_path: Path) -> None:
+    # The client gets in only because one address cannot take the slots every address shares before sign-in.
+    server = _server_where_nothing_gives_way_by_age(tmp_path)
+
     async def scenario() -> None:
         flood = SilentFlood("127.0.0.1", server.port, 1000, source="127.0.0.2")
         try:
             await flood.open()
             assert await asyncio.to_thread(_gauge, server, "offline_sync_connections_silent") == ALLOWANCE
-            legit = BareSocketPeer("127.0.0.1", server.port)
-            reply = await asyncio.to_thread(legit.handshake)
-            assert reply.accepted, reply
-            legit.close()
+            await _a_client_is_accepted(server)
             assert await flood.still_open() == ALLOWANCE
         finally:
             await flood.close()
@@ -285,17 +295,8 @@ def _fill(guard: object, address: str) -> list[object]:
 
 def test_a_client_is_admitted_at_once_while_one_network_holds_every_shared_slot(tmp_path: Path) -> None:
     # Eight addresses of 127.0.1.0/24 open 64 silent sockets each: 512 attempts for 256 shared slots, none
-    # giving way by age (a grace period and a deadline longer than the test). The client, from 127.0.0.1
-    # (another /24), completes its handshake at once.
-    server = start_server(
-        tmp_path,
-        store="memory",
-        env={
-            "OFFLINE_ADMIN_TOKEN": "admin-token-for-tests-0123456789",
-            "OFFLINE_HANDSHAKE_TIMEOUT": "600",
-            "OFFLINE_SILENT_GRACE": "600",
-        },
-    )
+    # giving way by age. The client, from 127.0.0.1 (another /24), completes its handshake at once.
+    server = _server_where_nothing_gives_way_by_age(tmp_path)
     shared = ConnectionLimits().max_unauthenticated_connections
 
     async def scenario() -> None:
@@ -306,10 +307,7 @@ def test_a_client_is_admitted_at_once_while_one_network_holds_every_shared_slot(
             for flood in floods:
                 await flood.open()
             assert await asyncio.to_thread(_gauge, server, "offline_sync_connections_silent") == shared
-            legit = BareSocketPeer("127.0.0.1", server.port)
-            reply = await asyncio.to_thread(legit.handshake)
-            assert reply.accepted, reply
-            legit.close()
+            await _a_client_is_accepted(server)
         finally:
             for flood in floods:
                 await flood.close()
