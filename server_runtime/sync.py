@@ -38,7 +38,7 @@ from offline.core.scopes import (
 from offline.core.server_nodes import is_server_node_id, new_server_node_id
 from offline.core.version_vector import topological_sort
 from offline.merge.constraints import Action
-from offline.merge.engine import Conflict, MergeEngine, RecordState
+from offline.merge.engine import Conflict, MergeEngine, RecordState, numbers_listed
 from offline.merge.relations import plan_record_delete
 from offline.merge.values import operation_text
 from offline.sync import protocol as p
@@ -1264,7 +1264,12 @@ class SyncService:
                 # A state kept as its one operation: the client wants the state (built from the operation).
                 text = one_operation_json(self.engine, text)
             out.append(
-                {"collection": key[0], "recordId": key[1], "state": text, "versions": versions.get(key, {})}
+                {
+                    "collection": key[0],
+                    "recordId": key[1],
+                    "state": numbers_listed(text),  # (a client from before runs may be reading)
+                    "versions": versions.get(key, {}),
+                }
             )
         return out
 

@@ -39,13 +39,15 @@ and "had R seen X" is ``R.causal_context[X.node] >= X.number``: a function of th
 store and the server build the context from the record's state, `RecordState.next_context`). It is exact
 because a node's writes to a record reach every replica in the node's order (the server stores and relays
 them so; see offline.store.compaction); a number the server refused leaves a hole nothing fills, which a
-writer's context steps over (it counts the highest number held). Not done: filling such a hole (the server
-telling replicas a number is void); until then the record's clock stops below it, so that node's later
-numbers stay in "x" and removal vectors keep entries above it: that record's state grows with the node's
-writes to it. The state keeps, for the record: the clock (the
-contiguous counts held, "c") and the dots held beyond it ("x"); the pointwise maximum of the held
+writer's context steps over (it counts the highest number held). The record's clock then stops below it
+and that node's later numbers are held beyond it, as runs ([node, first, last]): the state grows by a run
+per hole, not by a number per later write (one refusal used to let a writer grow a shared record's state
+by 45 bytes a write, without bound). Not done: filling a hole (the server telling replicas a number is
+void), so removal vectors keep their entries above it. The state keeps, for the record: the clock (the
+contiguous counts held, "c") and the runs held beyond it ("x"); the pointwise maximum of the held
 operations' past vectors ("p": what some held operation had seen) and the heads, the operations nobody
-held had seen ("h": the causal deps of the next local write). All are bounded by the number of writers.
+held had seen ("h": the causal deps of the next local write). All are bounded by the number of writers
+(and "x" by the holes).
 
 Why these merge any future operation exactly as the whole graph did:
 - Add-wins set. Additions a held removal had seen are dropped when it arrives; a removal of element e
@@ -176,7 +178,8 @@ class RecordState:
     #: Operations with a causal context: per node, how many of its operations on the record are held, as a
     #: contiguous prefix ("c")...
     clock: dict[str, int] = field(default_factory=dict)
-    #: ...the ones held beyond it, [node, number] sorted ("x")...
+    #: ...the ones held beyond it, sorted: [node, number], or [node, first, last] for a run of numbers ("x";
+    #: runs are whole, and none starts right after the node's prefix: see `_add_dot`)...
     extra: list[list[Any]] = field(default_factory=list)
     #: ...the pointwise maximum of their past vectors: what some held operation had seen ("p")...
     past: dict[str, int] = field(default_factory=dict)
@@ -231,7 +234,9 @@ class RecordState:
 
     def holds_dot(self, node: str, number: int) -> bool:
         """Is the operation numbered ``number`` among ``node``'s writes to the record held?"""
-        return number <= self.clock.get(node, 0) or [node, number] in self.extra
+        return number <= self.clock.get(node, 0) or (
+            bool(self.extra) and _held_beyond(self.extra, node, number)
+        )
 
     def next_context(self, node_id: str) -> dict[str, int]:
         """The causal context of the next write of ``node_id`` to the record: per node the highest number
@@ -239,7 +244,8 @@ class RecordState:
         in transit (a node's writes to a record reach a replica in order, so rarely) or one the server
         refused (it will never come; the writes after it must still be removable by others)."""
         context = dict(self.clock)
-        for node, number in self.extra:
+        for dot in self.extra:
+            node, number = dot[0], dot[-1]
             if number > context.get(node, 0):
                 context[node] = number
         context[node_id] = context.get(node_id, 0) + 1
@@ -417,6 +423,20 @@ def _encode_vector_state(state: RecordState) -> str:
     )
 
 
+def numbers_listed(text: str) -> str:
+    """A state text with the runs of its "x" written number by number, as readers from before runs read
+    it (they take each entry for one [node, number]): what the server sends clients, which may be that old,
+    in record states and snapshots. Bounded in its store, so a state's text grows with the numbers held
+    beyond a hole only on the way to a client; one that knows runs reads them back as runs. Any other text
+    is returned as it is."""
+    if not text.endswith(',"x":[]}') and '"x":[[' in text:
+        state = RecordState.from_json(text)
+        if any(len(dot) != 2 for dot in state.extra):
+            state.extra = [[dot[0], n] for dot in state.extra for n in range(dot[1], dot[-1] + 1)]
+            return _encode_vector_state(state)
+    return text
+
+
 def _is_key(value: Any) -> bool:
     return type(value) is list and 4 <= len(value) <= 5
 
@@ -431,13 +451,16 @@ def _decode_vector_state(cls: type[RecordState], raw: dict[str, Any]) -> RecordS
             ref = reg.get(slot)
             if type(ref) is int:
                 reg[slot] = table[ref]
+    clock, extra = raw["c"], raw["x"]
+    if extra:
+        extra = _whole_runs(clock, extra)  # (texts written before runs list each number alone)
     return cls(
         graph=raw["g"],
         exist=exist,
         has_insert=raw["i"],
         fields=raw["f"],
-        clock=raw["c"],
-        extra=raw["x"],
+        clock=clock,
+        extra=extra,
         past=raw["p"],
         tips=raw["h"],
     )
@@ -1879,15 +1902,16 @@ def _or_set_value(reg: dict[str, Any], state: RecordState | None) -> list[Any]:
 def _add_dot(state: RecordState, op_id: str, node: str, number: int, context: Mapping[str, int]) -> None:
     """Hold the operation ``op_id``, numbered ``number`` among ``node``'s writes, with its causal context."""
     clock = state.clock
+    extra = state.extra
     if number == clock.get(node, 0) + 1:
         clock[node] = number
-        extra = state.extra
-        while extra and [node, clock[node] + 1] in extra:
-            extra.remove([node, clock[node] + 1])
-            clock[node] += 1
+        for i, dot in enumerate(extra):
+            if dot[0] == node and dot[1] == number + 1:  # the run after it joins the prefix
+                clock[node] = dot[-1]
+                del extra[i]
+                break
     else:
-        state.extra.append([node, number])
-        state.extra.sort()
+        _hold_beyond(extra, node, number)
     past = state.past
     for other, count in context.items():
         seen = count - 1 if other == node else count  # its past: its own number is not
@@ -1899,6 +1923,59 @@ def _add_dot(state: RecordState, op_id: str, node: str, number: int, context: Ma
             del tips[tip]
     if past.get(node, 0) < number:
         tips[op_id] = [node, number]
+
+
+def _held_beyond(extra: list[list[Any]], node: str, number: int) -> bool:
+    """Is ``number`` of ``node`` among the dots held beyond the prefix (``extra``, runs; see `_add_dot`)?"""
+    return any(dot[0] == node and dot[1] <= number <= dot[-1] for dot in extra)
+
+
+def _hold_beyond(extra: list[list[Any]], node: str, number: int) -> None:
+    """Add ``number`` of ``node`` to ``extra``: the runs of numbers held beyond each node's prefix.
+
+    Beyond the prefix means a number is missing below: one in transit, or one the server refused, which no
+    replica will ever hold. After a refusal every later write of that node to the record lands here, so
+    they are kept as runs, [node, first, last] (a lone number as [node, number]): the state then grows with
+    the holes, not with the writes. Whole runs, sorted, so the text is still a function of the held set."""
+    before = after = None
+    for i, dot in enumerate(extra):
+        if dot[0] == node:
+            if dot[-1] == number - 1:
+                before = i
+            elif dot[1] == number + 1:
+                after = i
+    if before is not None and after is not None:
+        extra[before] = [node, extra[before][1], extra[after][-1]]
+        del extra[after]  # (after before: runs of a node are sorted and apart)
+    elif before is not None:
+        extra[before] = [node, extra[before][1], number]
+    elif after is not None:
+        extra[after] = [node, number, extra[after][-1]]
+    else:
+        extra.append([node, number])
+        extra.sort()
+
+
+def _whole_runs(clock: dict[str, int], extra: list[list[Any]]) -> list[list[Any]]:
+    """``extra`` as `_hold_beyond` keeps it (whole runs, sorted, none joining its node's prefix, which then
+    takes it in ``clock``), from entries of any shape: a text written before runs lists each number alone.
+    Works on the runs' ends, so its cost follows the entries, not the numbers they stand for."""
+    runs: dict[str, list[tuple[int, int]]] = {}
+    for dot in extra:
+        runs.setdefault(dot[0], []).append((dot[1], dot[-1]))
+    out: list[list[Any]] = []
+    for node in sorted(runs):
+        held = clock.get(node, 0)
+        merged: list[list[int]] = []
+        for first, last in sorted(runs[node]):
+            if not merged and first <= held + 1:
+                held = clock[node] = max(held, last)  # joins the prefix
+            elif merged and first <= merged[-1][1] + 1:
+                merged[-1][1] = max(merged[-1][1], last)
+            else:
+                merged.append([first, last])
+        out.extend([node, first] if first == last else [node, first, last] for first, last in merged)
+    return out
 
 
 def _first_dot(state: RecordState, op_id: str, node: str, number: int, context: Mapping[str, int]) -> None:

@@ -8,6 +8,7 @@ record's state is bounded by its content and writers (offline/merge/engine.py, "
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Any
 
 import pytest
@@ -15,7 +16,7 @@ import pytest
 from offline import create_app, define_schema, t
 from offline.core.errors import OfflineError
 from offline.core.operations import Operation, compute_operation_id, create_operation
-from offline.merge.engine import MergeEngine, RecordState
+from offline.merge.engine import MergeEngine, RecordState, numbers_listed
 
 from ._support import FakeClock, canonical, exchange_all, make_op
 
@@ -115,6 +116,50 @@ def test_a_set_written_many_times_keeps_a_bounded_state(tmp_path: Any) -> None:
         assert not state.graph and state.clock == {app.node_id: 601}
         assert "m" not in state.fields["items"]  # every removal vector settled
         assert sizes[1] <= sizes[0] + 64
+
+
+def test_a_number_the_server_refused_leaves_the_state_bounded() -> None:
+    """The server refused one of a node's writes to a record (a field it would not take): its number never
+    reaches another replica, and every later write of that node is beyond the held prefix. Those are kept as
+    runs of numbers, so the state stays the size of one write's, not of that node's history on the record
+    (each write added 45 bytes, so one refusal let a writer grow a shared record's state without bound);
+    and the refused number, were it to arrive after all, still counts: every order converges."""
+    engine = MergeEngine(SCHEMA)
+    ops = [_op("n1", 1, {}, type="insert", data={"items": []}, wall=0)]
+    for number in range(2, 1202):
+        previous, items = (["x"], []) if number % 2 else ([], ["x"])
+        context = {"n2": 1} if number > 600 else {}
+        ops.append(
+            _op("n1", number, context, data={"items": items}, previous={"items": previous}, wall=number)
+        )
+    ops.insert(600, _op("n2", 1, {"n1": 599}, data={"items": ["y"]}, previous={"items": ["x"]}, wall=600))
+    refused = {3, 700}  # n1's third write and its 700th: they reach no other replica
+    kept = [o for o in ops if not (o.node_id == "n1" and o.sequence_number in refused)]
+    state, _ = engine.fold("sets", "r1", kept)
+    whole, _ = engine.fold("sets", "r1", ops)  # nothing refused: the same content, no holes
+    assert not whole.extra and state.extra == [["n1", 4, 699], ["n1", 701, 1201]]
+    assert len(state.to_json()) <= len(whole.to_json()) + 64, (len(whole.to_json()), len(state.to_json()))
+    assert state.holds_dot("n1", 1201) and state.holds_dot("n1", 4) and not state.holds_dot("n1", 700)
+    assert state.next_context("n1")["n1"] == 1202
+    # A text written before runs lists each number alone: read as the runs.
+    listed = json.loads(state.to_json())
+    listed["x"] = [["n1", n] for n in (*range(4, 700), *range(701, 1202))]
+    assert RecordState.from_json(json.dumps(listed)).to_json() == state.to_json()
+    listed["x"] = [["n1", 3], *listed["x"]]  # and a number next to the prefix joins it
+    assert RecordState.from_json(json.dumps(listed)).clock["n1"] == 699
+    texts = set()
+    for order in (kept, kept[::-1], kept[1::2] + kept[::2]):
+        texts.add(engine.fold("sets", "r1", order)[0].to_json())
+    assert len(texts) == 1
+    # What a server sends (`numbers_listed`): each number alone, as clients from before runs read "x"; a
+    # client with runs reads it as the same state.
+    sent = numbers_listed(state.to_json())
+    assert all(len(dot) == 2 for dot in json.loads(sent)["x"]) and len(json.loads(sent)["x"]) == 1197
+    assert RecordState.from_json(sent).to_json() == state.to_json()
+    assert numbers_listed(whole.to_json()) == whole.to_json()
+    # The refused numbers arriving late after all (a replica that did get them): the same as in order.
+    late = kept + [o for o in ops if o.sequence_number in refused and o.node_id == "n1"]
+    assert engine.fold("sets", "r1", late)[0].to_json() == engine.fold("sets", "r1", ops)[0].to_json()
 
 
 def test_resolver_keeps_only_its_heads() -> None:

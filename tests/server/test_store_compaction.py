@@ -265,3 +265,72 @@ def test_a_record_that_left_the_scope_is_sent_with_its_scope_fields_only() -> No
             await service.stop()
 
     asyncio.run(scenario())
+
+
+def test_record_states_list_each_number_held_beyond_a_hole() -> None:
+    """The server keeps the numbers a node wrote after one it refused as a run; a state-based catch-up sends
+    them one by one ([node, number] each), as clients from before runs read them: a client a year old does
+    not trip over a state it cannot read. A client that knows runs reads the same state."""
+    from offline.core.hlc import HybridLogicalClock
+    from offline.core.operations import create_operation
+    from offline.core.uuid7 import generate_uuid_v7
+    from offline.merge.engine import RecordState
+    from offline.sync import protocol as p
+    from server_runtime.stores import MemoryServerStore
+    from server_runtime.sync import Session, SyncService
+    from tests.server.test_scoped_catch_up import NODES, SCHEMA
+
+    async def scenario() -> None:
+        store = MemoryServerStore()
+        await store.set_schema(SCHEMA)
+        service = SyncService(store)
+        await service.start()
+        sent: list[p.Message] = []
+
+        async def send(text: str) -> None:
+            sent.append(p.decode(text))
+
+        node, record, clock = NODES[0], generate_uuid_v7(), HybridLogicalClock(NODES[0])
+        try:
+            for number in (1, 2, 4, 5, 6, 7):  # its third write was refused: it never reached the log
+                await service.commit(
+                    None,
+                    [
+                        create_operation(
+                            {
+                                "node_id": node,
+                                "type": "insert" if number == 1 else "update",
+                                "collection": "todos",
+                                "record_id": record,
+                                "data": {"ownerId": "a", "title": f"t{number}"},
+                                "previous_data": None if number == 1 else {},
+                                "timestamp": clock.now(),
+                                "sequence_number": number,
+                                "schema_version": SCHEMA.version,
+                                "causal_context": {node: number},
+                            }
+                        )
+                    ],
+                )
+            await service.compact()
+            session = Session("reader", {"todos": {"ownerId": "a"}}, None, send, cursor=0)
+            service.sessions.add(session)
+            relay = asyncio.create_task(service.relay(session))
+            try:
+                for _ in range(500):
+                    if any(isinstance(m, p.RecordStates) and m.is_final for m in sent):
+                        break
+                    await asyncio.sleep(0.01)
+            finally:
+                relay.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await relay
+            (text,) = [s["state"] for m in sent if isinstance(m, p.RecordStates) for s in m.states]
+            assert json.loads(text)["x"] == [[node, 4], [node, 5], [node, 6], [node, 7]]
+            state = RecordState.from_json(text)
+            assert state.clock == {node: 2} and state.extra == [[node, 4, 7]]
+            assert state.fields["title"]["v"] == "t7"
+        finally:
+            await service.stop()
+
+    asyncio.run(scenario())
