@@ -3,7 +3,8 @@ bounded time. uvicorn has no deadline of its own for a request head, so a peer o
 sending nothing (or a byte now and then) would hold a file descriptor each, until the process can accept no
 more. Here each new connection must reach the application (its HTTP request or WebSocket upgrade complete)
 within ``handshake_timeout`` or it is dropped, and one address may have at most ``max_pending_per_address``
-such connections at once (see `ConnectionGate.opened`), of which it reads a few at a time. Trusted proxies (``OFFLINE_TRUSTED_PROXIES``) carry
+such connections at once (see `ConnectionGate.opened`), of which it reads a few at a time; all addresses
+together at most ``max_pending_requests``, shared out between networks when young ones fill them. Trusted proxies (``OFFLINE_TRUSTED_PROXIES``) carry
 every client's connections, so their count is not limited; the deadline still applies.
 
 The protocol class wraps uvicorn's own (whichever HTTP implementation it picked); the application side
@@ -18,7 +19,7 @@ import logging
 import time
 from typing import Any
 
-from .client_address import ProxyPolicy, limit_key
+from .client_address import ProxyPolicy, limit_key, network_of
 from .log_budget import LogBudget
 
 __all__ = ["ConnectionGate", "GateCollector"]
@@ -32,10 +33,16 @@ READING_PER_ADDRESS = 16
 
 class ConnectionGate:
     def __init__(
-        self, policy: ProxyPolicy, max_per_address: int, deadline: float, grace: float = 1.0
+        self,
+        policy: ProxyPolicy,
+        max_per_address: int,
+        deadline: float,
+        grace: float = 1.0,
+        max_pending: int = 1024,
     ) -> None:
         self.policy = policy
         self.max_per_address = max_per_address
+        self.max_pending = max_pending
         self.deadline = deadline
         self.grace = grace
         # Per counted address, its waiting transports (oldest first) and when each arrived.
@@ -43,23 +50,29 @@ class ConnectionGate:
         # Per counted address, its connections being read, and those held unread until one of them is done.
         self.reading: dict[str, set[Any]] = {}
         self.held: dict[str, dict[Any, None]] = {}
+        # Every counted waiting transport (oldest first) and when it arrived, and each network's
+        # (`client_address.network_of`): the bound on all addresses together, and its fair share.
+        self.counted: dict[Any, float] = {}
+        self.networks: dict[str, dict[Any, None]] = {}
         # transport -> (its counted address or None, the deadline's timer)
         self._waiting: dict[Any, tuple[str | None, asyncio.TimerHandle]] = {}
         self.refused = 0
         self.expired = 0
+        self.crowded = 0  # dropped at max_pending: the newcomer, or one of the most crowded network's
         self._refusals = LogBudget(log, "dropped connections", period=30.0, burst=1)
 
     def opened(self, transport: Any) -> None:
         """A new TCP connection: counted against its peer's address and given its deadline, or dropped.
 
         At the address's limit, its oldest waiting connection gives way when it has waited ``grace`` seconds
-        (a real client sends its request at once); otherwise the newcomer is dropped."""
+        (a real client sends its request at once); otherwise the newcomer is dropped. At ``max_pending`` for
+        all addresses together, likewise, or one of the most crowded network's (`_make_room`)."""
         peer = transport.get_extra_info("peername")
         host = str(peer[0]) if isinstance(peer, tuple) and peer else None
         address = None if host is None or self.policy.trusts_peer(host) else limit_key(host)
         now = time.monotonic()
         if address is not None:
-            waiting = self.pending.setdefault(address, {})
+            waiting = self.pending.get(address, {})
             if len(waiting) >= self.max_per_address:
                 oldest, since = next(iter(waiting.items()))
                 if now - since >= self.grace:
@@ -67,7 +80,14 @@ class ConnectionGate:
                 else:
                     self._drop(transport, address)
                     return
+            network = network_of(address)
+            if len(self.counted) >= self.max_pending and not self._make_room(network, now):
+                self.crowded += 1
+                self._drop(transport, address)
+                return
             self.pending.setdefault(address, {})[transport] = now  # (the drop above may have emptied it)
+            self.counted[transport] = now
+            self.networks.setdefault(network, {})[transport] = None
             reading = self.reading.setdefault(address, set())
             if len(reading) < READING_PER_ADDRESS:
                 reading.add(transport)
@@ -79,6 +99,23 @@ class ConnectionGate:
                 self.held.setdefault(address, {})[transport] = None
         timer = asyncio.get_running_loop().call_later(self.deadline, self._expire, transport)
         self._waiting[transport] = (address, timer)
+
+    def _make_room(self, network: str, now: float) -> bool:
+        """At ``max_pending``: drop the oldest waiting connection when it has waited ``grace`` seconds, else
+        the oldest of the network holding the most when that is more than ``network`` would hold with the
+        newcomer; whether one was dropped. So addresses filling every slot with young connections keep no
+        other network out, while each network still holds at least as many as any other."""
+        oldest, since = next(iter(self.counted.items()))
+        if now - since < self.grace:
+            crowd = max(self.networks.values(), key=len)
+            if len(crowd) <= len(self.networks.get(network, ())) + 1:
+                return False
+            oldest = next(iter(crowd))
+        self.crowded += 1
+        address = self._waiting[oldest][0]
+        assert address is not None
+        self._drop(oldest, address)
+        return True
 
     def _drop(self, transport: Any, address: str) -> None:
         self.refused += 1
@@ -116,6 +153,13 @@ class ConnectionGate:
         address, timer = entry
         timer.cancel()
         if address is not None:
+            self.counted.pop(transport, None)
+            network = network_of(address)
+            crowd = self.networks.get(network)
+            if crowd is not None:
+                crowd.pop(transport, None)
+                if not crowd:
+                    del self.networks[network]
             waiting = self.pending.get(address)
             if waiting is not None:
                 waiting.pop(transport, None)
@@ -188,9 +232,11 @@ class GateCollector:
         )
         dropped = CounterMetricFamily(
             "offline_http_connections_dropped",
-            "TCP connections dropped before their request: too many from one address, or past the deadline",
+            "TCP connections dropped before their request: too many from one address, too many from every "
+            "address together (the most crowded network gives way), or past the deadline",
             labels=["reason"],
         )
-        dropped.add_metric(["per_address"], self.gate.refused)
+        dropped.add_metric(["per_address"], self.gate.refused - self.gate.crowded)
+        dropped.add_metric(["crowded"], self.gate.crowded)
         dropped.add_metric(["deadline"], self.gate.expired)
         yield dropped

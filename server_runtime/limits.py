@@ -41,6 +41,10 @@ What each limit does when it is hit (codes are the protocol's, see ``offline.syn
   gives way, or failing that one of the network holding the most silent connections (an IPv4 /24, an IPv6
   /48; see ``ConnectionGuard._evict_crowded``) when that is more than the newcomer's network would hold. The
   per-address limit alone would let many addresses together buffer gigabytes.
+- ``max_pending_requests``: TCP connections, from all addresses together, that have not sent a complete
+  request head yet (1024; one address may hold ``max_pending_per_address`` of them). One more is dropped,
+  unless the oldest has waited ``silent_grace`` (it is dropped instead) or the network holding the most of
+  them holds more than the newcomer's would (its oldest is dropped instead).
 - ``max_body_bytes`` / ``max_backup_body_bytes``: the largest HTTP request body (every route / the backup
   import); a larger one gets HTTP 413 ``BODY_TOO_LARGE`` and nothing past the cap is read (see
   ``server_runtime.request_limits``).
@@ -102,6 +106,10 @@ class ConnectionLimits:
     # Sync connections of all addresses together whose handshake has not been accepted yet: each may buffer
     # max_handshake_bytes, so this bounds what unauthenticated peers can make the process hold (64 MiB).
     max_unauthenticated_connections: int = 256
+    # TCP connections of all addresses together that have not sent a complete request head (each holds a
+    # file descriptor until its deadline): many addresses at their per-address allowance would otherwise
+    # exhaust the process's descriptors. At the bound the most crowded network gives way to another's.
+    max_pending_requests: int = 1024
     max_body_bytes: int = 64 * 1024
     max_backup_body_bytes: int = 512 * 1024 * 1024
 

@@ -79,6 +79,7 @@ class ProductionServer:
             self.limits.max_pending_per_address,
             sync_limits.handshake_timeout,
             self.limits.silent_grace,
+            self.limits.max_pending_requests,
         )
         self.sync = SyncService(
             store, auth=options.get("auth"), limits=sync_limits, rules=options.get("rules")

@@ -6,6 +6,8 @@ plain TCP connections that never finish their HTTP request (each holds a file de
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 from offline.sync import protocol as p
@@ -203,7 +205,7 @@ def test_one_address_holds_a_quarter_of_the_pre_sign_in_slots_at_most() -> None:
     asyncio.run(scenario())
 
 
-def _server_where_nothing_gives_way_by_age(tmp_path: Path) -> ServerProcess:
+def _server_where_nothing_gives_way_by_age(tmp_path: Path, **env: str) -> ServerProcess:
     """A grace period and a handshake deadline longer than any test: no silent connection gives way by age."""
     return start_server(
         tmp_path,
@@ -212,8 +214,26 @@ def _server_where_nothing_gives_way_by_age(tmp_path: Path) -> ServerProcess:
             "OFFLINE_ADMIN_TOKEN": "admin-token-for-tests-0123456789",
             "OFFLINE_HANDSHAKE_TIMEOUT": "600",
             "OFFLINE_SILENT_GRACE": "600",
+            **env,
         },
     )
+
+
+@contextlib.asynccontextmanager
+async def _one_network_floods(server: ServerProcess, partial: bytes | None = None) -> AsyncIterator[None]:
+    """Eight addresses of 127.0.1.0/24 open their whole allowance of silent connections each (WebSockets, or
+    with ``partial`` request heads never finished), held open until the block ends."""
+    floods = [
+        SilentFlood("127.0.0.1", server.port, ALLOWANCE, source=f"127.0.1.{i}", partial=partial)
+        for i in range(1, 9)
+    ]
+    try:
+        for flood in floods:
+            await flood.open()
+        yield
+    finally:
+        for flood in floods:
+            await flood.close()
 
 
 async def _a_client_is_accepted(server: ServerProcess) -> None:
@@ -300,17 +320,9 @@ def test_a_client_is_admitted_at_once_while_one_network_holds_every_shared_slot(
     shared = ConnectionLimits().max_unauthenticated_connections
 
     async def scenario() -> None:
-        floods = [
-            SilentFlood("127.0.0.1", server.port, ALLOWANCE, source=f"127.0.1.{i}") for i in range(1, 9)
-        ]
-        try:
-            for flood in floods:
-                await flood.open()
+        async with _one_network_floods(server):
             assert await asyncio.to_thread(_gauge, server, "offline_sync_connections_silent") == shared
             await _a_client_is_accepted(server)
-        finally:
-            for flood in floods:
-                await flood.close()
 
     try:
         asyncio.run(scenario())
@@ -345,5 +357,78 @@ def test_a_served_connection_dribbling_its_next_request_is_dropped(tmp_path: Pat
                 break
         assert closed, "the dribbling connection was still open"
         sock.close()
+    finally:
+        server.terminate()
+
+
+class _Transport:
+    """What `ConnectionGate` asks of a transport: its peer, reading paused or not, abort."""
+
+    def __init__(self, host: str) -> None:
+        self.host = host
+        self.aborted = False
+        self.paused = False
+
+    def get_extra_info(self, name: str) -> object:
+        return (self.host, 40000) if name == "peername" else None
+
+    def pause_reading(self) -> None:
+        self.paused = True
+
+    def resume_reading(self) -> None:
+        self.paused = False
+
+    def is_closing(self) -> bool:
+        return self.aborted
+
+    def abort(self) -> None:
+        self.aborted = True
+
+
+def test_unfinished_requests_are_bounded_for_every_address_together() -> None:
+    """Each address may leave 64 connections without a request head; many addresses together are bounded
+    too (each holds a file descriptor), and when that bound is reached by young connections, the network
+    holding the most gives one up to a newcomer from a network holding fewer."""
+    from server_runtime.client_address import ProxyPolicy
+    from server_runtime.connection_gate import ConnectionGate
+
+    async def scenario() -> None:
+        gate = ConnectionGate(ProxyPolicy(), 64, deadline=600.0, grace=600.0, max_pending=256)
+        crowd = [_Transport(f"198.51.100.{i // 64 + 1}") for i in range(256)]
+        for transport in crowd:
+            gate.opened(transport)
+        assert len(gate.counted) == 256 and not any(t.aborted for t in crowd)
+        neighbour = _Transport("198.51.100.77")
+        gate.opened(neighbour)
+        assert neighbour.aborted  # its network is the crowd
+        newcomer = _Transport("203.0.113.5")
+        gate.opened(newcomer)
+        assert not newcomer.aborted and sum(t.aborted for t in crowd) == 1
+        assert len(gate.counted) == 256 and gate.crowded == 2
+        for transport in [*crowd, newcomer]:
+            gate.lost(transport)
+        assert not gate.counted and not gate.networks and not gate.pending
+
+    asyncio.run(scenario())
+
+
+def test_a_request_gets_through_while_many_addresses_hold_unfinished_ones(tmp_path: Path) -> None:
+    # Eight addresses of 127.0.1.0/24 start 64 requests each and never finish them; nothing gives way by age.
+    # At most 256 are held (OFFLINE_MAX_PENDING_REQUESTS) and a request from 127.0.0.1 is served.
+    import urllib.request
+
+    limit = raise_open_file_limit()
+    assert limit >= 1200, f"only {limit} open files allowed here"
+    server = _server_where_nothing_gives_way_by_age(tmp_path, OFFLINE_MAX_PENDING_REQUESTS="256")
+
+    async def scenario() -> None:
+        async with _one_network_floods(server, partial=b"GET /health HT"):
+            held = await asyncio.to_thread(_gauge, server, "offline_http_connections_waiting")
+            assert held <= 256 + 1, held  # (+1: the metrics request itself)
+            with urllib.request.urlopen(server.http_url + "/health", timeout=TIMEOUT) as response:
+                assert response.status == 200
+
+    try:
+        asyncio.run(scenario())
     finally:
         server.terminate()

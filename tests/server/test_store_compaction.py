@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -214,19 +216,12 @@ def test_a_record_that_left_the_scope_is_sent_with_its_scope_fields_only() -> No
     was given since (here a title written in its new owner's scope) is not the old scope's to see."""
     from offline.core.uuid7 import generate_uuid_v7
     from offline.sync import protocol as p
-    from server_runtime.stores import MemoryServerStore
-    from server_runtime.sync import Session, SyncService
-    from tests.server.test_scoped_catch_up import NODES, SCHEMA, Writers
+    from server_runtime.sync import Session
+    from tests.server.test_scoped_catch_up import NODES, Writers
 
     async def scenario() -> None:
-        store = MemoryServerStore()
-        await store.set_schema(SCHEMA)
-        service = SyncService(store)
-        await service.start()
-        sent: list[p.Message] = []
-
-        async def send(text: str) -> None:
-            sent.append(p.decode(text))
+        service, sent, send = await _service_on_memory()
+        store = service.store
 
         try:
             writers, node = Writers(), NODES[0]
@@ -244,17 +239,7 @@ def test_a_record_that_left_the_scope_is_sent_with_its_scope_fields_only() -> No
                 await service.commit(None, [op])
             await service.compact()
             session = Session("reader", {"todos": {"ownerId": "a"}}, None, send, cursor=cursor)
-            service.sessions.add(session)
-            relay = asyncio.create_task(service.relay(session))
-            try:
-                for _ in range(500):
-                    if any(isinstance(m, p.RecordStates) and m.is_final for m in sent):
-                        break
-                    await asyncio.sleep(0.01)
-            finally:
-                relay.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await relay
+            await _relay_until_states_end(service, session, sent)
             states = {
                 s["recordId"]: s["state"] for m in sent if isinstance(m, p.RecordStates) for s in m.states
             }
@@ -276,20 +261,11 @@ def test_record_states_list_each_number_held_beyond_a_hole() -> None:
     from offline.core.uuid7 import generate_uuid_v7
     from offline.merge.engine import RecordState
     from offline.sync import protocol as p
-    from server_runtime.stores import MemoryServerStore
-    from server_runtime.sync import Session, SyncService
+    from server_runtime.sync import Session
     from tests.server.test_scoped_catch_up import NODES, SCHEMA
 
     async def scenario() -> None:
-        store = MemoryServerStore()
-        await store.set_schema(SCHEMA)
-        service = SyncService(store)
-        await service.start()
-        sent: list[p.Message] = []
-
-        async def send(text: str) -> None:
-            sent.append(p.decode(text))
-
+        service, sent, send = await _service_on_memory()
         node, record, clock = NODES[0], generate_uuid_v7(), HybridLogicalClock(NODES[0])
         try:
             for number in (1, 2, 4, 5, 6, 7):  # its third write was refused: it never reached the log
@@ -314,17 +290,7 @@ def test_record_states_list_each_number_held_beyond_a_hole() -> None:
                 )
             await service.compact()
             session = Session("reader", {"todos": {"ownerId": "a"}}, None, send, cursor=0)
-            service.sessions.add(session)
-            relay = asyncio.create_task(service.relay(session))
-            try:
-                for _ in range(500):
-                    if any(isinstance(m, p.RecordStates) and m.is_final for m in sent):
-                        break
-                    await asyncio.sleep(0.01)
-            finally:
-                relay.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await relay
+            await _relay_until_states_end(service, session, sent)
             (text,) = [s["state"] for m in sent if isinstance(m, p.RecordStates) for s in m.states]
             assert json.loads(text)["x"] == [[node, 4], [node, 5], [node, 6], [node, 7]]
             state = RecordState.from_json(text)
@@ -334,3 +300,42 @@ def test_record_states_list_each_number_held_beyond_a_hole() -> None:
             await service.stop()
 
     asyncio.run(scenario())
+
+
+async def _relay_until_states_end(service: object, session: object, sent: list[object]) -> None:
+    """Relay to ``session`` (its messages go to ``sent``) until its state-based catch-up's last message."""
+    from offline.sync import protocol as p
+    from server_runtime.sync import Session, SyncService
+
+    assert isinstance(service, SyncService) and isinstance(session, Session)
+    service.sessions.add(session)
+    relay = asyncio.create_task(service.relay(session))
+    try:
+        for _ in range(500):
+            if any(isinstance(m, p.RecordStates) and m.is_final for m in sent):
+                break
+            await asyncio.sleep(0.01)
+    finally:
+        relay.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await relay
+
+
+async def _service_on_memory() -> tuple[Any, list[Any], Callable[[str], Awaitable[None]]]:
+    """A started sync service on a memory store of the scoped catch-up schema, the messages a session of it
+    is sent (decoded), and that session's send."""
+    from offline.sync import protocol as p
+    from server_runtime.stores import MemoryServerStore
+    from server_runtime.sync import SyncService
+    from tests.server.test_scoped_catch_up import SCHEMA
+
+    store = MemoryServerStore()
+    await store.set_schema(SCHEMA)
+    service = SyncService(store)
+    await service.start()
+    sent: list[p.Message] = []
+
+    async def send(text: str) -> None:
+        sent.append(p.decode(text))
+
+    return service, sent, send
