@@ -16,7 +16,8 @@ one character at the end each write (the prior writes are the characters typed);
 bytes one pycrdt document holds for the same typing.
 
 ``OFFLINE_BENCH_GROWTH=quick`` runs smaller histories (10 / 1,000 / 10,000);
-``OFFLINE_BENCH_GROWTH_ONLY=addwins,resolver`` runs only the strategies named.
+``OFFLINE_BENCH_GROWTH_ONLY=addwins,resolver`` runs only the strategies named (``refusal``: the counter as
+a replica holds it after the server refused one of its writes, ``counter_after_a_refusal``).
 """
 
 from __future__ import annotations
@@ -204,6 +205,33 @@ def _measure(strategy: str, sizes: list[int]) -> dict[str, Any]:
             case.app.close()
 
 
+def _after_a_refusal(size: int) -> dict[str, Any]:
+    """A counter record with ``size`` writes of one device, as another replica (or the server) holds it when
+    the server refused the device's third write: every later number is beyond a hole. The state's size and
+    the server's fold of one more write, beside the same record without the hole."""
+    engine = MergeEngine(SCHEMA)
+    case = _Case("counter", size + SAMPLE)
+    try:
+        ops = case.app.db.record_operations("counter", case.record_id)
+    finally:
+        case.app.close()
+    history, later = ops[:-SAMPLE], ops[-SAMPLE:]
+    out: dict[str, Any] = {}
+    for name, held in (("refused_third", [o for o in history if o.sequence_number != 3]), ("none", history)):
+        state, _ = engine.fold("counter", case.record_id, held)
+        text = state.to_json()
+        folds = []
+        for op in later:
+            folds.append(_server_fold(engine, text, op))
+            engine.apply(state, op, want_conflicts=False)
+            text = state.to_json()
+        out[name] = {
+            "state_bytes": len(text.encode()),
+            "server_fold_ms": round(statistics.median(folds) * 1000, 3),
+        }
+    return {"prior_writes": size, **out}
+
+
 def _pycrdt_bytes(characters: int) -> int:
     import pycrdt
 
@@ -233,4 +261,7 @@ def run() -> dict[str, Any]:
     if "richtext" in figures:
         typed = text[-1] + SAMPLE
         figures["richtext"]["pycrdt_doc_bytes_same_typing"] = _pycrdt_bytes(typed)
+    if not only or "refusal" in only.split(","):
+        # A number the server refused leaves a hole the device's later numbers are held beyond (as runs).
+        figures["counter_after_a_refusal"] = _after_a_refusal(bounded[-1])
     return {"device": figures, "sample_writes": SAMPLE}
