@@ -179,7 +179,7 @@ class RecordState:
     #: contiguous prefix ("c")...
     clock: dict[str, int] = field(default_factory=dict)
     #: ...the ones held beyond it, sorted: [node, number], or [node, first, last] for a run of numbers ("x";
-    #: runs are whole, and none starts right after the node's prefix: see `_add_dot`)...
+    #: runs are whole, and none starts right after the node's prefix: see `_whole_runs`)...
     extra: list[list[Any]] = field(default_factory=list)
     #: ...the pointwise maximum of their past vectors: what some held operation had seen ("p")...
     past: dict[str, int] = field(default_factory=dict)
@@ -1911,16 +1911,10 @@ def _or_set_value(reg: dict[str, Any], state: RecordState | None) -> list[Any]:
 def _add_dot(state: RecordState, op_id: str, node: str, number: int, context: Mapping[str, int]) -> None:
     """Hold the operation ``op_id``, numbered ``number`` among ``node``'s writes, with its causal context."""
     clock = state.clock
-    extra = state.extra
-    if number == clock.get(node, 0) + 1:
-        clock[node] = number
-        for i, dot in enumerate(extra):
-            if dot[0] == node and dot[1] == number + 1:  # the run after it joins the prefix
-                clock[node] = dot[-1]
-                del extra[i]
-                break
+    if number == clock.get(node, 0) + 1 and not state.extra:
+        clock[node] = number  # (the usual case: the next number, nothing held beyond)
     else:
-        _hold_beyond(extra, node, number)
+        state.extra = _whole_runs(clock, [*state.extra, [node, number]])
     past = state.past
     for other, count in context.items():
         seen = count - 1 if other == node else count  # its past: its own number is not
@@ -1935,40 +1929,19 @@ def _add_dot(state: RecordState, op_id: str, node: str, number: int, context: Ma
 
 
 def _held_beyond(extra: list[list[Any]], node: str, number: int) -> bool:
-    """Is ``number`` of ``node`` among the dots held beyond the prefix (``extra``, runs; see `_add_dot`)?"""
+    """Is ``number`` of ``node`` among the dots held beyond the prefix (``extra``, runs; see `_whole_runs`)?"""
     return any(dot[0] == node and dot[1] <= number <= dot[-1] for dot in extra)
 
 
-def _hold_beyond(extra: list[list[Any]], node: str, number: int) -> None:
-    """Add ``number`` of ``node`` to ``extra``: the runs of numbers held beyond each node's prefix.
+def _whole_runs(clock: dict[str, int], extra: list[list[Any]]) -> list[list[Any]]:
+    """The numbers held beyond each node's prefix (``extra``, entries of any shape) as a state keeps them:
+    whole runs, [node, first, last] (a lone number [node, number]), sorted, none joining its node's prefix
+    (``clock`` takes those in). Whole and sorted, so the text is a function of the held set.
 
     Beyond the prefix means a number is missing below: one in transit, or one the server refused, which no
     replica will ever hold. After a refusal every later write of that node to the record lands here, so
-    they are kept as runs, [node, first, last] (a lone number as [node, number]): the state then grows with
-    the holes, not with the writes. Whole runs, sorted, so the text is still a function of the held set."""
-    before = after = None
-    for i, dot in enumerate(extra):
-        if dot[0] == node:
-            if dot[-1] == number - 1:
-                before = i
-            elif dot[1] == number + 1:
-                after = i
-    if before is not None and after is not None:
-        extra[before] = [node, extra[before][1], extra[after][-1]]
-        del extra[after]  # (after before: runs of a node are sorted and apart)
-    elif before is not None:
-        extra[before] = [node, extra[before][1], number]
-    elif after is not None:
-        extra[after] = [node, number, extra[after][-1]]
-    else:
-        extra.append([node, number])
-        extra.sort()
-
-
-def _whole_runs(clock: dict[str, int], extra: list[list[Any]]) -> list[list[Any]]:
-    """``extra`` as `_hold_beyond` keeps it (whole runs, sorted, none joining its node's prefix, which then
-    takes it in ``clock``), from entries of any shape: a text written before runs lists each number alone.
-    Works on the runs' ends, so its cost follows the entries, not the numbers they stand for."""
+    the state grows with the holes, not with the writes. Works on the runs' ends, so its cost follows the
+    entries, not the numbers they stand for; a text written before runs lists each number alone."""
     runs: dict[str, list[tuple[int, int]]] = {}
     for dot in extra:
         runs.setdefault(dot[0], []).append((dot[1], dot[-1]))

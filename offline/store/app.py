@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -523,6 +523,10 @@ class App:
     def unflushed_state(self, collection: str, record_id: str) -> RecordState | None:
         """The state of a record written since the last flush (or in the open batch), else None."""
         state = self.unflushed(collection, record_id)
+        return None if state is None else self._decoded(collection, record_id, state)
+
+    def _decoded(self, collection: str, record_id: str, state: Unflushed) -> RecordState:
+        """``state`` as a `RecordState`: an insert kept for its flush refolded (a new object each time)."""
         if isinstance(state, Operation):
             return self._refold_one(collection, record_id, state)
         return state
@@ -543,9 +547,8 @@ class App:
         cached = self._rows.get((collection, record_id))
         if cached is not None and cached[0] is state:
             return cached[1]
-        if isinstance(state, Operation):
-            state = self._refold_one(collection, record_id, state)
-        return self._row(collection, state, self.engine.materialize(collection, record_id, state))
+        decoded = self._decoded(collection, record_id, state)
+        return self._row(collection, decoded, self.engine.materialize(collection, record_id, decoded))
 
     def _row(self, collection: str, state: RecordState, record: dict[str, Any] | None) -> list[Any] | None:
         if record is None:
@@ -638,19 +641,9 @@ class App:
 
     def _persist_many(self, states: Mapping[tuple[str, str], Unflushed]) -> None:
         row_of = self.row_of
-        self._write_records(
-            [
-                (
-                    c,
-                    r,
-                    STATE_REFERENCE + state.id if isinstance(state, Operation) else state,
-                    row_of(c, r, state),
-                )
-                for (c, r), state in states.items()
-            ]
-        )
+        self._write_records([(c, r, state, row_of(c, r, state)) for (c, r), state in states.items()])
 
-    def _write_records(self, items: list[tuple[str, str, RecordState | str, list[Any] | None]]) -> None:
+    def _write_records(self, items: Sequence[tuple[str, str, Unflushed | str, list[Any] | None]]) -> None:
         """Store the merge state (or its text) and the row (None: delete it) of each record, a statement per
         table."""
         conn = self.db.conn
@@ -748,10 +741,8 @@ class App:
             key = (write.collection, write.record_id)
             staged_state = staged.get(key)
             new = False  # a state holding nothing yet
-            if isinstance(staged_state, RecordState):
-                state = staged_state
-            elif staged_state is not None:  # an insert: the state it makes
-                state = staged[key] = self._refold_one(*key, staged_state)
+            if staged_state is not None:
+                state = staged[key] = self._decoded(*key, staged_state)
             else:
                 # ``fresh``: the first write creates a record under a just-generated id.
                 if fresh and write is writes[0]:
@@ -763,7 +754,7 @@ class App:
                     if isinstance(dirty, RecordState):
                         state = dirty.copy()
                     elif dirty is not None:
-                        state = self._refold_one(*key, dirty)
+                        state = self._decoded(*key, dirty)
                     elif loaded is not None and key in loaded:
                         state = loaded.pop(key)  # read by the caller: a private copy already
                     else:
@@ -1193,9 +1184,11 @@ def _timestamp_key(op: Operation) -> tuple[int, int, str]:
     return (ts.wall_time, ts.logical, ts.node_id)
 
 
-def _stored_state(state: RecordState) -> str:
+def _stored_state(state: Unflushed) -> str:
     """What `_offline_state` holds for ``state``: a reference to its operation when it has only one (see
-    `STATE_REFERENCE`), else its text."""
+    `STATE_REFERENCE`; an insert kept for its flush, `Unflushed`, is that one), else its text."""
+    if isinstance(state, Operation):
+        return STATE_REFERENCE + state.id
     single = state.single_operation()
     if single is not None:
         return STATE_REFERENCE + single

@@ -178,14 +178,15 @@ def test_folding_a_history_in_any_order_keeps_few_numbers_beyond_the_prefix(monk
     held = [o for o in ops if o.sequence_number != 3]
     random.Random(7).shuffle(held)
     widest = 0
-    hold = engine_module._hold_beyond
+    whole_runs = engine_module._whole_runs
 
-    def watched(extra: list[list[Any]], node: str, number: int) -> None:
+    def watched(clock: dict[str, int], extra: list[list[Any]]) -> list[list[Any]]:
         nonlocal widest
-        hold(extra, node, number)
-        widest = max(widest, len(extra))
+        runs = whole_runs(clock, extra)
+        widest = max(widest, len(runs))
+        return runs
 
-    monkeypatch.setattr(engine_module, "_hold_beyond", watched)
+    monkeypatch.setattr(engine_module, "_whole_runs", watched)
     state, _ = MergeEngine(SCHEMA).fold("sets", "r1", held)
     assert state.extra == [["n1", 4, 2999]]
     assert widest <= 2, widest
