@@ -20,7 +20,7 @@ import functools
 import ipaddress
 import os
 from collections.abc import Iterable, Mapping, MutableMapping
-from typing import Any
+from typing import Any, TypeVar
 
 from offline.core.errors import OfflineError
 
@@ -33,6 +33,7 @@ __all__ = [
     "client_address",
     "is_loopback_host",
     "limit_key",
+    "most_crowded",
     "network_of",
 ]
 
@@ -45,6 +46,7 @@ ADDRESS_KEY = "offline.client_address"
 UNKNOWN = "unknown"
 CONFIG_ERROR = "SERVER_CONFIG"
 
+T = TypeVar("T")
 _Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 _Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 
@@ -108,6 +110,17 @@ def network_of(identity: str) -> str:
     if isinstance(address, ipaddress.IPv4Address):
         return str(ipaddress.IPv4Network((address, 24), strict=False))
     return identity
+
+
+def most_crowded(crowds: Mapping[str, Mapping[T, object]], network: str) -> Mapping[T, object] | None:
+    """Where a full allowance makes room for a newcomer from ``network``: the group (oldest first) of the
+    network holding the most, when it holds more than ``network``'s would with the newcomer; None when every
+    network holds no more than that. Addresses that fill every slot with young connections then keep no
+    other network out, while each network still holds at least as many as any other."""
+    crowd = max(crowds.values(), key=len, default=None)
+    if crowd is None or len(crowd) <= len(crowds.get(network, ())) + 1:
+        return None
+    return crowd
 
 
 class ProxyPolicy:

@@ -4,8 +4,9 @@ sending nothing (or a byte now and then) would hold a file descriptor each, unti
 more. Here each new connection must reach the application (its HTTP request or WebSocket upgrade complete)
 within ``handshake_timeout`` or it is dropped, and one address may have at most ``max_pending_per_address``
 such connections at once (see `ConnectionGate.opened`), of which it reads a few at a time; all addresses
-together at most ``max_pending_requests``, shared out between networks when young ones fill them. Trusted proxies (``OFFLINE_TRUSTED_PROXIES``) carry
-every client's connections, so their count is not limited; the deadline still applies.
+together at most ``max_pending_requests``, shared out between networks when young ones fill them. Trusted
+proxies (``OFFLINE_TRUSTED_PROXIES``) carry every client's connections, so their count is not limited; the
+deadline still applies.
 
 The protocol class wraps uvicorn's own (whichever HTTP implementation it picked); the application side
 reports each head's arrival through `TransportInScope` (see ``server_runtime.request_limits``).
@@ -19,7 +20,7 @@ import logging
 import time
 from typing import Any
 
-from .client_address import ProxyPolicy, limit_key, network_of
+from .client_address import ProxyPolicy, limit_key, most_crowded, network_of
 from .log_budget import LogBudget
 
 __all__ = ["ConnectionGate", "GateCollector"]
@@ -102,13 +103,11 @@ class ConnectionGate:
 
     def _make_room(self, network: str, now: float) -> bool:
         """At ``max_pending``: drop the oldest waiting connection when it has waited ``grace`` seconds, else
-        the oldest of the network holding the most when that is more than ``network`` would hold with the
-        newcomer; whether one was dropped. So addresses filling every slot with young connections keep no
-        other network out, while each network still holds at least as many as any other."""
+        the oldest of the most crowded network's (`client_address.most_crowded`); whether one was dropped."""
         oldest, since = next(iter(self.counted.items()))
         if now - since < self.grace:
-            crowd = max(self.networks.values(), key=len)
-            if len(crowd) <= len(self.networks.get(network, ())) + 1:
+            crowd = most_crowded(self.networks, network)
+            if crowd is None:
                 return False
             oldest = next(iter(crowd))
         self.crowded += 1

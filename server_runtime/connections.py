@@ -17,7 +17,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from .client_address import network_of
+from .client_address import most_crowded, network_of
 from .limits import ConnectionLimits
 from .sync import Session
 
@@ -191,11 +191,10 @@ class ConnectionGuard:
         between networks, not kept by whoever filled it first: a party with a few addresses, or an IPv6 /48,
         keeps no other network out. Those sockets are what clients hold only for the moment before their
         handshake, so a real client rarely loses one, and then retries."""
-        mine = len(self.crowds.get(network, ()))
-        crowded = max(self.crowds.values(), key=len, default=None)
-        if crowded is None or len(crowded) <= mine + 1:
+        crowd = most_crowded(self.crowds, network)
+        if crowd is None:
             return False
-        conn = next(iter(crowded))  # oldest first; every one of them silent (`heard` takes them out)
+        conn = next(iter(crowd))  # oldest first; every one of them silent (`heard` takes them out)
         self.counts["cut_crowded"] += 1
         conn.ask_to_leave(SILENT)
         self.heard(conn)

@@ -775,9 +775,9 @@ class SQLiteServerStore(ServerStore):
 
     async def compaction_horizon(self) -> int:
         if self._horizon is None:
-            stored = await super().compaction_horizon()
             # (A compaction may have announced a higher one meanwhile, before its commit.)
-            self._horizon = max(self._horizon or 0, stored)
+            self._announce_horizon(await super().compaction_horizon())
+        assert self._horizon is not None
         return self._horizon
 
     def _announce_horizon(self, horizon: int) -> None:
