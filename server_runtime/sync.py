@@ -38,7 +38,7 @@ from offline.core.scopes import (
 from offline.core.server_nodes import is_server_node_id, new_server_node_id
 from offline.core.version_vector import topological_sort
 from offline.merge.constraints import Action
-from offline.merge.engine import Conflict, MergeEngine, RecordState, numbers_listed
+from offline.merge.engine import MAX_GAPS, Conflict, MergeEngine, RecordState, numbers_listed
 from offline.merge.relations import plan_record_delete
 from offline.merge.values import operation_text
 from offline.sync import protocol as p
@@ -1088,6 +1088,19 @@ class SyncService:
                         p.INVALID_OPERATION,
                         f"causalContext numbers this operation {context[op.node_id]} among the writes of "
                         f"node {op.node_id} to the record, a number another operation holds",
+                    ),
+                    [],
+                    None,
+                )
+            if context is not None and state.opens_a_gap_too_many(op.node_id, context[op.node_id]):
+                # Each gap keeps a run of numbers in the record's state: a writer skipping numbers at will
+                # would grow it by one a write.
+                return (
+                    Refusal(
+                        p.INVALID_OPERATION,
+                        f"causalContext numbers this operation {context[op.node_id]} among the writes of "
+                        f"node {op.node_id} to the record, leaving a gap below it, and the record holds "
+                        f"{MAX_GAPS} gaps in that node's numbers already; number writes one after another",
                     ),
                     [],
                     None,

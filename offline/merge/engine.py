@@ -238,6 +238,13 @@ class RecordState:
             bool(self.extra) and _held_beyond(self.extra, node, number)
         )
 
+    def opens_a_gap_too_many(self, node: str, number: int) -> bool:
+        """Would holding ``number`` of ``node`` leave a gap below it when the state holds `MAX_GAPS` of that
+        node's runs beyond its prefix already? (What the server refuses: see `MAX_GAPS`.)"""
+        if self.holds_dot(node, number - 1) or number <= 1:
+            return False
+        return sum(1 for dot in self.extra if dot[0] == node) >= MAX_GAPS
+
     def next_context(self, node_id: str) -> dict[str, int]:
         """The causal context of the next write of ``node_id`` to the record: per node the highest number
         held, and the node's own one higher. Beyond the clock's prefix only when a number is missing: one
@@ -1777,6 +1784,12 @@ def _clock_order(op: Operation) -> tuple[int, int, str, str]:
     ts = op.timestamp
     return (ts.wall_time, ts.logical, ts.node_id, op.id)
 
+
+#: The gaps in one node's numbers a record's state takes (each keeps a run of the numbers after it, "x"): a
+#: gap comes from a number the server refused while the node's later writes were on their way, so a few
+#: at most; a client skipping numbers at will (its causal context is its own to write) would otherwise grow
+#: the state by a run a write. The server refuses a write that would open one more.
+MAX_GAPS = 16
 
 #: A windowed state (see "Bounded state") holds at most this many operations of its causal graph...
 WINDOW_MAX = 16

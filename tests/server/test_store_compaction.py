@@ -257,37 +257,18 @@ def test_record_states_list_each_number_held_beyond_a_hole() -> None:
     them one by one ([node, number] each), as clients from before runs read them: a client a year old does
     not trip over a state it cannot read. A client that knows runs reads the same state."""
     from offline.core.hlc import HybridLogicalClock
-    from offline.core.operations import create_operation
     from offline.core.uuid7 import generate_uuid_v7
     from offline.merge.engine import RecordState
     from offline.sync import protocol as p
     from server_runtime.sync import Session
-    from tests.server.test_scoped_catch_up import NODES, SCHEMA
+    from tests.server.test_scoped_catch_up import NODES
 
     async def scenario() -> None:
         service, sent, send = await _service_on_memory()
         node, record, clock = NODES[0], generate_uuid_v7(), HybridLogicalClock(NODES[0])
         try:
             for number in (1, 2, 4, 5, 6, 7):  # its third write was refused: it never reached the log
-                await service.commit(
-                    None,
-                    [
-                        create_operation(
-                            {
-                                "node_id": node,
-                                "type": "insert" if number == 1 else "update",
-                                "collection": "todos",
-                                "record_id": record,
-                                "data": {"ownerId": "a", "title": f"t{number}"},
-                                "previous_data": None if number == 1 else {},
-                                "timestamp": clock.now(),
-                                "sequence_number": number,
-                                "schema_version": SCHEMA.version,
-                                "causal_context": {node: number},
-                            }
-                        )
-                    ],
-                )
+                await service.commit(None, [_numbered_write(node, record, clock, number)])
             await service.compact()
             session = Session("reader", {"todos": {"ownerId": "a"}}, None, send, cursor=0)
             await _relay_until_states_end(service, session, sent)
@@ -339,3 +320,61 @@ async def _service_on_memory() -> tuple[Any, list[Any], Callable[[str], Awaitabl
         sent.append(p.decode(text))
 
     return service, sent, send
+
+
+def test_a_writer_cannot_open_gaps_in_its_numbers_without_bound() -> None:
+    """Numbers held beyond a gap are kept as runs, a run per gap: a client that skips a number on every
+    write (nothing refused it; it lies about its causal context) would be back at 45 bytes a write. The
+    server takes a gap while the record holds fewer than `MAX_GAPS` of that node's, and refuses a write that
+    would open one more; writes that continue a run are taken as before."""
+    from offline.core.hlc import HybridLogicalClock
+    from offline.core.uuid7 import generate_uuid_v7
+    from offline.merge.engine import MAX_GAPS
+    from server_runtime.sync import Refusal
+    from tests.server.test_scoped_catch_up import NODES
+
+    async def scenario() -> None:
+        service, _, _ = await _service_on_memory()
+        node, record, clock = NODES[0], generate_uuid_v7(), HybridLogicalClock(NODES[0])
+
+        async def write(number: int) -> object:
+            op = _numbered_write(node, record, clock, number)
+            return (await service.commit(None, [op]))[op.id]
+
+        try:
+            assert isinstance(await write(1), int)
+            for gap in range(MAX_GAPS):
+                assert isinstance(await write(3 + 2 * gap), int), gap  # skips one number each time
+            skipping = 3 + 2 * MAX_GAPS
+            refused = await write(skipping)
+            assert isinstance(refused, Refusal) and "gap" in refused.message, refused
+            assert isinstance(await write(skipping - 1), int)  # continues the last run: taken
+            rows = await service.store.load_rows([("todos", record)])
+            state = rows[("todos", record)].state
+            assert len(state.extra) == MAX_GAPS and state.fields["title"]["v"] == f"t{skipping - 1}"
+        finally:
+            await service.stop()
+
+    asyncio.run(scenario())
+
+
+def _numbered_write(node: str, record: str, clock: Any, number: int) -> Any:
+    """``node``'s write numbered ``number`` (its causal context says so) to a todo of owner "a": the insert
+    when 1, else an update of the title."""
+    from offline.core.operations import create_operation
+    from tests.server.test_scoped_catch_up import SCHEMA
+
+    return create_operation(
+        {
+            "node_id": node,
+            "type": "insert" if number == 1 else "update",
+            "collection": "todos",
+            "record_id": record,
+            "data": {"ownerId": "a", "title": f"t{number}"},
+            "previous_data": None if number == 1 else {},
+            "timestamp": clock.now(),
+            "sequence_number": number,
+            "schema_version": SCHEMA.version,
+            "causal_context": {node: number},
+        }
+    )
